@@ -1,0 +1,553 @@
+"""Launch-cost benchmark on the Slurm testbed (a harness, not a test).
+
+Starts the same 2-node x 2-task gloo program (bench/rank_time.py) five ways:
+hpclaunch's srun launcher, hpclaunch's torchrun launcher, a hand-written sbatch + srun
+script (the floor), submitit and torchx. Per method it reports, as median (min-max), n:
+
+  (a) allocation -> last rank in user code
+  (b) allocation -> last rank past init_process_group("gloo")
+  (c) wall time of the submitting command until it has the job id
+      (hpclaunch, torchx, sbatch: the whole process; submitit: the `submit()` call)
+
+Allocation times come from slurmctld's log (ms resolution), so the scheduler's tick
+(the submit -> allocation wait, shown as an extra column) is kept out of (a) and (b).
+It also measures the bootstrap's per-rank overhead with hyperfine, prints PASS/MISS
+against the project's targets, and rewrites the bench section of docs/benchmarks.md.
+
+    SLURM_CONF=$(bash testbed/up.sh | tail -n 1 | cut -d= -f2-) REPS=5 python bench/launch.py
+
+Environment: REPS (default 5; one extra warm-up rep is discarded), SLURM_CONF (when
+unset, testbed/up.sh is run and its last line read), BENCH_SCRATCH (a folder every node
+sees, default /var/tmp/hpclaunch-bench), HPCLAUNCH_TESTBED_STATE (slurmctld's state
+folder, default /var/tmp/hpclaunch-testbed). Jobs are submitted as the calling user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RANK_TIME = BENCH / "rank_time.py"
+BOOTSTRAP = ROOT / "src" / "hpclaunch" / "bootstrap.py"
+DOC = ROOT / "docs" / "benchmarks.md"
+RESULTS = BENCH / "results"
+STATE = Path(os.environ.get("HPCLAUNCH_TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
+CTLD_LOG = STATE / "log" / "slurmctld.log"
+SCRATCH = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench"))
+PY = sys.executable  # the real interpreter, not a pyenv shim (shims cost ~50 ms per start)
+BINDIR = Path(PY).parent
+NODES, TASKS_PER_NODE = 2, 2
+NRANKS = NODES * TASKS_PER_NODE
+MARK_START, MARK_END = "<!-- bench:launch:start -->", "<!-- bench:launch:end -->"
+TARGET_SRUN_OVER_FLOOR = 0.030
+TARGET_RUN_CMD = 0.3
+TARGET_BOOTSTRAP = 0.025
+
+
+# ----------------------------------------------------------------------------- helpers
+@dataclass(frozen=True)
+class Submitted:
+    """What a launch method returns: the Slurm job id and how long submitting took."""
+
+    job_id: str
+    t_submit: float  # time.time() just before the submitting command
+    cmd_s: float  # wall time of the submitting command / call
+    run_dir: str = ""
+
+
+@dataclass
+class Series:
+    """Samples of one method; `error` is set when the method could not run."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    error: str = ""
+
+    def add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+
+def sh(argv: list[str], **kw: object) -> str:
+    """Run a command (no shell), return stdout; raise with its stderr on failure."""
+    p = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if p.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} exited {p.returncode}: {p.stderr.strip()[-500:]}")
+    return str(p.stdout)
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def fmt(xs: list[float] | None, unit: str = "s") -> str:
+    if not xs:
+        return "n/a"
+    s, k = summary(xs), (1000.0 if unit == "ms" else 1.0)
+    nd = 1 if unit == "ms" else 3
+    return f"{s['median'] * k:.{nd}f} {unit} ({s['min'] * k:.{nd}f}-{s['max'] * k:.{nd}f})"
+
+
+def tool(name: str) -> str:
+    """A console script next to our interpreter (skips shims on PATH), else PATH's."""
+    local = BINDIR / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+# ----------------------------------------------------------------------------- cluster
+def ensure_cluster() -> None:
+    """Point the Slurm clients at the testbed: SLURM_CONF, or start it with up.sh."""
+    if not os.environ.get("SLURM_CONF"):
+        out = sh(["bash", str(ROOT / "testbed" / "up.sh")]).strip().splitlines()
+        if not out or not out[-1].startswith("SLURM_CONF="):
+            raise SystemExit("testbed/up.sh did not print SLURM_CONF=<path> as its last line")
+        os.environ["SLURM_CONF"] = out[-1].split("=", 1)[1]
+    # Jobs inherit our environment (sbatch --export=ALL): give them the real interpreter's
+    # bin first and no rank variables of our own.
+    os.environ["PATH"] = f"{BINDIR}{os.pathsep}{os.environ['PATH']}"
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
+
+
+def default_partition() -> str:
+    parts = sh(["sinfo", "-h", "-o", "%P"]).split()
+    star = [p for p in parts if p.endswith("*")]
+    return (star or parts)[0].rstrip("*")
+
+
+def wait_idle(timeout: float = 900.0) -> None:
+    """Block until no job is queued and every node is idle: each rep starts alike."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        queued = sh(["squeue", "-h", "-o", "%i"]).split()
+        states = [ln.split()[1] for ln in sh(["sinfo", "-h", "-N", "-o", "%N %t"]).splitlines()]
+        if not queued and states and all(s == "idle" for s in states):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"cluster not idle after {timeout:.0f} s: queue={queued} nodes={states}")
+
+
+def cancel_all() -> None:
+    subprocess.run(["scancel", "--user", str(os.getuid())], capture_output=True)
+
+
+_ALLOC = r"^\[(\S+)\] sched\S*: (?:Allocate|_start_job: Started) JobId={}[ (+]"
+
+
+def alloc_time(job_id: str, timeout: float = 5.0) -> float:
+    """Epoch time at which slurmctld allocated (or backfill-started) the job."""
+    pat = re.compile(_ALLOC.format(re.escape(job_id)), re.MULTILINE)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = pat.search(CTLD_LOG.read_text(errors="replace"))
+        if m:
+            # slurmctld logs local time with ms ("2026-11-21T23:49:00.123").
+            return dt.datetime.fromisoformat(m.group(1)).timestamp()
+        time.sleep(0.1)
+    raise RuntimeError(f"no allocation line for job {job_id} in {CTLD_LOG}")
+
+
+def wait_ranks(out: Path, timeout: float = 150.0) -> list[list[str]]:
+    """Wait for all rank files; fail early when the queue empties without them."""
+    deadline, next_check = time.time() + timeout, time.time() + 2.0
+    while time.time() < deadline:
+        names = [n for n in os.listdir(out) if n.startswith("r")]
+        if len(names) >= NRANKS:
+            return [(out / n).read_text().split() for n in sorted(names)]
+        if time.time() > next_check:
+            next_check = time.time() + 1.0
+            if not sh(["squeue", "-h", "-o", "%i"]).strip():
+                time.sleep(1.0)  # a last file may still be landing
+                if len([n for n in os.listdir(out) if n.startswith("r")]) < NRANKS:
+                    raise RuntimeError(f"job ended with {len(names)}/{NRANKS} ranks reporting")
+        time.sleep(0.005)
+    raise RuntimeError(f"only {len(os.listdir(out))}/{NRANKS} rank files after {timeout:.0f} s")
+
+
+# ----------------------------------------------------------------------------- methods
+FLOOR_SCRIPT = """#!/bin/bash
+#SBATCH -N {nodes} --ntasks-per-node={tpn} --cpus-per-task=1 -o {log}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))
+srun {py} {prog} {out}
+"""
+
+
+def launch_floor(out: Path, work: Path) -> Submitted:
+    """The floor: a hand-written batch script, one srun step, no launcher in between."""
+    script = work / "job.sh"
+    script.write_text(
+        FLOOR_SCRIPT.format(
+            nodes=NODES,
+            tpn=TASKS_PER_NODE,
+            log=shlex.quote(str(work / "slurm-%j.out")),
+            py=shlex.quote(PY),
+            prog=shlex.quote(str(RANK_TIME)),
+            out=shlex.quote(str(out)),
+        )
+    )
+    t0 = time.time()
+    job_id = sh(["sbatch", "--parsable", str(script)], cwd=work).strip().split(";")[0]
+    return Submitted(job_id, t0, time.time() - t0)
+
+
+def hpclaunch_argv() -> tuple[list[str], dict[str, str]]:
+    """The installed `hpclaunch` script, else the package from src/ (no shim either way)."""
+    exe = BINDIR / "hpclaunch"
+    if exe.exists():
+        return [str(exe)], {}
+    code = "import sys; from hpclaunch.cli.main import main; sys.exit(main())"
+    return [PY, "-c", code], {"PYTHONPATH": str(ROOT / "src")}
+
+
+def launch_hpclaunch(launcher: str) -> Callable[[Path, Path], Submitted]:
+    def launch(out: Path, work: Path) -> Submitted:
+        base, extra_env = hpclaunch_argv()
+        argv = [*base, "run", "-N", str(NODES), "--tasks-per-node", str(TASKS_PER_NODE)]
+        argv += ["--launcher", launcher, "--cluster", "slurm", "--json"]
+        argv += ["--", PY, str(RANK_TIME), str(out)]
+        env = {**os.environ, **extra_env, "XDG_DATA_HOME": str(SCRATCH / "xdg")}
+        t0 = time.time()
+        p = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
+        cmd_s = time.time() - t0
+        if p.returncode != 0:
+            raise RuntimeError(f"hpclaunch run exited {p.returncode}: {p.stderr.strip()[-800:]}")
+        rec = parse_json_object(p.stdout)
+        return Submitted(str(rec["job_id"]), t0, cmd_s, str(rec.get("run_dir", "")))
+
+    return launch
+
+
+def parse_json_object(text: str) -> dict[str, object]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:  # tolerate lines printed before the object
+        obj = json.loads(text[text.index("{") :])
+    if not isinstance(obj, dict) or "job_id" not in obj:
+        raise RuntimeError(f"no job_id in hpclaunch --json output: {text[:300]!r}")
+    return obj
+
+
+def submitit_rank(out_dir: str, bench_dir: str) -> None:
+    """Runs on every submitit task (pickled by value, as it lives in __main__)."""
+    t_start = time.time()
+    import submitit.helpers
+
+    submitit.helpers.TorchDistributedEnvironment().export()
+    sys.path.insert(0, bench_dir)
+    import rank_time
+
+    rank_time.record(out_dir, t_start)
+
+
+def launch_submitit(out: Path, work: Path) -> Submitted:
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=str(work / "submitit"), cluster="slurm")
+    ex.update_parameters(
+        nodes=NODES,
+        tasks_per_node=TASKS_PER_NODE,
+        cpus_per_task=1,
+        timeout_min=5,
+        slurm_partition=default_partition(),
+    )
+    t0 = time.time()
+    job = ex.submit(submitit_rank, str(out), str(BENCH))
+    return Submitted(str(job.job_id), t0, time.time() - t0)
+
+
+def launch_torchx(out: Path, work: Path) -> Submitted:
+    argv = [tool("torchx"), "run", "-s", "slurm", "-cfg", f"partition={default_partition()}"]
+    argv += ["dist.ddp", "-j", f"{NODES}x{TASKS_PER_NODE}", "--script", str(RANK_TIME), str(out)]
+    t0 = time.time()
+    p = subprocess.run(argv, cwd=work, capture_output=True, text=True)
+    cmd_s = time.time() - t0
+    # torchx's CLI calls `sacct` right after sbatch; with accounting disabled (the
+    # testbed) that fails and the CLI exits 1 after a successful submit: accept it
+    # when the app handle was printed.
+    m = re.search(r"slurm://[^/\s]*/(\d+)", p.stdout + p.stderr)
+    if not m:
+        raise RuntimeError(f"torchx exited {p.returncode}: {(p.stdout + p.stderr)[-800:]}")
+    return Submitted(m.group(1), t0, cmd_s)
+
+
+METHODS: dict[str, Callable[[Path, Path], Submitted]] = {
+    "hpclaunch srun": launch_hpclaunch("srun"),
+    "hpclaunch torchrun": launch_hpclaunch("torchrun"),
+    "sbatch+srun (floor)": launch_floor,
+    "submitit": launch_submitit,
+    "torchx": launch_torchx,
+}
+
+
+# ----------------------------------------------------------------------------- one rep
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def run_once(name: str, rep: int) -> dict[str, float]:
+    """Launch one job with `name` on an idle cluster and return its metrics."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    work = fresh(SCRATCH / f"{slug}-{rep}")
+    out = fresh(work / "out")
+    wait_idle()
+    sub = METHODS[name](out, work)
+    try:
+        rows = wait_ranks(out)
+    except RuntimeError as e:
+        cancel_all()
+        where = f" (run dir {sub.run_dir})" if sub.run_dir else f" (work dir {work})"
+        raise RuntimeError(f"job {sub.job_id}: {e}{where}") from e
+    t_alloc = alloc_time(sub.job_id)
+    starts = [float(r[0]) for r in rows]
+    inits = [float(r[2]) for r in rows]
+    hosts = {r[4] for r in rows}
+    if {r[3] for r in rows} != {str(NRANKS)} or len(hosts) != NODES:
+        raise RuntimeError(f"job {sub.job_id}: unexpected world/hosts {rows}")
+    if not sub.t_submit - 1.0 <= t_alloc <= min(starts):
+        print(f"  warning: job {sub.job_id} allocation time outside submit..start (TZ?)")
+    wait_idle()
+    return {
+        "a_alloc_to_user": max(starts) - t_alloc,
+        "b_alloc_to_init": max(inits) - t_alloc,
+        "c_submit_cmd": sub.cmd_s,
+        "submit_to_alloc": t_alloc - sub.t_submit,
+    }
+
+
+def run_all(names: list[str], reps: int) -> dict[str, Series]:
+    """Interleave the methods rep by rep (drift hits all alike); rep 0 is a warm-up."""
+    series = {n: Series() for n in names}
+    for rep in range(reps + 1):
+        for name in names:
+            s = series[name]
+            if s.error:
+                continue
+            try:
+                m = run_once(name, rep)
+            except Exception as e:
+                s.error = f"{type(e).__name__}: {e}"
+                print(f"{name} rep {rep}: FAILED {s.error}", flush=True)
+                continue
+            tag = "warm-up" if rep == 0 else f"rep {rep}"
+            print(f"{name:22s} {tag:8s} " + " ".join(f"{k}={v:.3f}" for k, v in m.items()))
+            if rep > 0:
+                for k, v in m.items():
+                    s.add(k, v)
+    return series
+
+
+# ----------------------------------------------------------------------------- bootstrap
+def bench_bootstrap(runs: int) -> dict[str, list[float]]:
+    """Per-rank cost of the bootstrap: `python -I -S bootstrap.py PROG` vs `PROG`."""
+    boot = [PY, "-I", "-S", str(BOOTSTRAP)]
+    pyc = [PY, "-c", "pass"]
+    cmds = {"true": ["true"], "boot true": [*boot, "true"], "python -c pass": pyc}
+    cmds["boot python -c pass"] = [*boot, *pyc]
+    logdir = fresh(SCRATCH / "bootstrap-logs")
+    with_logs = {"boot+logs true": [*boot, "true"], "boot+logs python -c pass": [*boot, *pyc]}
+    times = timed(cmds, runs, {})
+    times.update(timed(with_logs, runs, {"HPCLAUNCH_LOG_DIR": str(logdir)}))
+    return times
+
+
+def timed(cmds: dict[str, list[str]], runs: int, env_add: dict[str, str]) -> dict[str, list[float]]:
+    env = {**os.environ, **env_add}
+    if shutil.which("hyperfine"):
+        js = SCRATCH / "hyperfine.json"
+        argv = ["hyperfine", "-N", "--warmup", "5", "--runs", str(runs), "--export-json", str(js)]
+        sh([*argv, *[shlex.join(c) for c in cmds.values()]], env=env)
+        res = json.loads(js.read_text())["results"]
+        return {k: [float(t) for t in r["times"]] for k, r in zip(cmds, res)}
+    out: dict[str, list[float]] = {}
+    for k, c in cmds.items():  # fallback: our own loop, 5 warm-ups discarded
+        ts = []
+        for i in range(runs + 5):
+            t0 = time.perf_counter()
+            subprocess.run(c, env=env, check=True, stdout=subprocess.DEVNULL)
+            if i >= 5:
+                ts.append(time.perf_counter() - t0)
+        out[k] = ts
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def med(xs: list[float] | None) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def results_table(series: dict[str, Series]) -> list[str]:
+    head = "| method | (a) alloc → last rank in user code | (b) alloc → last rank past init "
+    head += "| (c) submit command | submit → alloc (scheduler) | n |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for name, s in series.items():
+        if s.error and not s.samples:
+            lines.append(f"| {name} | failed: {s.error[:160].replace('|', '/')} | | | | 0 |")
+            continue
+        g = s.samples.get
+        n = len(g("a_alloc_to_user", []))
+        cells = [fmt(g("a_alloc_to_user")), fmt(g("b_alloc_to_init")), fmt(g("c_submit_cmd"))]
+        lines.append(f"| {name} | {' | '.join(cells)} | {fmt(g('submit_to_alloc'))} | {n} |")
+    return lines
+
+
+def bootstrap_table(boot: dict[str, list[float]]) -> list[str]:
+    lines = ["| command | wall per start | n |", "|---|---|---|"]
+    lines += [f"| `{k}` | {fmt(v, 'ms')} | {len(v)} |" for k, v in boot.items()]
+    return lines
+
+
+def targets(series: dict[str, Series], boot: dict[str, list[float]]) -> list[str]:
+    """PASS/MISS lines against the design targets (reported, never asserted)."""
+    out: list[str] = []
+
+    def verdict(ok: bool, text: str) -> None:
+        # A comparison with NaN (a method that did not run) is False: say so, not MISS.
+        word = "PASS" if ok else ("N/A" if "nan" in text else "MISS")
+        out.append(f"{word}: {text}")
+
+    def m(name: str, key: str) -> float:
+        return med(series[name].samples.get(key)) if name in series else float("nan")
+
+    srun_a, floor_a = (
+        m("hpclaunch srun", "a_alloc_to_user"),
+        m("sbatch+srun (floor)", "a_alloc_to_user"),
+    )
+    verdict(
+        srun_a <= floor_a + TARGET_SRUN_OVER_FLOOR,
+        f"srun launcher (a) {srun_a * 1e3:.0f} ms <= floor (a) {floor_a * 1e3:.0f} ms + 30 ms",
+    )
+    for name in ("hpclaunch srun", "hpclaunch torchrun"):
+        c = m(name, "c_submit_cmd")
+        verdict(c <= TARGET_RUN_CMD, f"`hpclaunch run` (c) with {name}: {c:.3f} s <= 0.3 s")
+    for prog in ("true", "python -c pass"):
+        for kind in ("boot", "boot+logs"):
+            extra = med(boot.get(f"{kind} {prog}")) - med(boot.get(prog))
+            verdict(
+                extra <= TARGET_BOOTSTRAP,
+                f"{kind} over direct `{prog}`: +{extra * 1e3:.1f} ms <= 25 ms per rank",
+            )
+    return out
+
+
+def machine_facts() -> dict[str, str]:
+    def ver(mod: str) -> str:
+        try:
+            return str(__import__(mod).__version__)
+        except Exception as e:  # a missing tool is a fact too
+            return f"unavailable ({type(e).__name__})"
+
+    slurm = sh(["sinfo", "--version"]).strip()
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": str(os.cpu_count()),
+        "kernel": platform.release(),
+        "slurm": slurm,
+        "python": f"{platform.python_version()} ({PY})",
+        "torch": ver("torch"),
+        "submitit": ver("submitit"),
+        "torchx": ver("torchx"),
+        "user": f"{os.environ.get('USER') or os.getuid()} (uid {os.getuid()})",
+    }
+
+
+def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
+    fact_line = ", ".join(f"{k} {v}" for k, v in facts.items() if k != "date")
+    return "\n".join(
+        [
+            MARK_START,
+            "## Launch cost on the Slurm testbed (`bench/launch.py`)",
+            "",
+            f"Measured {facts['date']}; {fact_line}. Jobs were submitted as "
+            f"{'root' if os.getuid() == 0 else 'an unprivileged user'}. The two testbed "
+            "nodes share this machine's CPUs. Median (min-max) over n reps after one "
+            "discarded warm-up; each rep starts on an idle cluster. The program is "
+            "`bench/rank_time.py` (2 nodes x 2 tasks, `import torch`, gloo init).",
+            "",
+            *body,
+            "",
+            "Reproduce:",
+            "",
+            "```bash",
+            f"SLURM_CONF=$(bash testbed/up.sh | tail -n 1 | cut -d= -f2-) REPS={reps} "
+            "python bench/launch.py",
+            "```",
+            MARK_END,
+        ]
+    )
+
+
+def write_doc(section: str) -> None:
+    text = (
+        DOC.read_text()
+        if DOC.exists()
+        else (
+            "# Benchmarks\n\nMeasured figures of hpclaunch against its targets; each section is "
+            "written by the harness named in it.\n"
+        )
+    )
+    if MARK_START in text and MARK_END in text:
+        pre, rest = text.split(MARK_START, 1)
+        text = pre + section + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(text)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="hpclaunch launch-cost benchmark (Slurm testbed)")
+    p.add_argument("--reps", type=int, default=int(os.environ.get("REPS", "5")))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma list of method names")
+    p.add_argument("--boot-runs", type=int, default=50, help="hyperfine runs per command")
+    p.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    names = [n.strip() for n in args.methods.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; known: {list(METHODS)}")
+    ensure_cluster()
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    series = run_all(names, args.reps)
+    boot = bench_bootstrap(args.boot_runs) if BOOTSTRAP.exists() else {}
+    facts = machine_facts()
+
+    body = ["### Launch, 2 nodes x 2 tasks", "", *results_table(series), ""]
+    if boot:
+        body += ["### Bootstrap per rank (hyperfine -N, warm cache)", "", *bootstrap_table(boot)]
+    else:
+        body += [f"Bootstrap not measured: {BOOTSTRAP} is missing."]
+    body += ["", "### Targets", "", *[f"- {t}" for t in targets(series, boot)]]
+    print("\n".join(body))
+
+    RESULTS.mkdir(exist_ok=True)
+    raw = {n: {"samples": s.samples, "error": s.error} for n, s in series.items()}
+    (RESULTS / "launch.json").write_text(json.dumps({"facts": facts, "launch": raw, "boot": boot}))
+    if not args.no_doc:
+        write_doc(doc_section(body, facts, args.reps))
+        print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

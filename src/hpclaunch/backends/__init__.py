@@ -1,0 +1,1 @@
+"""Backends: where a planned job runs (Slurm through its commands, or local processes)."""

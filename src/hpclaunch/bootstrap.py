@@ -1,0 +1,408 @@
+"""hpclaunch bootstrap: runs in front of the user's program in every task of a job.
+
+Invoked as ``python3 -I -S <run_dir>/bootstrap.py PROGRAM [ARGS...]`` (the contract is
+docs/internals.md, "The bootstrap"). It is a copy in the run directory and runs inside
+users' containers with whatever Python they ship, so: standard library only, Python >= 3.8,
+and it never imports the hpclaunch package.
+
+It runs once per rank, so start-up time matters. Modules that pull in ``enum``, ``re`` or
+``typing`` (signal, json, subprocess, typing itself) would cost 3-20 ms each and are
+avoided on purpose: the C module ``_signal``, hand-written parsing and JSON, and
+``os.posix_spawnp`` instead of subprocess.
+"""
+
+from __future__ import annotations  # annotations stay strings: `typing` is never imported
+
+import os
+import sys
+import time
+
+TYPE_CHECKING = False  # mypy treats this name as true; at run time nothing below is imported
+if TYPE_CHECKING:
+    import signal as _signal
+    from types import FrameType
+    from typing import Dict, List, MutableMapping, Optional, Tuple
+
+    Env = MutableMapping[str, str]
+else:
+    try:
+        import _signal  # the C half of `signal`, without its enum import
+    except ImportError:  # Python implementations without it
+        import signal as _signal
+
+PREFIX = "hpclaunch-bootstrap: "
+
+# Placeholder name -> the variable that holds its value.
+PLACEHOLDERS = {
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK",
+    "world_size": "WORLD_SIZE",
+    "local_world_size": "LOCAL_WORLD_SIZE",
+    "node_rank": "NODE_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+}
+
+# Slurm's per-task view of the step. Under torchrun there is one Slurm task per node but
+# several workers, so these describe the agent, not the worker; libraries that detect
+# Slurm first (Lightning's SLURMEnvironment looks for SLURM_NTASKS) would then take the
+# wrong ranks. Job-wide SLURM_* (job id, node list, node id, cpus) stay.
+SLURM_PER_TASK = {
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASK_PID", "SLURM_GTIDS",
+}  # fmt: skip
+SLURM_PER_TASK_PREFIXES = ("SLURM_CPU_BIND",)  # SLURM_CPU_BIND, _TYPE, _LIST, _VERBOSE
+
+HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a compressed Slurm node list: ``nid[005000-005003,7]`` -> ``nid005000``.
+
+    Only the first host is needed (for MASTER_ADDR), so no full expansion: take the text up
+    to the first comma outside brackets, and from every bracket group its first number
+    exactly as written (zero padding included).
+    """
+    out = []
+    i = 0
+    n = len(nodelist)
+    while i < n:
+        ch = nodelist[i]
+        if ch == ",":
+            break
+        if ch == "[":
+            end = nodelist.find("]", i)
+            if end < 0:  # malformed: keep the rest as it is rather than fail
+                out.append(nodelist[i:])
+                break
+            out.append(nodelist[i + 1 : end].split(",", 1)[0].split("-", 1)[0].strip())
+            i = end + 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out).strip()
+
+
+def tasks_on_node(spec: str, node_index: int) -> Optional[int]:
+    """Tasks on node ``node_index`` from Slurm's ``2(x3),1`` syntax; None if unparsable."""
+    first = 0
+    for item in spec.split(","):
+        count, sep, repeat = item.strip().partition("(x")
+        try:
+            tasks = int(count)
+            times = int(repeat.rstrip(")")) if sep else 1
+        except ValueError:
+            return None
+        if node_index < first + times:
+            return tasks
+        first += times
+    return None
+
+
+def expand(arg: str, values: Dict[str, str]) -> str:
+    """Replace ``{name}`` by its value and ``{{name}}`` by ``{name}`` for known names.
+
+    Every other character is kept, including other brace text (JSON, ``{x}``, ``{{x}}``)
+    and surrogate-escaped bytes. Scans left to right; at each ``{`` the escaped form
+    ``{{name}}`` is tried before ``{name}``.
+    """
+    if "{" not in arg:
+        return arg
+    out = []
+    i = 0
+    while True:
+        start = arg.find("{", i)
+        close = arg.find("}", start) if start >= 0 else -1
+        if close < 0:
+            out.append(arg[i:])
+            return "".join(out)
+        out.append(arg[i:start])
+        if arg.startswith("{{", start) and arg.startswith("}}", close):
+            name = arg[start + 2 : close]
+            if name in values:
+                out.append("{" + name + "}")
+                i = close + 2
+                continue
+        name = arg[start + 1 : close]
+        if name in values:
+            out.append(values[name])
+            i = close + 1
+        else:
+            out.append("{")
+            i = start + 1
+
+
+def _int(value: Optional[str], default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def set_rank_env(env: Env) -> None:
+    """Fill RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK and MASTER_*."""
+    if "TORCHELASTIC_RUN_ID" in env:
+        # A torchrun worker: torchrun's own ranks are the truth.
+        for name in list(env):
+            if name in SLURM_PER_TASK or name.startswith(SLURM_PER_TASK_PREFIXES):
+                del env[name]
+        for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+            env.setdefault(name, default)
+        env.setdefault("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])
+        env["NODE_RANK"] = env.get("GROUP_RANK", env.get("NODE_RANK", "0"))
+    elif "SLURM_PROCID" in env:
+        # A task of srun (or of the local backend, which sets what a real step would).
+        world = _int(
+            env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", env.get("SLURM_STEP_NUM_TASKS"))), 1
+        )
+        node = _int(env.get("SLURM_NODEID"), 0)
+        local_world = None
+        for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            if local_world is None and env.get(name):
+                local_world = tasks_on_node(env[name], node)
+        if local_world is None:  # no usable layout: assume an even spread
+            nodes = _int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_JOB_NUM_NODES")), 1)
+            local_world = max(1, world // max(1, nodes))
+        env["RANK"] = str(_int(env["SLURM_PROCID"], 0))
+        env["WORLD_SIZE"] = str(world)
+        env["LOCAL_RANK"] = str(_int(env.get("SLURM_LOCALID"), 0))
+        env["LOCAL_WORLD_SIZE"] = str(local_world)
+        env["NODE_RANK"] = str(node)
+    else:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", NODE_RANK="0")
+    if not env.get("MASTER_ADDR"):
+        nodelist = ""
+        for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+            nodelist = nodelist or env.get(name, "")
+        env["MASTER_ADDR"] = first_host(nodelist) or "127.0.0.1"
+    if not env.get("MASTER_PORT"):
+        # Same formula as the batch script: jobs whose ids differ by < 12000 never collide.
+        job = _int(env.get("SLURM_JOB_ID"), -1)
+        env["MASTER_PORT"] = str(20000 + job % 12000 if job >= 0 else 29500)
+
+
+def set_gpu_visibility(env: Env) -> None:
+    """Under ``per-task``, give each task one device of what the node offers."""
+    if env.get("HPCLAUNCH_GPU_VISIBILITY") != "per-task":
+        return
+    local_rank = _int(env.get("LOCAL_RANK"), 0)
+    for name in env.get("HPCLAUNCH_GPU_VARS", "").split(","):
+        name = name.strip()
+        if not name:
+            continue
+        # Slurm may already list the node's devices (CUDA_VISIBLE_DEVICES=4,5): then the
+        # task's device is the LOCAL_RANK-th of them, not device number LOCAL_RANK. A single
+        # value is a list of one (e.g. Slurm bound one GPU per task), kept as it is.
+        devices = [d.strip() for d in env.get(name, "").split(",") if d.strip()]
+        env[name] = devices[local_rank % len(devices)] if devices else str(local_rank)
+    for name in env.get("HPCLAUNCH_GPU_UNSET", "").split(","):
+        env.pop(name.strip(), None)
+
+
+def _say(line: str, fds: Tuple[int, ...] = (2,)) -> None:
+    data = os.fsencode(PREFIX + line.replace("\n", " ") + "\n")
+    for fd in fds:
+        try:
+            os.write(fd, data)
+        except OSError:
+            continue  # a closed stderr must not stop the run
+
+
+def make_cache_dirs(spec: str) -> None:
+    for path in spec.split(":"):
+        if path:
+            try:
+                os.makedirs(path, exist_ok=True)  # exist_ok: 8 ranks may race here
+            except OSError as exc:
+                _say("cannot create cache directory %s: %s" % (path, exc.strerror))
+
+
+def node_name(env: Env) -> str:
+    return env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def open_logs(log_dir: str, rank: int, node: str, local_rank: int) -> Tuple[int, int]:
+    """Append this rank's line to ranks.tsv and open rank-R.out/.err (append mode)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    os.makedirs(log_dir, exist_ok=True)
+    line = "%d\t%s\t%d\t%d\n" % (rank, node, local_rank, os.getpid())
+    fd = os.open(os.path.join(log_dir, "ranks.tsv"), flags, 0o666)
+    try:
+        os.write(fd, os.fsencode(line))  # one write on O_APPEND: lines never interleave
+    finally:
+        os.close(fd)
+    base = os.path.join(log_dir, "rank-%d" % rank)
+    out = os.open(base + ".out", flags, 0o666)
+    try:
+        return out, os.open(base + ".err", flags, 0o666)
+    except OSError:
+        os.close(out)
+        raise
+
+
+def _json_str(text: str) -> str:
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code > 0xFFFF:  # outside the BMP: a surrogate pair, as JSON wants
+            code -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)))
+        else:
+            out.append("\\u%04x" % code)
+    out.append('"')
+    return "".join(out)
+
+
+def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None:
+    """rank-R.exit, written to a temporary name and renamed so readers never see half."""
+    path = os.path.join(log_dir, "rank-%d.exit" % rank)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    data = '{"rank": %d, "node": %s, "returncode": %d, "time": %r}\n' % (
+        rank,
+        _json_str(node),
+        returncode,
+        time.time(),
+    )
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            view = data.encode("ascii")
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _say("cannot write %s: %s" % (path, exc.strerror))
+
+
+class _Child:
+    """What the signal handler needs: the child's pid (0 before it exists)."""
+
+    pid = 0
+    forward = False
+    pending: List[int] = []  # noqa: RUF012 - one instance per process, never shared
+
+
+def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    if _Child.pid > 0:
+        if _Child.forward:
+            try:
+                os.kill(_Child.pid, signum)
+            except ProcessLookupError:
+                return  # it has just exited; waitpid will tell
+    elif _Child.pid == 0:
+        # Before the child exists nobody else can deliver this signal to it: keep it.
+        _Child.pending.append(signum)
+
+
+def install_signal_handlers(forward: bool) -> None:
+    # Without forwarding Slurm / the local backend signal the program themselves, and the
+    # bootstrap must outlive it to record its exit. With forwarding (torchrun) the signal
+    # is passed on, unless the bootstrap leads its own process group: torch >= 2.2 starts
+    # each worker in a new session and signals the whole group (os.killpg), which already
+    # reaches the program; older torch signals only its direct child. A Python handler
+    # (unlike SIG_IGN) is reset to the default by exec: the program sees normal ones.
+    _Child.forward = forward and os.getpgrp() != os.getpid()
+    for name in HANDLED_SIGNALS:
+        signum = getattr(_signal, name, None)
+        # A signal ignored by our parent stays ignored, for us and (inherited) the program.
+        if signum is not None and _signal.getsignal(signum) != _signal.SIG_IGN:
+            _signal.signal(signum, _on_signal)
+
+
+def spawn(args: List[str], env: Env, out: int, err: int) -> int:
+    actions = []
+    if out >= 0:
+        actions.append((os.POSIX_SPAWN_DUP2, out, 1))
+        actions.append((os.POSIX_SPAWN_DUP2, err, 2))
+    # Python ignores SIGPIPE and SIGXFSZ for itself; like subprocess, restore the default
+    # for the program (ignored dispositions would survive exec).
+    reset = [getattr(_signal, s) for s in ("SIGPIPE", "SIGXFSZ") if hasattr(_signal, s)]
+    return os.posix_spawnp(args[0], args, env, file_actions=actions, setsigdef=reset)
+
+
+def die_like(returncode: int) -> None:
+    """Exit with the program's status; for a signal death, die of the same signal."""
+    if returncode >= 0:
+        os._exit(returncode)
+    signum = -returncode
+    try:  # no second core dump of the bootstrap itself
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        if signum != _signal.SIGKILL:  # the one killing signal that takes no disposition
+            _signal.signal(signum, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+    except (OSError, ValueError):
+        pass
+    os._exit(128 + signum)  # only when that signal does not end a process (SIGCHLD, ...)
+
+
+def run(argv: List[str]) -> int:
+    """Everything but the final exit; returns the program's returncode (negative: signal)."""
+    if len(argv) < 2:
+        os.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
+        return 2
+    env = os.environ
+    install_signal_handlers(env.get("HPCLAUNCH_FORWARD_SIGNALS") == "1")
+    set_rank_env(env)
+    env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
+    set_gpu_visibility(env)
+    make_cache_dirs(env.get("HPCLAUNCH_CACHE_DIRS", ""))
+    values = {name: env[var] for name, var in PLACEHOLDERS.items()}
+    args = [expand(arg, values) for arg in argv[1:]]
+
+    rank = _int(env["RANK"], 0)
+    node = node_name(env)
+    log_dir = env.get("HPCLAUNCH_LOG_DIR") or ""
+    out = err = -1
+    if log_dir:
+        try:
+            out, err = open_logs(log_dir, rank, node, _int(env["LOCAL_RANK"], 0))
+        except OSError as exc:  # run anyway, output stays in the job's log
+            _say("cannot write logs in %s: %s" % (log_dir, exc.strerror))
+
+    returncode, why = 0, ""
+    try:
+        _Child.pid = spawn(args, env, out, err)
+    except (FileNotFoundError, ValueError):  # ValueError: an empty program name
+        returncode, why = 127, "command not found"
+    except PermissionError:
+        returncode, why = 126, "permission denied"
+    except OSError as exc:  # e.g. ENOEXEC: a file that is no program
+        returncode, why = 126, (exc.strerror or str(exc)).lower()
+    if why:
+        # Into the rank's own log when there is one (it is streamed from there), else stderr.
+        _say("%s: %s" % (args[0], why), (err,) if err >= 0 else (2,))
+    else:
+        for signum in _Child.pending:
+            os.kill(_Child.pid, signum)
+        del _Child.pending[:]
+        if out >= 0:  # the program holds its own copies now
+            os.close(out)
+            os.close(err)
+        _, status = os.waitpid(_Child.pid, 0)  # PEP 475: retried after each signal handler
+        _Child.pid = -1  # reaped: its pid may be reused, never signal it again
+        signaled = os.WIFSIGNALED(status)
+        returncode = -os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)
+    if log_dir:
+        write_exit_file(log_dir, rank, node, returncode)
+    return returncode
+
+
+def main() -> None:
+    die_like(run(sys.argv))
+
+
+if __name__ == "__main__":
+    main()

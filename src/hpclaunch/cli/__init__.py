@@ -1,0 +1,1 @@
+"""The command line: thin commands that parse, resolve, call the core and print."""

@@ -1,0 +1,90 @@
+"""`hpclaunch` entry point: the command group and the one-line error contract.
+
+Every user error, including click's own usage errors, prints
+`hpclaunch: error: <field>: <problem> (<limit>). <fix>` and exits 2; no tracebacks.
+Heavy modules are imported inside the commands so that `hpclaunch run` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from ..errors import USER_ERROR_EXIT, HpclaunchError, UserError, _one_line
+from .manage import cancel_cmd, logs_cmd, runs_cmd, status_cmd
+from .run import run_cmd
+
+EPILOG = """\b
+Examples:
+  hpclaunch run -N 2 --tasks-per-node 4 --wait -- python train.py --lr 3e-4
+  hpclaunch run --cluster lumi -N 4 -A project_465000000 -t 1:00:00 --dry-run -- python train.py
+  hpclaunch runs
+  hpclaunch logs last --rank 0 --follow
+"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
+@click.version_option(package_name="hpclaunch", prog_name="hpclaunch")
+def cli() -> None:
+    """Run a training program unchanged on a Slurm cluster (LUMI or any site) or locally.
+
+    The same command runs locally (no Slurm) with the same per-rank environment:
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT,
+    Slurm's own SLURM_* variables, HPCLAUNCH_RUN_DIR and HPCLAUNCH_CHECKPOINT_DIR.
+    """
+
+
+cli.add_command(run_cmd)
+cli.add_command(runs_cmd)
+cli.add_command(status_cmd)
+cli.add_command(logs_cmd)
+cli.add_command(cancel_cmd)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """click's usage errors in hpclaunch's one-line format."""
+    if isinstance(exc, click.NoSuchOption):
+        return UserError(
+            exc.option_name, "unknown option", "", "See hpclaunch run --help; put the program after --"
+        ).render()
+    if isinstance(exc, click.BadParameter) and exc.param is not None:
+        name = exc.param.opts[0] if exc.param.opts else str(exc.param.name)
+        return UserError(name, exc.message, "", f"See hpclaunch {_cmd(exc)} --help").render()
+    if isinstance(exc, click.MissingParameter) and exc.param is not None:
+        name = str(exc.param.name).upper()
+        return UserError(name, "missing", "", f"See hpclaunch {_cmd(exc)} --help").render()
+    message = _one_line(exc.format_message())
+    return f"usage: {message}. See hpclaunch --help"
+
+
+def _cmd(exc: click.UsageError) -> str:
+    return exc.ctx.command.name or "" if exc.ctx and exc.ctx.command else ""
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    try:
+        code = cli.main(args=argv, prog_name="hpclaunch", standalone_mode=False)
+    except click.UsageError as exc:
+        print(f"hpclaunch: error: {_usage_line(exc)}", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+    except HpclaunchError as exc:
+        print(exc.line(), file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        print("hpclaunch: aborted", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print("hpclaunch: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

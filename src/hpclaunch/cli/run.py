@@ -1,0 +1,66 @@
+"""`hpclaunch run`: options from the registry, then resolve -> plan -> submit/run."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from ..options import OPTIONS, Option
+
+RUN_HELP = """Run PROGRAM [ARGS...] on N nodes with T ranks each.
+
+\b
+Everything after `--` reaches every rank byte for byte (spaces, quotes, $, newlines).
+Per-rank placeholders are expanded without a shell: {rank}, {local_rank},
+{world_size}, {local_world_size}, {node_rank}, {master_addr}, {master_port};
+write {{rank}} for a literal {rank}.
+
+\b
+Without --wait the command prints the run id and job id and returns; with --wait it
+streams every rank's output as `[node rank] text` and exits with the job's code:
+0 done, the first failing rank's code, 128+N for a signal, 121 CANCELLED,
+122 NODE_FAIL, 123 OUT_OF_MEMORY, 124 TIMEOUT, 125 other Slurm failure, 2 bad request.
+The local backend always waits. Inside an allocation (salloc) the job runs as a step.
+"""
+
+
+def _click_option(opt: Option) -> Callable[[Any], Any]:
+    names = [f"--{opt.name}"] + ([opt.short] if opt.short else [])
+    help_text = f"{opt.help} Example: {opt.example}" if opt.example else opt.help
+    if opt.kind == "flag":
+        return click.option(*names, opt.dest, is_flag=True, default=None, help=help_text)
+    if opt.kind == "list":
+        return click.option(*names, opt.dest, multiple=True, metavar=opt.metavar, help=help_text)
+    if opt.kind == "choice":
+        return click.option(
+            *names, opt.dest, type=click.Choice(opt.choices), default=None, help=help_text
+        )
+    return click.option(*names, opt.dest, default=None, metavar=opt.metavar, help=help_text)
+
+
+def _with_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(OPTIONS):
+        func = _click_option(opt)(func)
+    return func
+
+
+@click.command(
+    "run",
+    help=RUN_HELP,
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
+)
+@_with_options
+@click.option("--dry-run", is_flag=True, help="Print the batch script and the sbatch command; "
+              "submit nothing, write nothing.")
+@click.option("--wait", is_flag=True, help="Stay attached: show the queue state, stream the "
+              "output, exit with the job's exit code. Ctrl-C detaches; the job keeps running.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (run id, job id, "
+              "run directory; with --dry-run the script and command).")
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
+def run_cmd(program: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool, **options: Any) -> int:
+    from ..run import RunRequest, execute
+
+    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    return execute(RunRequest(options=given, program=program, dry_run=dry_run, wait=wait,
+                              as_json=as_json))

@@ -1,0 +1,1 @@
+"""Built-in cluster profiles, as TOML data files (local, slurm, lumi)."""

@@ -1,0 +1,201 @@
+"""Configuration layers -> one JobSpec.
+
+built-in profile < user profile < project hpclaunch.toml ([run], [clusters.NAME])
+< environment (HPCLAUNCH_CLUSTER, HPCLAUNCH_CONFIG, SBATCH_ACCOUNT/PARTITION/RESERVATION)
+< command line. Every value is checked here, before anything is written or submitted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from . import discover
+from .errors import UserError, show
+from .options import BY_NAME
+from .profiles import Profile, load_profile, read_toml
+from .spec import JobSpec
+from .units import parse_memory, parse_time
+from .validate import validate
+
+PROJECT_FILE = "hpclaunch.toml"
+# sbatch reads these itself; hpclaunch resolves them into the spec so the script shows them.
+SBATCH_ENV = {
+    "account": "SBATCH_ACCOUNT",
+    "partition": "SBATCH_PARTITION",
+    "reservation": "SBATCH_RESERVATION",
+}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    spec: JobSpec
+    profile: Profile
+    project_file: Optional[Path]
+    in_allocation: bool
+
+
+def find_project_file(cwd: Path, environ: Mapping[str, str]) -> Optional[Path]:
+    explicit = environ.get("HPCLAUNCH_CONFIG")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UserError(
+                "HPCLAUNCH_CONFIG", f"{show(explicit)} is not a file", "", "Fix or unset it"
+            )
+        return path
+    for folder in (cwd, *cwd.parents):
+        candidate = folder / PROJECT_FILE
+        if candidate.is_file():
+            return candidate
+        if (folder / ".git").exists():
+            break  # the project ends at its git root
+    return None
+
+
+def _project(path: Optional[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    if path is None:
+        return {}, {}
+    data = read_toml(path, PROJECT_FILE)
+    unknown = sorted(set(data) - {"run", "clusters"})
+    if unknown:
+        raise UserError(
+            f"{path}", f"unknown table {show(unknown[0])}", "known: [run], [clusters.NAME]",
+            "Remove or rename it",
+        )
+    run = data.get("run", {})
+    for key in run:
+        if key not in BY_NAME:
+            raise UserError(
+                f"{path} [run] {key}", "unknown key", "keys are the long option names",
+                "See hpclaunch run --help",
+            )
+    return run, data.get("clusters", {})
+
+
+def default_cluster(project_run: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, str]:
+    if environ.get("HPCLAUNCH_CLUSTER"):
+        return environ["HPCLAUNCH_CLUSTER"], "env:HPCLAUNCH_CLUSTER"
+    if project_run.get("cluster"):
+        return str(project_run["cluster"]), "project"
+    name = discover.cluster_name() if discover.slurm_config() is not None else None
+    if name is None:
+        return "local", "detected: no Slurm controller"
+    if name.lower().startswith("lumi"):
+        return "lumi", f"detected: ClusterName={name}"
+    return "slurm", f"detected: ClusterName={name}"
+
+
+def _convert(name: str, value: Any, where: str) -> Any:
+    """A CLI string or a TOML value -> the typed value, or a one-line error."""
+    opt = BY_NAME[name]
+    field = f"--{name}" if where == "cli" else f"{PROJECT_FILE} [run] {name}"
+    if opt.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise UserError(field, f"{show(value)} is not a whole number", "", "Give e.g. 2")
+        try:
+            return int(value)
+        except ValueError:
+            raise UserError(field, f"{show(value)} is not a whole number", "", "Give e.g. 2") from None
+    if opt.kind == "time":
+        return parse_time(str(value), field)
+    if opt.kind == "mem":
+        return parse_memory(str(value), field)
+    if opt.kind == "flag":
+        if not isinstance(value, bool):
+            raise UserError(field, f"{show(value)} is not true or false", "", "Use true/false")
+        return value
+    if opt.kind == "list":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise UserError(field, f"{show(value)} is not a list of strings", "", 'Use ["..."]')
+        return tuple(items)
+    if opt.kind == "choice":
+        if value not in opt.choices:
+            raise UserError(
+                field, f"{show(value)} is not allowed", f"one of {', '.join(opt.choices)}",
+                f"Use e.g. {opt.example}",
+            )
+        return value
+    if not isinstance(value, str):
+        raise UserError(field, f"{show(value)} is not text", "", f"Use e.g. {opt.example}")
+    return value
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    program: tuple[str, ...],
+    cwd: Path,
+    environ: Mapping[str, str],
+) -> Resolved:
+    """All layers -> a validated JobSpec. `cli` holds only options given on the command line."""
+    project_path = find_project_file(cwd, environ)
+    project_run, project_clusters = _project(project_path)
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, raw in project_run.items():
+        values[BY_NAME[key].dest] = _convert(key, raw, "project")
+        sources[BY_NAME[key].dest] = "project"
+    for key, env_name in SBATCH_ENV.items():
+        if environ.get(env_name):
+            values[key] = environ[env_name]
+            sources[key] = f"env:{env_name}"
+    for key, raw in cli.items():
+        name = key.replace("_", "-")
+        values[BY_NAME[name].dest] = _convert(name, raw, "cli")
+        sources[BY_NAME[name].dest] = "cli"
+
+    if "cluster" in values and sources.get("cluster") == "cli":
+        cluster, csource = values["cluster"], "cli"
+    else:
+        cluster, csource = default_cluster(project_run, environ)
+    sources["cluster"] = csource
+    profile = load_profile(cluster, project_clusters)
+    if profile.discover and profile.kind == "slurm":
+        profile = _with_discovered(profile)
+
+    allocation = profile.kind == "slurm" and discover.in_allocation()
+    spec = validate(profile, values, sources, program, environ, allocation)
+    return Resolved(spec=spec, profile=profile, project_file=project_path, in_allocation=allocation)
+
+
+def _with_discovered(profile: Profile) -> Profile:
+    """Fill partitions the profile does not describe from sinfo (profile facts win)."""
+    if discover.slurm_config() is None:
+        raise UserError(
+            "--cluster",
+            f"{profile.name} needs a Slurm controller, and none answers",
+            "scontrol show config failed",
+            "Check SLURM_CONF / the cluster, or use --cluster local",
+        )
+    found = dict(discover.partitions())
+    merged = {**found, **profile.partitions}
+    return profile.model_copy(update={"partitions": merged, "cluster_name": discover.cluster_name()})
+
+
+def git_state(cwd: Path) -> dict[str, str]:
+    """Commit and dirtiness of the project, recorded with the run (empty outside git)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+        if head.returncode != 0:
+            return {}
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=5,
+        )
+        return {"commit": head.stdout.strip(), "dirty": str(bool(dirty.stdout.strip())).lower()}
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+
+
+def user_name(environ: Mapping[str, str]) -> str:
+    import getpass
+
+    return environ.get("USER") or getpass.getuser() or str(os.getuid())

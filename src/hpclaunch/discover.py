@@ -1,0 +1,101 @@
+"""What the cluster says about itself: is Slurm here, its name, partitions and nodes.
+
+One `scontrol show config` answers "is there a controller" and "which cluster";
+one `sinfo` call gives every partition's limits and node shape. Both are cached for
+the life of the process (a CLI call), never on disk: limits change.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from typing import Optional
+
+from .profiles import Partition
+from .units import parse_time
+
+_TIMEOUT_S = 15.0
+
+
+def _run(argv: list[str]) -> Optional[str]:
+    """stdout of a Slurm query, or None when the command is missing or fails."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def slurm_config() -> Optional[dict[str, str]]:
+    """`scontrol show config` as a dict, or None when no controller answers."""
+    if shutil.which("sbatch") is None:
+        return None
+    out = _run(["scontrol", "show", "config"])
+    if out is None:
+        return None
+    config: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            config[key.strip()] = value.strip()
+    return config
+
+
+def cluster_name() -> str:
+    config = slurm_config()
+    return config.get("ClusterName", "") if config else ""
+
+
+def in_allocation() -> bool:
+    """True inside salloc/sbatch, where `run` starts a step instead of a new job."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+
+
+_GRES_GPU = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
+
+
+def _gpus(gres: str) -> int:
+    return sum(int(m.group(1)) for m in _GRES_GPU.finditer(gres))
+
+
+def _int(text: str) -> Optional[int]:
+    text = text.strip().rstrip("+")
+    return int(text) if text.isdigit() else None
+
+
+@functools.lru_cache(maxsize=1)
+def partitions() -> dict[str, Partition]:
+    """Every partition with its limits; node shape = the largest node in it, so that a
+    request is refused only when no node of the partition could ever hold it."""
+    out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%G|%m|%s"])
+    if out is None:
+        return {}
+    found: dict[str, dict[str, object]] = {}
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) != 7:
+            continue
+        name, limit, count, cpus, gres, mem, max_nodes = fields
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        entry = found.setdefault(
+            name, {"nodes": 0, "cpus": 0, "gpus": 0, "memory_mb": 0, "default": default}
+        )
+        entry["nodes"] = int(entry["nodes"]) + (_int(count) or 0)  # type: ignore[call-overload]
+        entry["cpus"] = max(int(entry["cpus"]), _int(cpus) or 0)  # type: ignore[call-overload]
+        entry["gpus"] = max(int(entry["gpus"]), _gpus(gres))  # type: ignore[call-overload]
+        entry["memory_mb"] = max(int(entry["memory_mb"]), _int(mem) or 0)  # type: ignore[call-overload]
+        if limit.lower() not in ("infinite", "unlimited", "n/a"):
+            entry["max_time"] = parse_time(limit, "sinfo time limit")
+        job_max = _int(max_nodes.rpartition("-")[2])  # "1-infinite", "1-4"
+        if job_max:
+            entry["max_nodes"] = job_max
+    return {name: Partition.model_validate(data) for name, data in found.items()}

@@ -1,0 +1,56 @@
+"""The exception tree: every user error prints one line and exits with code 2.
+
+Format (stable, tests and users grep it):
+    hpclaunch: error: <field>: <problem> (<limit>). <fix>
+"""
+
+from __future__ import annotations
+
+USER_ERROR_EXIT = 2
+
+
+class HpclaunchError(Exception):
+    """Base of every error hpclaunch raises on purpose."""
+
+    exit_code = 1
+
+    def line(self) -> str:
+        return f"hpclaunch: error: {self}"
+
+
+class UserError(HpclaunchError):
+    """A bad request: found before anything is submitted or written."""
+
+    exit_code = USER_ERROR_EXIT
+
+    def __init__(self, field: str, problem: str, limit: str = "", fix: str = "") -> None:
+        self.field = field
+        self.problem = problem
+        self.limit = limit
+        self.fix = fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        text = f"{self.field}: {_one_line(self.problem)}"
+        if self.limit:
+            text += f" ({_one_line(self.limit)})"
+        text += "."
+        if self.fix:
+            text += f" {_one_line(self.fix)}"
+        return text
+
+
+class SlurmError(HpclaunchError):
+    """Slurm refused or failed a command hpclaunch ran (sbatch, scancel, ...)."""
+
+    exit_code = 1
+
+
+def _one_line(text: str) -> str:
+    """User values can hold newlines; the error format is one line, so show them escaped."""
+    return text.replace("\n", "\\n").replace("\r", "\\r").rstrip(".")
+
+
+def show(value: object) -> str:
+    """A value as it appears inside an error message: quoted, control characters escaped."""
+    return repr(value) if isinstance(value, str) else str(value)

@@ -1,0 +1,50 @@
+"""What each Slurm task runs: the bootstrap directly (srun launcher, one task per rank)
+or one torchrun agent per node whose workers are bootstraps (torchrun launcher).
+
+Both return argv as shell Words: variables that only exist in the job (MASTER_ADDR,
+SLURM_JOB_ID, ...) stay references, expanded by the batch shell or, for the local
+backend, by shell.expand with the values the local backend chose.
+"""
+
+from __future__ import annotations
+
+from .shell import Template, Var, Word
+from .spec import JobSpec
+
+BOOTSTRAP_FLAGS = ("-I", "-S")  # isolated, no site: the bootstrap needs only the stdlib
+
+
+def bootstrap_argv(python: str, bootstrap: str, program: tuple[str, ...]) -> list[Word]:
+    return [python, *BOOTSTRAP_FLAGS, bootstrap, *program]
+
+
+def task_argv(spec: JobSpec, python: str, bootstrap: str) -> list[Word]:
+    inner = bootstrap_argv(python, bootstrap, spec.program)
+    if spec.launcher == "srun":
+        return inner
+    head: list[Word] = ["torchrun"]
+    if spec.nodes == 1:
+        head += ["--standalone", "--nnodes=1"]
+    else:
+        head += [
+            Template("--nnodes=${SLURM_NNODES}"),
+            f"--nproc-per-node={spec.tasks_per_node}",
+            "--rdzv-backend=c10d",
+            Template("--rdzv-endpoint=${MASTER_ADDR}:${MASTER_PORT}"),
+            Template("--rdzv-id=${SLURM_JOB_ID}"),
+        ]
+    if spec.nodes == 1:
+        head.append(f"--nproc-per-node={spec.tasks_per_node}")
+    return [*head, "--no-python", *inner]
+
+
+def launcher_env(spec: JobSpec) -> dict[str, str]:
+    """Variables the bootstrap reads to know how it was started."""
+    env = {"HPCLAUNCH_LAUNCHER": spec.launcher}
+    if spec.launcher == "torchrun":
+        # torchrun signals only its direct child (the bootstrap), which must pass it on.
+        env["HPCLAUNCH_FORWARD_SIGNALS"] = "1"
+    return env
+
+
+__all__ = ["Var", "bootstrap_argv", "launcher_env", "task_argv"]

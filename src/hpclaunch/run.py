@@ -1,0 +1,174 @@
+"""`run`: resolve the layers, plan, then dry-run, run locally, start a step in the current
+allocation, or submit (and optionally wait). The library entry point behind the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from . import config, render, runs, shell
+from .errors import HpclaunchError
+from .spec import MASK, JobSpec, is_secret
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    options: Mapping[str, Any]
+    program: tuple[str, ...]
+    dry_run: bool = False
+    wait: bool = False
+    as_json: bool = False
+    cwd: Optional[Path] = None
+    environ: Optional[Mapping[str, str]] = None
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+
+
+def execute(req: RunRequest) -> int:
+    cwd = req.cwd or Path.cwd()
+    environ = dict(os.environ if req.environ is None else req.environ)
+    resolved = config.resolve(req.options, req.program, cwd, environ)
+    spec, profile = resolved.spec, resolved.profile
+    paths = runs.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, cwd)
+    plan = render.plan(spec, profile, paths, cwd)
+
+    if req.dry_run:
+        return _dry_run(req, spec, plan, paths, resolved, environ)
+
+    paths = runs.create(paths)
+    if paths.run_id not in str(plan.sbatch_argv):  # the id changed on a collision: re-plan
+        plan = render.plan(spec, profile, paths, cwd)
+    backend = "local" if profile.kind == "local" else "slurm"
+    try:
+        _write_run_files(paths, spec, plan, backend, req.program)
+    except OSError as exc:
+        runs.remove(paths)
+        raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
+
+    if backend == "local":
+        from .run_local import run_local_job
+
+        return run_local_job(spec, plan, paths, cwd, environ, req.out, req.err, req.as_json)
+    if resolved.in_allocation:
+        from .run_step import run_step_job
+
+        return run_step_job(spec, plan, paths, environ, req.out, req.err, req.as_json)
+    return _submit(req, spec, plan, paths, environ)
+
+
+def _dry_run(
+    req: RunRequest, spec: JobSpec, plan: render.BatchPlan, paths: runs.RunPaths,
+    resolved: config.Resolved, environ: Mapping[str, str],
+) -> int:
+    if req.as_json:
+        data = {
+            "run_id": paths.run_id, "run_dir": str(paths.run_dir), "cluster": spec.cluster,
+            "script": plan.script, "sbatch": list(plan.sbatch_argv),
+            "spec": spec.to_record(), "in_allocation": resolved.in_allocation,
+        }
+        req.out.write(json.dumps(data, indent=2) + "\n")
+        return 0
+    text = render.preview(plan, environ)
+    if spec.cluster == "local" or resolved.in_allocation:
+        where = "as local processes" if spec.cluster == "local" else "as a step of this allocation"
+        text += (f"# --cluster {spec.cluster}: no sbatch; each task runs {where}:\n"
+                 f"#   {shell.command(list(plan.task_argv))}\n")
+    req.out.write(text)
+    return 0
+
+
+def _write_run_files(
+    paths: runs.RunPaths, spec: JobSpec, plan: render.BatchPlan, backend: str,
+    program: tuple[str, ...],
+) -> None:
+    # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
+    paths.job_sh.write_bytes(plan.script.encode("utf-8", "surrogateescape"))
+    source = resources.files("hpclaunch").joinpath("bootstrap.py")
+    with resources.as_file(source) as src:
+        shutil.copyfile(src, paths.bootstrap)
+    runs.write_json(paths.run_dir / "spec.json", spec.to_record())
+    record = {
+        "run_id": paths.run_id, "exp": spec.exp, "cluster": spec.cluster, "backend": backend,
+        "run_dir": str(paths.run_dir), "checkpoint_dir": str(paths.checkpoint_dir),
+        "job_id": None, "submitted_at": time.time(), "state": "CREATED", "exit_code": None,
+        "command": list(program), "nodes": spec.nodes, "tasks_per_node": spec.tasks_per_node,
+        "launcher": spec.launcher, "job_name": spec.job_name,
+        "git": config.git_state(Path.cwd()),
+    }
+    runs.write_json(paths.record, record)
+
+
+def index(paths: runs.RunPaths, spec: JobSpec, job_id: str) -> None:
+    runs.add_to_index({
+        "run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": job_id,
+        "exp": spec.exp, "cluster": spec.cluster, "submitted_at": time.time(),
+    })
+
+
+def _submit(
+    req: RunRequest, spec: JobSpec, plan: render.BatchPlan, paths: runs.RunPaths,
+    environ: Mapping[str, str],
+) -> int:
+    from .backends import slurm
+
+    try:
+        job_id = slurm.submit(plan, environ)
+    except HpclaunchError:
+        runs.remove(paths)  # nothing is left behind when Slurm refuses the job
+        raise
+    runs.update_record(paths.run_dir, job_id=job_id, state="PENDING")
+    index(paths, spec, job_id)
+    announce(req.out, req.err, paths, spec, job_id, req.as_json, req.wait)
+    if not req.wait:
+        return 0
+    return follow(job_id, paths.run_dir, req.out, req.err)
+
+
+def announce(
+    out: TextIO, err: TextIO, paths: runs.RunPaths, spec: JobSpec, job_id: str,
+    as_json: bool, waiting: bool,
+) -> None:
+    if as_json:
+        out.write(json.dumps({
+            "run_id": paths.run_id, "job_id": job_id, "run_dir": str(paths.run_dir),
+            "cluster": spec.cluster, "exp": spec.exp,
+        }) + "\n")
+    else:
+        stream = err if waiting else out
+        stream.write(f"run {paths.run_id}  job {job_id}  {paths.run_dir}\n")
+    (err if waiting else out).flush()
+
+
+def follow(job_id: str, run_dir: Path, out: TextIO, err: TextIO) -> int:
+    """Stream a submitted job until it ends; Ctrl-C detaches and says how to come back."""
+    from .backends.slurm import SlurmStatus
+    from .monitor import wait_and_stream
+
+    try:
+        code, state = wait_and_stream(
+            SlurmStatus(), job_id, run_dir / "logs", out, err, is_tty=err.isatty()
+        )
+    except KeyboardInterrupt:
+        err.write(
+            f"\nhpclaunch: detached; job {job_id} keeps running.\n"
+            f"  follow:  hpclaunch logs {job_id} --follow\n"
+            f"  status:  hpclaunch status {job_id}\n"
+            f"  cancel:  hpclaunch cancel {job_id}\n"
+        )
+        return 130
+    runs.update_record(run_dir, state=state, exit_code=code, ended_at=time.time())
+    if code != 0:
+        err.write(f"hpclaunch: job {job_id} ended {state}, exit code {code}\n")
+    return code
+
+
+def masked_command(program: tuple[str, ...]) -> list[str]:
+    return [MASK if is_secret(a.split("=", 1)[0]) and "=" in a else a for a in program]

@@ -1,0 +1,74 @@
+"""JobSpec: one resolved, validated, immutable request. No I/O here.
+
+`config.resolve()` builds it from the layers and checks it against the cluster
+profile; everything downstream (render, launchers, backends) only reads it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Optional
+
+Launcher = Literal["srun", "torchrun"]
+Visibility = Literal["all", "per-task"]
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+MASK = "***"
+
+
+def is_secret(name: str) -> bool:
+    """Names that look secret never reach a file or a command line, only the environment."""
+    return bool(_SECRET.search(name))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    cluster: str
+    program: tuple[str, ...]
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_mb: Optional[int] = None  # per node; 0 = all of it
+    mem_per_gpu_mb: Optional[int] = None
+    time_s: Optional[int] = None
+    partition: str = ""
+    account: str = ""
+    reservation: str = ""
+    exclusive: bool = False
+    job_name: str = ""
+    launcher: Launcher = "srun"
+    gpu_visibility: Visibility = "all"
+    exp: str = "default"
+    env: tuple[tuple[str, str], ...] = ()
+    setup: tuple[str, ...] = ()
+    sbatch_args: tuple[str, ...] = ()
+    run_root: str = "runs"
+    checkpoint_root: str = ""
+    nccl_debug: bool = False
+    cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
+    # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def ntasks(self) -> int:
+        """Slurm tasks: one per rank under srun, one per node under torchrun."""
+        return self.nodes * (1 if self.launcher == "torchrun" else self.tasks_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    def public_env(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in self.env if not is_secret(k)]
+
+    def secret_env(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in self.env if is_secret(k)]
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready, with secret values masked (this is what spec.json holds)."""
+        data = asdict(self)
+        data["env"] = {k: (MASK if is_secret(k) else v) for k, v in self.env}
+        data["sources"] = dict(self.sources)
+        return data

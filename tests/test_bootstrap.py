@@ -1,0 +1,669 @@
+"""Tests of the per-task bootstrap (src/hpclaunch/bootstrap.py).
+
+The bootstrap runs as a real subprocess (`python3 -I -S bootstrap.py PROGRAM ...`) with
+synthetic Slurm / torchrun environments, exactly as a task would run it; its pure helpers
+(node lists, task layouts, placeholders) are also checked directly, table-driven.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "hpclaunch" / "bootstrap.py"
+PY = sys.executable
+# The interpreter that runs the bootstrap (e.g. BOOTSTRAP_PYTHON=python3.8 for the oldest).
+BOOT_PY = os.environ.get("BOOTSTRAP_PYTHON") or PY
+
+# A program that records what it was given: argv as hex of the raw bytes, and its env.
+PROBE = """
+import json, os, sys
+with open(os.environ["PROBE_OUT"], "w") as f:
+    json.dump({"argv": [os.fsencode(a).hex() for a in sys.argv[1:]], "env": dict(os.environ)}, f)
+"""
+
+# A program that waits (up to 30 s) for SIGUSR1 and records the signals it got (it lingers
+# 0.3 s after the first one, so that a duplicate delivery would show).
+WAITER = """
+import json, os, signal, sys, time
+out = sys.argv[1]
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+with open(out + ".pid.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(out + ".pid.tmp", out + ".pid")
+deadline = time.monotonic() + 30
+while not got and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.3)
+with open(out, "w") as f:
+    json.dump(got, f)
+"""
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("hpclaunch_bootstrap_under_test", BOOTSTRAP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bs = _load()
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    # Minimal on purpose: nothing from a surrounding Slurm job may leak into the test.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env.update(extra)
+    return env
+
+
+def boot_cmd(*args: str | bytes, python: str = BOOT_PY) -> list[str | bytes]:
+    return [python, "-I", "-S", str(BOOTSTRAP), *args]
+
+
+def run_boot(
+    *args: str | bytes, env: dict[str, str], python: str = BOOT_PY
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(boot_cmd(*args, python=python), env=env, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Any:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    out = tmp_path / "probe.json"
+
+    def run(*args: str | bytes, **env: str) -> tuple[dict[str, Any], list[bytes]]:
+        proc = run_boot(PY, str(script), *args, env=base_env(PROBE_OUT=str(out), **env))
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(out.read_text())
+        return data["env"], [bytes.fromhex(a) for a in data["argv"]]
+
+    return run
+
+
+@pytest.fixture
+def waiter(tmp_path: Path) -> Path:
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    return script
+
+
+def wait_for(path: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def exit_record(log_dir: Path, rank: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((log_dir / f"rank-{rank}.exit").read_text())
+    return data
+
+
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+
+
+# --- pure helpers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [
+        ("nid[005000-005003,005010]", "nid005000"),
+        ("nid[005252]", "nid005252"),
+        ("nid[005010,005000-005003]", "nid005010"),
+        ("node1,node2", "node1"),
+        ("node1", "node1"),
+        ("a-[01-02]", "a-01"),
+        ("gpu[3]x", "gpu3x"),
+        ("gpu[3-4]x,cpu1", "gpu3x"),
+        ("rack1-[2-3]-n[1-2]", "rack1-2-n1"),
+        ("n[1-2],m[3-4]", "n1"),
+        ("nid[000007-000009]", "nid000007"),
+        ("", ""),
+        ("broken[1-2", "broken[1-2"),
+    ],
+)
+def test_first_host(nodelist: str, first: str) -> None:
+    assert bs.first_host(nodelist) == first
+
+
+@pytest.mark.parametrize(
+    ("spec", "node", "tasks"),
+    [
+        ("2(x3),1", 0, 2),
+        ("2(x3),1", 2, 2),
+        ("2(x3),1", 3, 1),
+        ("8", 0, 8),
+        ("4,2", 1, 2),
+        ("1,3(x2)", 2, 3),
+        ("2(x3),1", 4, None),
+        ("garbage", 0, None),
+    ],
+)
+def test_tasks_on_node(spec: str, node: int, tasks: int | None) -> None:
+    assert bs.tasks_on_node(spec, node) == tasks
+
+
+VALUES = {
+    "rank": "3",
+    "local_rank": "1",
+    "world_size": "8",
+    "local_world_size": "4",
+    "node_rank": "0",
+    "master_addr": "nid005000",
+    "master_port": "21234",
+}
+
+
+@pytest.mark.parametrize(
+    ("arg", "expanded"),
+    [
+        ("{rank}", "3"),
+        ("--rank={rank}", "--rank=3"),
+        ("out-{rank}-of-{world_size}.log", "out-3-of-8.log"),
+        ("{local_rank}{local_world_size}{node_rank}", "140"),
+        ("{master_addr}:{master_port}", "nid005000:21234"),
+        ("{{rank}}", "{rank}"),
+        ("a{{rank}}b{rank}", "a{rank}b3"),
+        ('{"a": 1}', '{"a": 1}'),
+        ('{"rank": "{rank}"}', '{"rank": "3"}'),
+        ("{x}", "{x}"),
+        ("{{x}}", "{{x}}"),
+        ("{", "{"),
+        ("}", "}"),
+        ("{rank", "{rank"),
+        ("rank}", "rank}"),
+        ("{RANK}", "{RANK}"),
+        ("{ rank }", "{ rank }"),
+        ("{{rank}", "{3"),
+        ("{{{rank}}}", "{{rank}}"),
+        ("", ""),
+        ("\udcff{rank}\udcfe", "\udcff3\udcfe"),
+    ],
+)
+def test_expand(arg: str, expanded: str) -> None:
+    assert bs.expand(arg, VALUES) == expanded
+
+
+@given(st.text().filter(lambda s: "{" not in s))
+def test_expand_leaves_brace_free_text_alone(text: str) -> None:
+    assert bs.expand(text, VALUES) is text
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="{}")), st.sampled_from(sorted(VALUES)))
+def test_expand_escape_gives_the_literal_placeholder(text: str, name: str) -> None:
+    arg = text + "{{" + name + "}}" + text
+    assert bs.expand(arg, VALUES) == text + "{" + name + "}" + text
+
+
+# --- contexts -------------------------------------------------------------------------
+
+
+def test_plain_context(probe: Any) -> None:
+    env, _ = probe()
+    assert [env[v] for v in RANK_VARS] == ["0", "1", "0", "1", "0"]
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["MASTER_PORT"] == "29500"
+    assert env["PYTHONNOUSERSITE"] == "1"
+
+
+def test_srun_context(probe: Any) -> None:
+    slurm = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_TASKS_PER_NODE": "8(x2)",  # the job's layout; the step's one wins
+        "SLURM_JOB_ID": "1234567",
+        "SLURM_JOB_NODELIST": "nid[005000-005003,005010]",
+        "SLURM_CPU_BIND": "quiet,mask_cpu:0x1",
+    }
+    env, _ = probe(**slurm)
+    assert dict(zip(RANK_VARS, [env[v] for v in RANK_VARS])) == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "NODE_RANK": "1",
+    }
+    assert env["MASTER_ADDR"] == "nid005000"
+    assert env["MASTER_PORT"] == str(20000 + 1234567 % 12000)
+    for name, value in slurm.items():  # Slurm's own view stays intact
+        assert env[name] == value
+
+
+def test_srun_context_uneven_layout_and_fallbacks(probe: Any) -> None:
+    env, _ = probe(
+        SLURM_PROCID="6",
+        SLURM_NTASKS="7",
+        SLURM_NODEID="3",
+        SLURM_LOCALID="0",
+        SLURM_TASKS_PER_NODE="2(x3),1",
+    )
+    assert env["LOCAL_WORLD_SIZE"] == "1"
+    assert env["NODE_RANK"] == "3"
+    env, _ = probe(SLURM_PROCID="0", SLURM_NTASKS="8", SLURM_JOB_NUM_NODES="2")
+    assert env["LOCAL_WORLD_SIZE"] == "4"  # no layout given: an even spread
+
+
+def test_master_from_step_nodelist_and_existing_values_kept(probe: Any) -> None:
+    env, _ = probe(
+        SLURM_PROCID="0",
+        SLURM_NTASKS="1",
+        SLURM_STEP_NODELIST="nid[005252]",
+        SLURM_JOB_NODELIST="other[1-4]",
+    )
+    assert env["MASTER_ADDR"] == "nid005252"
+    env, _ = probe(
+        SLURM_PROCID="0",
+        SLURM_JOB_NODELIST="rack1-[2-3]-n[1-2]",
+        MASTER_ADDR="10.0.0.1",
+        MASTER_PORT="23456",
+        SLURM_JOB_ID="99",
+    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "23456")
+    env, _ = probe(SLURM_PROCID="0", SLURM_JOB_NODELIST="rack1-[2-3]-n[1-2]")
+    assert env["MASTER_ADDR"] == "rack1-2-n1"
+
+
+def test_torchrun_context_hides_slurm_per_task_variables(probe: Any) -> None:
+    env, _ = probe(
+        TORCHELASTIC_RUN_ID="abc",
+        RANK="5",
+        WORLD_SIZE="8",
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="4",
+        GROUP_RANK="1",
+        MASTER_ADDR="nid000042",
+        MASTER_PORT="29400",
+        SLURM_PROCID="1",
+        SLURM_LOCALID="0",
+        SLURM_NTASKS="2",
+        SLURM_NPROCS="2",
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_TASKS_PER_NODE="1(x2)",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_STEP_TASKS_PER_NODE="1(x2)",
+        SLURM_TASK_PID="4242",
+        SLURM_GTIDS="1",
+        SLURM_CPU_BIND="quiet,mask_cpu:0xff",
+        SLURM_CPU_BIND_LIST="0xff",
+        SLURM_JOB_ID="777",
+        SLURM_NODEID="1",
+        SLURM_JOB_NODELIST="nid[000041-000042]",
+        SLURM_CPUS_PER_TASK="56",
+    )
+    assert [env[v] for v in RANK_VARS] == ["5", "8", "1", "4", "1"]
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("nid000042", "29400")
+    assert not [name for name in env if name in bs.SLURM_PER_TASK]
+    assert not [name for name in env if name.startswith("SLURM_CPU_BIND")]
+    for name in ("SLURM_JOB_ID", "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK"):
+        assert name in env
+
+
+def test_node_name(tmp_path: Path) -> None:
+    log = tmp_path / "logs"
+    run_boot("true", env=base_env(HPCLAUNCH_LOG_DIR=str(log), SLURMD_NODENAME="nid001234"))
+    assert exit_record(log, 0)["node"] == "nid001234"
+    run_boot("true", env=base_env(HPCLAUNCH_LOG_DIR=str(log)))
+    assert exit_record(log, 0)["node"] == socket.gethostname().split(".")[0]
+
+
+# --- GPU visibility and caches --------------------------------------------------------
+
+
+def test_gpu_per_task_picks_from_slurm_list(probe: Any) -> None:
+    env, _ = probe(
+        SLURM_PROCID="1",
+        SLURM_NTASKS="2",
+        SLURM_LOCALID="1",
+        HPCLAUNCH_GPU_VISIBILITY="per-task",
+        HPCLAUNCH_GPU_VARS="CUDA_VISIBLE_DEVICES,ROCR_VISIBLE_DEVICES",
+        HPCLAUNCH_GPU_UNSET="HIP_VISIBLE_DEVICES",
+        CUDA_VISIBLE_DEVICES="4,5",
+        HIP_VISIBLE_DEVICES="0,1",
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert env["ROCR_VISIBLE_DEVICES"] == "1"  # nothing set before: LOCAL_RANK itself
+    assert "HIP_VISIBLE_DEVICES" not in env
+
+
+def test_gpu_per_task_under_torchrun_uses_its_local_rank(probe: Any) -> None:
+    env, _ = probe(
+        TORCHELASTIC_RUN_ID="x",
+        RANK="2",
+        WORLD_SIZE="4",
+        LOCAL_RANK="2",
+        LOCAL_WORLD_SIZE="4",
+        GROUP_RANK="0",
+        HPCLAUNCH_GPU_VISIBILITY="per-task",
+        HPCLAUNCH_GPU_VARS="ROCR_VISIBLE_DEVICES",
+        ROCR_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
+    )
+    assert env["ROCR_VISIBLE_DEVICES"] == "2"
+
+
+def test_gpu_visibility_all_leaves_variables_alone(probe: Any) -> None:
+    env, _ = probe(
+        SLURM_PROCID="1",
+        SLURM_LOCALID="1",
+        HPCLAUNCH_GPU_VARS="CUDA_VISIBLE_DEVICES",
+        HPCLAUNCH_GPU_UNSET="HIP_VISIBLE_DEVICES",
+        CUDA_VISIBLE_DEVICES="4,5",
+        HIP_VISIBLE_DEVICES="0",
+    )
+    assert (env["CUDA_VISIBLE_DEVICES"], env["HIP_VISIBLE_DEVICES"]) == ("4,5", "0")
+
+
+def test_cache_dirs_created(probe: Any, tmp_path: Path) -> None:
+    a, b = tmp_path / "miopen" / "db", tmp_path / "x" / "y" / "z"
+    b.mkdir(parents=True)  # already there: fine
+    probe(HPCLAUNCH_CACHE_DIRS=f"{a}::{b}")
+    assert a.is_dir() and b.is_dir()
+
+
+# --- arguments ------------------------------------------------------------------------
+
+
+def test_arguments_reach_the_program_byte_identical(probe: Any) -> None:
+    cases: list[tuple[str | bytes, bytes]] = [
+        ("", b""),
+        ("--flag", b"--flag"),
+        ("-", b"-"),
+        ("a b  c ", b"a b  c "),
+        ("line1\nline2\n", b"line1\nline2\n"),
+        ("$HOME `id` $(id) ; | & > *", b"$HOME `id` $(id) ; | & > *"),
+        ("'single' \"double\" \\back", b"'single' \"double\" \\back"),
+        ("ünïcødé ✓ 🚀", "ünïcødé ✓ 🚀".encode()),
+        (b"raw\xff\xfe\x80bytes", b"raw\xff\xfe\x80bytes"),
+        (b"\xff{rank}\xfe", b"\xff3\xfe"),
+        ("--rank={rank}", b"--rank=3"),
+        ("{{rank}}", b"{rank}"),
+        ('{"a": 1}', b'{"a": 1}'),
+        ("{x}", b"{x}"),
+        ("{{x}}", b"{{x}}"),
+        ("{node_rank}/{local_rank}/{local_world_size}", b"1/1/2"),
+    ]
+    _, argv = probe(
+        *[arg for arg, _ in cases],
+        SLURM_PROCID="3",
+        SLURM_NTASKS="4",
+        SLURM_LOCALID="1",
+        SLURM_NODEID="1",
+        SLURM_STEP_TASKS_PER_NODE="2(x2)",
+    )
+    assert argv == [want for _, want in cases]
+
+
+def test_program_found_on_path_without_a_shell(tmp_path: Path) -> None:
+    assert run_boot("true", env=base_env()).returncode == 0
+    assert run_boot("false", env=base_env()).returncode == 1
+    # `echo $HOME` as one word is a program name, not shell text
+    assert run_boot("echo $HOME", env=base_env()).returncode == 127
+
+
+# --- exit codes and signals -----------------------------------------------------------
+
+
+def test_usage_without_program() -> None:
+    proc = run_boot(env=base_env())
+    assert proc.returncode == 2
+    assert proc.stderr.decode().count("\n") == 1 and proc.stderr.startswith(b"usage:")
+
+
+def test_exit_code_and_exit_file(tmp_path: Path) -> None:
+    log = tmp_path / "logs"
+    env = base_env(HPCLAUNCH_LOG_DIR=str(log), SLURM_PROCID="2", SLURMD_NODENAME="n1")
+    before = time.time()
+    proc = run_boot(PY, "-c", "import sys; sys.exit(3)", env=env)
+    assert proc.returncode == 3
+    record = exit_record(log, 2)
+    assert {k: record[k] for k in ("rank", "node", "returncode")} == {
+        "rank": 2,
+        "node": "n1",
+        "returncode": 3,
+    }
+    assert before <= record["time"] <= time.time()
+    assert not [p for p in os.listdir(log) if ".tmp" in p]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGABRT])
+def test_signal_death_is_passed_on(tmp_path: Path, sig: signal.Signals) -> None:
+    log = tmp_path / "logs"
+    code = f"import os; os.kill(os.getpid(), {int(sig)})"
+    proc = run_boot(PY, "-c", code, env=base_env(HPCLAUNCH_LOG_DIR=str(log)))
+    assert proc.returncode == -sig
+    assert exit_record(log, 0)["returncode"] == -sig
+
+
+def test_forwarded_signal_reaches_the_program_once(tmp_path: Path, waiter: Path) -> None:
+    out = tmp_path / "got.json"
+    boot = subprocess.Popen(
+        boot_cmd(PY, str(waiter), str(out)), env=base_env(HPCLAUNCH_FORWARD_SIGNALS="1")
+    )
+    wait_for(Path(f"{out}.pid"))
+    boot.send_signal(signal.SIGUSR1)  # to the bootstrap only, as torch < 2.2's agent does
+    assert boot.wait(timeout=20) == 0
+    assert json.loads(out.read_text()) == [signal.SIGUSR1]
+
+
+def test_group_leader_leaves_signals_to_the_group(tmp_path: Path, waiter: Path) -> None:
+    # torch >= 2.2 starts workers in a new session and signals the whole process group,
+    # which reaches the program directly: forwarding as well would deliver it twice.
+    out = tmp_path / "got.json"
+    boot = subprocess.Popen(
+        boot_cmd(PY, str(waiter), str(out)),
+        env=base_env(HPCLAUNCH_FORWARD_SIGNALS="1"),
+        start_new_session=True,
+    )
+    wait_for(Path(f"{out}.pid"))
+    os.kill(boot.pid, signal.SIGUSR1)  # to the group leader alone: not passed on
+    time.sleep(0.5)
+    assert boot.poll() is None and not out.exists()
+    os.killpg(boot.pid, signal.SIGUSR1)
+    assert boot.wait(timeout=20) == 0
+    assert json.loads(out.read_text()) == [signal.SIGUSR1]
+
+
+def test_forwarded_term_kills_program_and_bootstrap_alike(tmp_path: Path, waiter: Path) -> None:
+    out, log = tmp_path / "got.json", tmp_path / "logs"
+    env = base_env(HPCLAUNCH_FORWARD_SIGNALS="1", HPCLAUNCH_LOG_DIR=str(log))
+    boot = subprocess.Popen(boot_cmd(PY, str(waiter), str(out)), env=env)
+    wait_for(Path(f"{out}.pid"))
+    boot.send_signal(signal.SIGTERM)
+    assert boot.wait(timeout=20) == -signal.SIGTERM
+    assert exit_record(log, 0)["returncode"] == -signal.SIGTERM
+    assert not out.exists()
+
+
+def test_without_forwarding_the_bootstrap_outlives_signals(tmp_path: Path, waiter: Path) -> None:
+    out, log = tmp_path / "got.json", tmp_path / "logs"
+    boot = subprocess.Popen(
+        boot_cmd(PY, str(waiter), str(out)), env=base_env(HPCLAUNCH_LOG_DIR=str(log))
+    )
+    pid_file = Path(f"{out}.pid")
+    wait_for(pid_file)
+    child = int(pid_file.read_text())
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        boot.send_signal(sig)
+    time.sleep(0.5)
+    assert boot.poll() is None, "the bootstrap died of a signal meant for the program"
+    os.kill(child, 0)  # the program is alive and got nothing
+    assert not out.exists()
+    os.kill(child, signal.SIGUSR1)  # as Slurm would: to the program directly
+    assert boot.wait(timeout=20) == 0
+    assert json.loads(out.read_text()) == [signal.SIGUSR1]
+    assert exit_record(log, 0)["returncode"] == 0
+
+
+def test_program_gets_default_signal_dispositions() -> None:
+    # Python ignores SIGPIPE/SIGXFSZ for itself; the program must not inherit that. Only
+    # the classic signals 1-31 are compared: glibc's posix_spawn (as used by Rust's Command
+    # and by subprocess itself when it can) leaves its internal signals 32/33 ignored,
+    # which glibc and musl programs reinstall for themselves.
+    def ignored(argv: list[str | bytes]) -> int:
+        out = subprocess.run(argv, env=base_env(), capture_output=True, check=True).stdout
+        line = next(li for li in out.decode().splitlines() if li.startswith("SigIgn"))
+        return int(line.split()[1], 16) & 0x7FFFFFFF
+
+    direct = ignored(["grep", "SigIgn", "/proc/self/status"])
+    assert ignored(boot_cmd("grep", "SigIgn", "/proc/self/status")) == direct
+
+
+# --- logs -----------------------------------------------------------------------------
+
+
+def test_logs_and_ranks_tsv(tmp_path: Path) -> None:
+    log = tmp_path / "logs"
+    env = base_env(
+        HPCLAUNCH_LOG_DIR=str(log),
+        SLURM_PROCID="3",
+        SLURM_LOCALID="1",
+        SLURM_NTASKS="4",
+        SLURMD_NODENAME="nid000001",
+    )
+    code = "import sys; print('out', sys.argv[1]); print('err', file=sys.stderr)"
+    pids = []
+    for _ in range(2):  # twice: everything is appended, nothing truncated
+        boot = subprocess.Popen(
+            boot_cmd(PY, "-c", code, "{rank}"),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        stdout, stderr = boot.communicate(timeout=60)
+        assert (boot.returncode, stdout, stderr) == (0, b"", b"")
+        pids.append(boot.pid)
+    assert (log / "rank-3.out").read_text() == "out 3\nout 3\n"
+    assert (log / "rank-3.err").read_text() == "err\nerr\n"
+    assert (log / "ranks.tsv").read_text() == "".join(f"3\tnid000001\t1\t{p}\n" for p in pids)
+    assert exit_record(log, 3)["returncode"] == 0
+
+
+def test_eight_ranks_at_once(tmp_path: Path) -> None:
+    log = tmp_path / "run" / "logs"
+    caches = [tmp_path / "tmp" / "miopen" / "a", tmp_path / "tmp" / "miopen" / "b"]
+    procs = []
+    for rank in range(8):
+        env = base_env(
+            HPCLAUNCH_LOG_DIR=str(log),
+            HPCLAUNCH_CACHE_DIRS=":".join(map(str, caches)),
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NTASKS="8",
+            SLURMD_NODENAME="n0",
+        )
+        procs.append(
+            subprocess.Popen(boot_cmd("echo", "rank {rank}"), env=env, stderr=subprocess.PIPE)
+        )
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert (proc.returncode, err) == (0, b"")
+    assert all(c.is_dir() for c in caches)
+    lines = (log / "ranks.tsv").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in lines) == [str(r) for r in range(8)]
+    assert all(len(line.split("\t")) == 4 for line in lines)
+    for rank in range(8):
+        assert (log / f"rank-{rank}.out").read_text() == f"rank {rank}\n"
+        assert exit_record(log, rank)["returncode"] == 0
+
+
+def test_unusable_log_dir_still_runs_the_program(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    proc = run_boot("echo", "hi", env=base_env(HPCLAUNCH_LOG_DIR=str(tmp_path / "file" / "logs")))
+    assert (proc.returncode, proc.stdout) == (0, b"hi\n")
+    assert proc.stderr.startswith(b"hpclaunch-bootstrap: cannot write logs in ")
+
+
+# --- programs that cannot start -------------------------------------------------------
+
+
+def test_missing_program(tmp_path: Path) -> None:
+    log = tmp_path / "logs"
+    proc = run_boot("no-such-program-xyz", "--x", env=base_env(HPCLAUNCH_LOG_DIR=str(log)))
+    line = b"hpclaunch-bootstrap: no-such-program-xyz: command not found\n"
+    # With a log folder the line goes to the rank's log only (that is what gets streamed),
+    # so a user following the job sees it once.
+    assert (proc.returncode, proc.stdout, proc.stderr) == (127, b"", b"")
+    assert (log / "rank-0.err").read_bytes() == line
+    assert exit_record(log, 0)["returncode"] == 127
+
+
+def test_program_not_executable(tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    proc = run_boot(str(script), env=base_env())
+    assert proc.returncode == 126
+    assert proc.stderr == f"hpclaunch-bootstrap: {script}: permission denied\n".encode()
+
+
+# --- interpreters and speed -----------------------------------------------------------
+
+
+def _python38() -> str | None:
+    candidates = [
+        "python3.8",
+        *glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")),
+    ]
+    for candidate in candidates:
+        try:
+            done = subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30)
+        except OSError:
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+def test_runs_on_python38(tmp_path: Path) -> None:
+    python = _python38()
+    if python is None:
+        pytest.skip("no python3.8 here")
+    log = tmp_path / "logs"
+    env = base_env(HPCLAUNCH_LOG_DIR=str(log), SLURM_PROCID="1", SLURM_NTASKS="2")
+    proc = run_boot("sh", "-c", 'echo "$RANK/$WORLD_SIZE {rank}"; exit 4', env=env, python=python)
+    assert proc.returncode == 4
+    assert (log / "rank-1.out").read_text() == "1/2 1\n"
+    assert exit_record(log, 1)["returncode"] == 4
+
+
+def test_overhead_information(capsys: pytest.CaptureFixture[str]) -> None:
+    """Prints the bootstrap's cost per rank; information only, never a timed assertion."""
+
+    def median_ms(argv: list[str | bytes], n: int = 15) -> float:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            subprocess.run(argv, env=base_env(), check=True)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1000
+
+    direct = median_ms(["true"])
+    interp = median_ms([PY, "-I", "-S", "-c", "pass"])
+    boot = median_ms(boot_cmd("true"))
+    with capsys.disabled():
+        print(
+            f"\n[bootstrap overhead] true: {direct:.1f} ms, python -I -S: {interp:.1f} ms, "
+            f"bootstrap true: {boot:.1f} ms (+{boot - direct:.1f} ms per rank)"
+        )

@@ -1,0 +1,125 @@
+"""Secrets reach the program only through the environment; two jobs sharing nodes whose
+job ids are equal modulo 10,000 still both initialise gloo (MASTER_PORT from the id)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import testbed
+from conftest import PROGRAMS, REPO, Hpc
+
+pytestmark = pytest.mark.testbed
+
+
+def _files_holding(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def _cmdlines_holding(needle: bytes) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                data = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle in data:
+                found.append(data.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+@pytest.mark.parametrize("how", ["--env", "environment"])
+def test_secret_reaches_program_and_nothing_else(hpc: Hpc, how: str) -> None:
+    secret = f"wandb-{random.getrandbits(64):016x}"
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    args = ["run", "-N", "2", "--tasks-per-node", "1", "--wait"]
+    env: dict[str, str] = {}
+    if how == "--env":
+        args += ["--env", f"WANDB_API_KEY={secret}"]
+    else:
+        env["WANDB_API_KEY"] = secret
+    # The secret sits on hpclaunch's own command line when given with --env (that is the
+    # user's typing); what must never hold it are the job's processes on the nodes.
+    proc = subprocess.Popen(
+        ["runuser", "-u", testbed.USER, "--", "hpclaunch", *args, "--",
+         "python3", str(PROGRAMS / "secret_probe.py"), "6"],
+        cwd=hpc.cwd, env={**hpc.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen_running = False
+    leaked: list[str] = []
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        lines = [c for c in _cmdlines_holding(b"secret_probe.py") if "hpclaunch run" not in c]
+        if lines:
+            seen_running = True
+            leaked += [c for c in _cmdlines_holding(secret.encode()) if "hpclaunch run" not in c]
+        time.sleep(0.3)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert seen_running
+    assert leaked == []
+    assert out.count(f"digest {digest}") == 2, out
+    (entry,) = hpc.runs()
+    run_dir = Path(entry["run_dir"])
+    assert _files_holding(run_dir, secret.encode()) == []
+    assert _files_holding(hpc.cwd / "xdg", secret.encode()) == []
+    spec = json.loads((run_dir / "spec.json").read_text())
+    if how == "--env":
+        assert spec["env"]["WANDB_API_KEY"] == "***"
+
+
+def test_dry_run_masks_secret(hpc: Hpc) -> None:
+    proc = hpc.run("run", "--dry-run", "--env", "HF_TOKEN=hf_abcdef", "--env", "A=visible",
+                   "--", "python3", "x.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "hf_abcdef" not in proc.stdout
+    assert "HF_TOKEN=***" in proc.stdout
+    assert "export A=visible" in proc.stdout
+    assert hpc.run_dirs() == [] and hpc.runs() == []
+
+
+def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
+    """`sbatch --jobid` needs root, so this test submits as root (the run directory is
+    still the test user's folder); both jobs take one core on each node at once."""
+    base = random.randint(200_000, 800_000)
+    job_ids = [base, base + 10_000]
+    assert job_ids[0] % 10_000 == job_ids[1] % 10_000
+    out = hpc.cwd / "gloo"
+    out.mkdir()
+    env = {**os.environ, "SLURM_CONF": hpc.env["SLURM_CONF"],
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
+           "XDG_DATA_HOME": str(hpc.cwd / "root-xdg"), "HPCLAUNCH_CLUSTER": "slurm"}
+    procs = []
+    for job_id in job_ids:
+        sub = out / str(job_id)
+        sub.mkdir()
+        procs.append(subprocess.Popen(
+            ["hpclaunch", "run", "-N", "2", "--tasks-per-node", "1", "--wait",
+             f"--sbatch-arg=--jobid={job_id}", "--",
+             "python", str(PROGRAMS / "gloo_pair.py"), str(sub), "4"],
+            cwd=hpc.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    results = [p.communicate(timeout=300) for p in procs]
+    for proc, (_, err) in zip(procs, results):
+        assert proc.returncode == 0, err[-3000:]
+    records = {
+        job_id: [json.loads(p.read_text()) for p in sorted((out / str(job_id)).glob("*.json"))]
+        for job_id in job_ids
+    }
+    for job_id, recs in records.items():
+        assert len(recs) == 2 and all(r["sum"] == 3.0 for r in recs)
+        assert {r["job"] for r in recs} == {str(job_id)}
+    first, second = records[job_ids[0]], records[job_ids[1]]
+    assert first[0]["port"] != second[0]["port"]
+    assert first[0]["addr"] == second[0]["addr"]  # same master node
+    # They really overlapped: each was initialised before the other finished.
+    assert first[0]["ready"] < second[0]["end"] and second[0]["ready"] < first[0]["end"]

@@ -1,0 +1,197 @@
+"""Helpers for tests that use the local Slurm testbed (``testbed/up.sh``).
+
+The testbed is a two-node Slurm cluster on this machine: ``node1`` and ``node2``, each
+a ``slurmd`` in its own network, UTS and mount namespace (own hostname, own private
+``/tmp``), or, where namespaces are refused, two ``slurmd`` on localhost (see
+:func:`layout`). Jobs are submitted as the unprivileged user :data:`USER`, as on a real
+cluster, from the shared folder :func:`work_dir`.
+
+Plain functions and constants only (no pytest fixtures), so any test module or script
+can use them. Running commands as :data:`USER` needs root (``runuser``).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from pathlib import Path
+
+#: The unprivileged user that submits the tests' jobs.
+USER = "hpcuser"
+#: The testbed's node names, in order.
+NODES = ("node1", "node2")
+#: Default state folder of ``testbed/up.sh`` (override with the ``TESTBED_STATE`` variable).
+DEFAULT_STATE_DIR = Path("/var/tmp/hpclaunch-testbed")
+#: PATH for commands run as :data:`USER`. Without root-only directories such as
+#: ``/root/.pyenv``: use ``/usr/bin/python3`` for a venv that :data:`USER` creates.
+USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+# Slurm's own programs run as root (sinfo, squeue, scontrol) also need /usr/sbin etc.
+_ROOT_PATH_EXTRA = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def state_dir() -> Path:
+    """The testbed's state folder (``$TESTBED_STATE`` or :data:`DEFAULT_STATE_DIR`)."""
+    env = os.environ.get("TESTBED_STATE")
+    return Path(env) if env else DEFAULT_STATE_DIR
+
+
+def conf_path() -> Path:
+    """Where ``up.sh`` writes ``slurm.conf`` (whether or not the testbed is up)."""
+    return state_dir() / "slurm.conf"
+
+
+def work_dir() -> Path:
+    """The shared folder that :data:`USER` owns (seen by both nodes, like a cluster FS)."""
+    return state_dir() / "work"
+
+
+def layout() -> str:
+    """``"netns"`` (separate hostnames and /tmp per node) or ``"localhost"`` (fallback:
+    same hostname and /tmp on both nodes, told apart only by ``SLURMD_NODENAME``)."""
+    try:
+        return (state_dir() / "layout").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _slurm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["SLURM_CONF"] = str(conf_path())
+    env["PATH"] = env.get("PATH", "/usr/bin:/bin") + ":" + _ROOT_PATH_EXTRA
+    return env
+
+
+def _slurm(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command as the current user against the testbed."""
+    return subprocess.run(
+        argv, env=_slurm_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def slurm_conf() -> Path | None:
+    """The testbed's ``slurm.conf`` when the testbed is up (the file exists and ``sinfo``
+    answers within a few seconds), else ``None``."""
+    conf = conf_path()
+    if not conf.is_file():
+        return None
+    try:
+        proc = _slurm(["sinfo", "-h", "-o", "%P"], timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return conf if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def skip_reason() -> str | None:
+    """Why the testbed tests cannot run here, or ``None`` when they can."""
+    if slurm_conf() is None:
+        return (
+            f"Slurm testbed not running (no answer from sinfo with SLURM_CONF={conf_path()});"
+            " start it with: sudo bash testbed/up.sh"
+        )
+    if os.geteuid() != 0:
+        return f"testbed tests run commands as {USER} with runuser, which needs root"
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        return f"user {USER} missing; run testbed/up.sh"
+    return None
+
+
+def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A clean environment for commands run as :data:`USER`: HOME, USER, LOGNAME, PATH,
+    SLURM_CONF and LANG, plus ``extra`` (which wins)."""
+    try:
+        home = pwd.getpwnam(USER).pw_dir
+    except KeyError:
+        home = f"/home/{USER}"
+    env = {
+        "HOME": home,
+        "USER": USER,
+        "LOGNAME": USER,
+        "PATH": USER_PATH,
+        "SLURM_CONF": str(conf_path()),
+        "LANG": "C.UTF-8",
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_as_user(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as :data:`USER` in ``cwd`` (which that user must be able to enter),
+    without a shell, with exactly the environment ``env`` (default :func:`user_env`).
+
+    ``runuser`` would reset part of the environment itself, so the environment is set
+    by ``env -i`` after the switch. Does not raise on a non-zero exit status.
+    """
+    environment = user_env() if env is None else env
+    cmd = [
+        "runuser", "-u", USER, "--",
+        "env", "-i", *(f"{key}={value}" for key, value in environment.items()),
+        *argv,
+    ]  # fmt: skip
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def node_names() -> list[str]:
+    """The cluster's node names as Slurm lists them (sorted, each once)."""
+    proc = _slurm(["sinfo", "-h", "-N", "-o", "%N"])
+    return sorted(set(proc.stdout.split()))
+
+
+def _idle_nodes() -> set[str]:
+    return set(_slurm(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split())
+
+
+def _jobs() -> list[str]:
+    return _slurm(["squeue", "-h", "-o", "%i %T %u %j"]).stdout.splitlines()
+
+
+def wait_idle(timeout: float = 60) -> None:
+    """Wait until no job is in ``squeue`` and every node is idle; raise TimeoutError
+    (saying what is left) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = _jobs()
+        idle = _idle_nodes()
+        if not jobs and idle.issuperset(NODES):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"testbed not idle after {timeout:g}s: jobs={jobs!r}, idle nodes={sorted(idle)}"
+            )
+        time.sleep(0.2)
+
+
+def procs_of_user_on_nodes() -> list[str]:
+    """Processes of :data:`USER` still alive anywhere on the testbed, as ``"PID ARGS"``.
+
+    The node namespaces share the host's PID namespace (``up.sh`` unshares only the
+    network, UTS and mount namespaces), so ``ps`` on the host sees every node's tasks.
+    """
+    proc = subprocess.run(
+        ["ps", "-u", USER, "-o", "pid=,args="],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    # ps exits 1 when there is no such process (or no such user): an empty list.
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
