@@ -29,16 +29,27 @@ class Hpc:
     cwd: Path
     env: dict[str, str]
 
-    def run(self, *args: str, timeout: float = 180, env: dict[str, str] | None = None,
-            check_user_error: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        *args: str,
+        timeout: float = 180,
+        env: dict[str, str] | None = None,
+        check_user_error: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         return self.cmd(["hpclaunch", *args], timeout=timeout, env=env)
 
-    def cmd(self, argv: list[str], timeout: float = 180,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def cmd(
+        self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         environment = {**self.env, **(env or {})}
         return subprocess.run(
-            ["runuser", "-u", testbed.USER, "--", *argv], cwd=self.cwd, env=environment,
-            capture_output=True, text=True, timeout=timeout, check=False,
+            ["runuser", "-u", testbed.USER, "--", *argv],
+            cwd=self.cwd,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def runs(self) -> list[dict[str, Any]]:

@@ -29,7 +29,11 @@ BAD: list[tuple[str, list[str], str]] = [
     ("malformed memory", ["--mem", "lots"], "--mem"),
     ("memory over the node's", ["--mem", "900G"], "--mem"),
     ("newline in job name", ["-J", "a\nb"], "--job-name"),
-    ("tasks x CPUs over cores", ["--tasks-per-node", "2", "--cpus-per-task", "2"], "--cpus-per-task"),
+    (
+        "tasks x CPUs over cores",
+        ["--tasks-per-node", "2", "--cpus-per-task", "2"],
+        "--cpus-per-task",
+    ),
     ("LUMI without an account", ["--cluster", "lumi", "-N", "1"], "--account"),
     ("LUMI account of the wrong shape", ["--cluster", "lumi", "-A", "myproj"], "--account"),
     ("mem and mem-per-gpu", ["--mem", "1G", "--mem-per-gpu", "1G"], "--mem"),

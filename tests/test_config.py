@@ -17,13 +17,17 @@ def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
 
-def _resolve(tmp: Path, cli: dict[str, object], env: dict[str, str] | None = None) -> config.Resolved:
+def _resolve(
+    tmp: Path, cli: dict[str, object], env: dict[str, str] | None = None
+) -> config.Resolved:
     return config.resolve(cli, ("python", "train.py"), tmp, {**ENV, **(env or {})})
 
 
 def test_project_file_is_found_up_to_the_git_root(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
-    (tmp_path / "hpclaunch.toml").write_text('[run]\ncluster = "lumi"\naccount = "project_1"\nnodes = 3\n')
+    (tmp_path / "hpclaunch.toml").write_text(
+        '[run]\ncluster = "lumi"\naccount = "project_1"\nnodes = 3\n'
+    )
     sub = tmp_path / "a" / "b"
     sub.mkdir(parents=True)
     resolved = _resolve(sub, {})
@@ -33,7 +37,7 @@ def test_project_file_is_found_up_to_the_git_root(tmp_path: Path) -> None:
 
 
 def test_search_stops_at_git_root(tmp_path: Path) -> None:
-    (tmp_path / "hpclaunch.toml").write_text('[run]\nnodes = 3\n')
+    (tmp_path / "hpclaunch.toml").write_text("[run]\nnodes = 3\n")
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     assert config.find_project_file(repo, {}) is None
@@ -56,7 +60,9 @@ def test_cli_beats_env_beats_project(tmp_path: Path) -> None:
 def test_hpclaunch_cluster_env_and_config_env(tmp_path: Path) -> None:
     other = tmp_path / "elsewhere.toml"
     other.write_text('[run]\nexp = "from-config"\n')
-    spec = _resolve(tmp_path, {}, {"HPCLAUNCH_CLUSTER": "local", "HPCLAUNCH_CONFIG": str(other)}).spec
+    spec = _resolve(
+        tmp_path, {}, {"HPCLAUNCH_CLUSTER": "local", "HPCLAUNCH_CONFIG": str(other)}
+    ).spec
     assert spec.cluster == "local" and spec.exp == "from-config"
 
 
@@ -64,9 +70,13 @@ def test_user_and_project_profiles_override_builtin(tmp_path: Path) -> None:
     user_dir = tmp_path / "config" / "hpclaunch" / "clusters"
     user_dir.mkdir(parents=True)
     (user_dir / "lumi.toml").write_text('[partitions.small-g]\nmax_time = "00:30:00"\n')
-    with pytest.raises(UserError, match=r"--time: 01:00:00 on small-g \(the partition's limit is 00:30:00\)"):
-        _resolve(tmp_path, {"cluster": "lumi", "account": "project_1", "partition": "small-g",
-                            "time": "60"})
+    with pytest.raises(
+        UserError, match=r"--time: 01:00:00 on small-g \(the partition's limit is 00:30:00\)"
+    ):
+        _resolve(
+            tmp_path,
+            {"cluster": "lumi", "account": "project_1", "partition": "small-g", "time": "60"},
+        )
     (tmp_path / ".git").mkdir()
     (tmp_path / "hpclaunch.toml").write_text(
         '[clusters.mine]\nkind = "local"\nrun_root = "/data/runs"\n[run]\ncluster = "mine"\n'
@@ -98,7 +108,11 @@ def test_bad_project_files_give_one_line(tmp_path: Path, toml: str, field: str) 
 def test_lumi_defaults_follow_lumi_md(tmp_path: Path) -> None:
     spec = _resolve(tmp_path, {"cluster": "lumi", "account": "project_465000000"}).spec
     assert (spec.partition, spec.gpus_per_node, spec.tasks_per_node, spec.cpus_per_task) == (
-        "standard-g", 8, 8, 7)
+        "standard-g",
+        8,
+        8,
+        7,
+    )
     assert spec.mem_per_gpu_mb == 60 * 1024
     assert spec.cpu_bind.startswith("verbose,mask_cpu:0x00fe000000000000,")
     assert spec.run_root == "/scratch/project_465000000/alice/hpclaunch"

@@ -25,7 +25,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "ref.json"
     subprocess.run(
         [str(REPO / ".venv" / "bin" / "python"), EXAMPLE, "--steps", STEPS, "--save", str(out)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return out
 
@@ -43,8 +45,21 @@ def _check(hpc: Hpc, proc: subprocess.CompletedProcess[str], reference: Path, ho
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_ddp_on_two_nodes(hpc: Hpc, reference: Path, launcher: str) -> None:
     proc = hpc.run(
-        "run", "-N", "2", "--tasks-per-node", "2", "--launcher", launcher, "--wait",
-        "--", "python", EXAMPLE, "--steps", STEPS, "--save", "out/params-{rank}.json",
+        "run",
+        "-N",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--launcher",
+        launcher,
+        "--wait",
+        "--",
+        "python",
+        EXAMPLE,
+        "--steps",
+        STEPS,
+        "--save",
+        "out/params-{rank}.json",
         timeout=400,
     )
     hosts = 2 if testbed.layout() == "netns" else 1
@@ -61,17 +76,48 @@ def test_ddp_on_two_nodes(hpc: Hpc, reference: Path, launcher: str) -> None:
 
 def test_ddp_local_cluster(hpc: Hpc, reference: Path) -> None:
     proc = hpc.run(
-        "run", "--cluster", "local", "-N", "2", "--tasks-per-node", "2", "--",
-        "python", EXAMPLE, "--steps", STEPS, "--save", "out/params-{rank}.json", timeout=400,
+        "run",
+        "--cluster",
+        "local",
+        "-N",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--",
+        "python",
+        EXAMPLE,
+        "--steps",
+        STEPS,
+        "--save",
+        "out/params-{rank}.json",
+        timeout=400,
     )
     _check(hpc, proc, reference, hosts=1)
 
 
 def test_run_inside_salloc_is_a_step(hpc: Hpc, reference: Path) -> None:
     proc = hpc.cmd(
-        ["salloc", "-N", "2", "--ntasks-per-node=2",
-         "hpclaunch", "run", "-N", "2", "--tasks-per-node", "2", "--wait", "--json",
-         "--", "python", EXAMPLE, "--steps", STEPS, "--save", "out/params-{rank}.json"],
+        [
+            "salloc",
+            "-N",
+            "2",
+            "--ntasks-per-node=2",
+            "hpclaunch",
+            "run",
+            "-N",
+            "2",
+            "--tasks-per-node",
+            "2",
+            "--wait",
+            "--json",
+            "--",
+            "python",
+            EXAMPLE,
+            "--steps",
+            STEPS,
+            "--save",
+            "out/params-{rank}.json",
+        ],
         timeout=400,
     )
     hosts = 2 if testbed.layout() == "netns" else 1
@@ -87,8 +133,20 @@ def test_failing_rank_ends_job_fast(hpc: Hpc) -> None:
 
     prog = str(Path(__file__).parent / "programs" / "fail_rank.py")
     start = time.monotonic()
-    proc = hpc.run("run", "-N", "2", "--tasks-per-node", "2", "--wait", "--",
-                   "python", prog, "2", "3", timeout=120)
+    proc = hpc.run(
+        "run",
+        "-N",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--wait",
+        "--",
+        "python",
+        prog,
+        "2",
+        "3",
+        timeout=120,
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, (proc.returncode, proc.stderr[-2000:])
     assert elapsed < 15, elapsed

@@ -35,15 +35,20 @@ MASKS = (
 
 def _script(extra: dict[str, object] | None = None) -> str:
     cli: dict[str, object] = {
-        "cluster": "lumi", "nodes": "4", "gpus_per_node": "8", "partition": "standard-g",
-        "account": "project_465000000", "time": "1:00:00",
+        "cluster": "lumi",
+        "nodes": "4",
+        "gpus_per_node": "8",
+        "partition": "standard-g",
+        "account": "project_465000000",
+        "time": "1:00:00",
     }
     cli.update(extra or {})
     resolved = config.resolve(cli, ("python", "train.py"), CWD, ENVIRON)
     spec = resolved.spec
     run_dir = Path(spec.run_root) / spec.exp / RUN_ID
     paths = RunPaths(
-        run_id=RUN_ID, run_dir=run_dir,
+        run_id=RUN_ID,
+        run_dir=run_dir,
         checkpoint_dir=Path(spec.checkpoint_root) / spec.exp / RUN_ID / "checkpoints",
     )
     return render.plan(spec, resolved.profile, paths, CWD).script
@@ -89,8 +94,13 @@ def test_golden_file_holds_lumi_md_choices() -> None:
 def test_pinned_values_are_the_ones_in_lumi_md() -> None:
     doc = LUMI_MD.read_text(encoding="utf-8")
     assert MASKS in doc
-    for fact in ("NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3", "NCCL_NET_GDR_LEVEL=PHB",
-                 "--mem-per-gpu=60G", "--cpus-per-task=7", "MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-cache-$SLURM_JOB_ID"):
+    for fact in (
+        "NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3",
+        "NCCL_NET_GDR_LEVEL=PHB",
+        "--mem-per-gpu=60G",
+        "--cpus-per-task=7",
+        "MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-cache-$SLURM_JOB_ID",
+    ):
         assert fact in doc, fact
 
 
@@ -111,4 +121,4 @@ def test_nccl_debug_is_opt_in() -> None:
     debug = _script({"nccl_debug": True})
     assert 'export NCCL_DEBUG="INFO"' in debug
     assert 'export NCCL_DEBUG_SUBSYS="INIT,COLL"' in debug
-    assert "NCCL_DEBUG_FILE=\"/tmp/${USER}-rccl-" in debug
+    assert 'NCCL_DEBUG_FILE="/tmp/${USER}-rccl-' in debug

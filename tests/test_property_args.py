@@ -25,11 +25,46 @@ NAMES = "rank|local_rank|world_size|local_world_size|node_rank|master_addr|maste
 PLACEHOLDER = re.compile(r"\{\{(" + NAMES + r")\}\}|\{(" + NAMES + r")\}")
 MARK = "__MARK__"  # replaced by a path: if any of these ever runs, that file appears
 HOSTILE = [
-    "", " ", "a b", "'", '"', "\\", "$HOME", "${HOME}", "$(touch __MARK__)", "`touch __MARK__`",
-    "; touch __MARK__", "&& touch __MARK__", "| touch __MARK__", "\ntouch __MARK__\n",
-    "'; touch __MARK__; '", '"; touch __MARK__; "', "$'\\x41'", "*", "~", "!!", "-", "--",
-    "--help", "-N", "{rank}", "{{rank}}", "{local_rank}/{world_size}", '{"a": 1}', "{{x}}",
-    "{x}", "{", "}", "}{", "{rank", "rank}", "ünïcödé ✓ 日本", "\t", "\r\n", "%s %n", "#",
+    "",
+    " ",
+    "a b",
+    "'",
+    '"',
+    "\\",
+    "$HOME",
+    "${HOME}",
+    "$(touch __MARK__)",
+    "`touch __MARK__`",
+    "; touch __MARK__",
+    "&& touch __MARK__",
+    "| touch __MARK__",
+    "\ntouch __MARK__\n",
+    "'; touch __MARK__; '",
+    '"; touch __MARK__; "',
+    "$'\\x41'",
+    "*",
+    "~",
+    "!!",
+    "-",
+    "--",
+    "--help",
+    "-N",
+    "{rank}",
+    "{{rank}}",
+    "{local_rank}/{world_size}",
+    '{"a": 1}',
+    "{{x}}",
+    "{x}",
+    "{",
+    "}",
+    "}{",
+    "{rank",
+    "rank}",
+    "ünïcödé ✓ 日本",
+    "\t",
+    "\r\n",
+    "%s %n",
+    "#",
 ]
 ARG = st.one_of(
     st.sampled_from(HOSTILE),
@@ -40,9 +75,13 @@ ARG = st.one_of(
 
 def _expected(arg: str, env: dict[str, str]) -> str:
     values = {
-        "rank": env["RANK"], "local_rank": env["LOCAL_RANK"], "world_size": env["WORLD_SIZE"],
-        "local_world_size": env["LOCAL_WORLD_SIZE"], "node_rank": env["NODE_RANK"],
-        "master_addr": env["MASTER_ADDR"], "master_port": env["MASTER_PORT"],
+        "rank": env["RANK"],
+        "local_rank": env["LOCAL_RANK"],
+        "world_size": env["WORLD_SIZE"],
+        "local_world_size": env["LOCAL_WORLD_SIZE"],
+        "node_rank": env["NODE_RANK"],
+        "master_addr": env["MASTER_ADDR"],
+        "master_port": env["MASTER_PORT"],
     }
 
     def sub(m: re.Match[str]) -> str:
@@ -61,8 +100,21 @@ def _check_batch(hpc: Hpc, lists: list[list[str]], cluster: list[str]) -> None:
     flat: list[str] = []
     for args in lists:
         flat += [*args, sep]
-    proc = hpc.run("run", *cluster, "-N", "2", "--tasks-per-node", "1", "--wait", "--",
-                   "python3", str(PROGRAMS / "argv_dump.py"), str(out), *flat, timeout=300)
+    proc = hpc.run(
+        "run",
+        *cluster,
+        "-N",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--wait",
+        "--",
+        "python3",
+        str(PROGRAMS / "argv_dump.py"),
+        str(out),
+        *flat,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     dumps = [json.loads(p.read_text()) for p in sorted(out.glob("argv-*.json"))]
     assert sorted(d["rank"] for d in dumps) == ["0", "1"]
@@ -81,9 +133,16 @@ def _owner(path: Path) -> tuple[int, int]:
 
 
 LISTS = st.lists(st.lists(ARG, max_size=6), min_size=15, max_size=25)
-SETTINGS = settings(max_examples=3, deadline=None, derandomize=False,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 @SETTINGS

@@ -49,9 +49,22 @@ def test_secret_reaches_program_and_nothing_else(hpc: Hpc, how: str) -> None:
     # The secret sits on hpclaunch's own command line when given with --env (that is the
     # user's typing); what must never hold it are the job's processes on the nodes.
     proc = subprocess.Popen(
-        ["runuser", "-u", testbed.USER, "--", "hpclaunch", *args, "--",
-         "python3", str(PROGRAMS / "secret_probe.py"), "6"],
-        cwd=hpc.cwd, env={**hpc.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            "runuser",
+            "-u",
+            testbed.USER,
+            "--",
+            "hpclaunch",
+            *args,
+            "--",
+            "python3",
+            str(PROGRAMS / "secret_probe.py"),
+            "6",
+        ],
+        cwd=hpc.cwd,
+        env={**hpc.env, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     seen_running = False
@@ -78,8 +91,17 @@ def test_secret_reaches_program_and_nothing_else(hpc: Hpc, how: str) -> None:
 
 
 def test_dry_run_masks_secret(hpc: Hpc) -> None:
-    proc = hpc.run("run", "--dry-run", "--env", "HF_TOKEN=hf_abcdef", "--env", "A=visible",
-                   "--", "python3", "x.py")
+    proc = hpc.run(
+        "run",
+        "--dry-run",
+        "--env",
+        "HF_TOKEN=hf_abcdef",
+        "--env",
+        "A=visible",
+        "--",
+        "python3",
+        "x.py",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "hf_abcdef" not in proc.stdout
     assert "HF_TOKEN=***" in proc.stdout
@@ -95,19 +117,41 @@ def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
     assert job_ids[0] % 10_000 == job_ids[1] % 10_000
     out = hpc.cwd / "gloo"
     out.mkdir()
-    env = {**os.environ, "SLURM_CONF": hpc.env["SLURM_CONF"],
-           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
-           "XDG_DATA_HOME": str(hpc.cwd / "root-xdg"), "HPCLAUNCH_CLUSTER": "slurm"}
+    env = {
+        **os.environ,
+        "SLURM_CONF": hpc.env["SLURM_CONF"],
+        "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
+        "XDG_DATA_HOME": str(hpc.cwd / "root-xdg"),
+        "HPCLAUNCH_CLUSTER": "slurm",
+    }
     procs = []
     for job_id in job_ids:
         sub = out / str(job_id)
         sub.mkdir()
-        procs.append(subprocess.Popen(
-            ["hpclaunch", "run", "-N", "2", "--tasks-per-node", "1", "--wait",
-             f"--sbatch-arg=--jobid={job_id}", "--",
-             "python", str(PROGRAMS / "gloo_pair.py"), str(sub), "4"],
-            cwd=hpc.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "hpclaunch",
+                    "run",
+                    "-N",
+                    "2",
+                    "--tasks-per-node",
+                    "1",
+                    "--wait",
+                    f"--sbatch-arg=--jobid={job_id}",
+                    "--",
+                    "python",
+                    str(PROGRAMS / "gloo_pair.py"),
+                    str(sub),
+                    "4",
+                ],
+                cwd=hpc.cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = [p.communicate(timeout=300) for p in procs]
     for proc, (_, err) in zip(procs, results):
         assert proc.returncode == 0, err[-3000:]

@@ -18,7 +18,8 @@ def _bash_argv(script: str) -> list[str]:
     """Run `script` followed by a printer of "$@" in bash; return the words bash saw."""
     out = subprocess.run(
         ["bash", "-c", script + ' "$@"', "bash"],
-        capture_output=True, check=True,
+        capture_output=True,
+        check=True,
     ).stdout
     return out.decode("utf-8", "surrogateescape").split("\x00")[:-1]
 
@@ -36,7 +37,9 @@ def test_template_expands_only_variable_references() -> None:
     rendered = shell.template(text)
     out = subprocess.run(
         ["bash", "-c", f"printf %s {rendered}"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
         env={"USER": "u1", "SLURM_JOB_ID": "42", "PATH": "/usr/bin:/bin"},
     ).stdout
     assert out == 'a u1 42 `id` $(id) "q" \\ end'
@@ -44,10 +47,15 @@ def test_template_expands_only_variable_references() -> None:
 
 def test_export_default_keeps_users_value() -> None:
     line = shell.export_default("OMP_NUM_THREADS", "7")
-    run = lambda env: subprocess.run(  # noqa: E731
-        ["bash", "-c", line + '; printf %s "$OMP_NUM_THREADS"'],
-        capture_output=True, text=True, check=True, env=env,
-    ).stdout
+    def run(env: dict[str, str]) -> str:
+        return subprocess.run(
+            ["bash", "-c", line + '; printf %s "$OMP_NUM_THREADS"'],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        ).stdout
+
     assert run({"PATH": "/usr/bin:/bin"}) == "7"
     assert run({"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "3"}) == "3"
 

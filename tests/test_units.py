@@ -40,8 +40,16 @@ def test_time_round_trips(seconds: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "mib"), [("60G", 61440), ("500M", 500), ("1024", 1024), ("0", 0), ("1T", 1048576),
-                      ("60GB", 61440), ("2048K", 2)],
+    ("text", "mib"),
+    [
+        ("60G", 61440),
+        ("500M", 500),
+        ("1024", 1024),
+        ("0", 0),
+        ("1T", 1048576),
+        ("60GB", 61440),
+        ("2048K", 2),
+    ],
 )
 def test_parse_memory(text: str, mib: int) -> None:
     assert parse_memory(text) == mib

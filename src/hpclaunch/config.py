@@ -64,14 +64,18 @@ def _project(path: Optional[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     unknown = sorted(set(data) - {"run", "clusters"})
     if unknown:
         raise UserError(
-            f"{path}", f"unknown table {show(unknown[0])}", "known: [run], [clusters.NAME]",
+            f"{path}",
+            f"unknown table {show(unknown[0])}",
+            "known: [run], [clusters.NAME]",
             "Remove or rename it",
         )
     run = data.get("run", {})
     for key in run:
         if key not in BY_NAME:
             raise UserError(
-                f"{path} [run] {key}", "unknown key", "keys are the long option names",
+                f"{path} [run] {key}",
+                "unknown key",
+                "keys are the long option names",
                 "See hpclaunch run --help",
             )
     return run, data.get("clusters", {})
@@ -100,7 +104,9 @@ def _convert(name: str, value: Any, where: str) -> Any:
         try:
             return int(value)
         except ValueError:
-            raise UserError(field, f"{show(value)} is not a whole number", "", "Give e.g. 2") from None
+            raise UserError(
+                field, f"{show(value)} is not a whole number", "", "Give e.g. 2"
+            ) from None
     if opt.kind == "time":
         return parse_time(str(value), field)
     if opt.kind == "mem":
@@ -117,7 +123,9 @@ def _convert(name: str, value: Any, where: str) -> Any:
     if opt.kind == "choice":
         if value not in opt.choices:
             raise UserError(
-                field, f"{show(value)} is not allowed", f"one of {', '.join(opt.choices)}",
+                field,
+                f"{show(value)} is not allowed",
+                f"one of {', '.join(opt.choices)}",
                 f"Use e.g. {opt.example}",
             )
         return value
@@ -175,7 +183,9 @@ def _with_discovered(profile: Profile) -> Profile:
         )
     found = dict(discover.partitions())
     merged = {**found, **profile.partitions}
-    return profile.model_copy(update={"partitions": merged, "cluster_name": discover.cluster_name()})
+    return profile.model_copy(
+        update={"partitions": merged, "cluster_name": discover.cluster_name()}
+    )
 
 
 def git_state(cwd: Path) -> dict[str, str]:
@@ -188,7 +198,10 @@ def git_state(cwd: Path) -> dict[str, str]:
             return {}
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, timeout=5,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
         return {"commit": head.stdout.strip(), "dirty": str(bool(dirty.stdout.strip())).lower()}
     except (OSError, subprocess.TimeoutExpired):

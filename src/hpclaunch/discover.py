@@ -25,9 +25,7 @@ def _run(argv: list[str]) -> Optional[str]:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
-        )
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None

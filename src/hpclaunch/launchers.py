@@ -40,7 +40,7 @@ def task_argv(spec: JobSpec, python: str, bootstrap: str) -> list[Word]:
 
 def launcher_env(spec: JobSpec) -> dict[str, str]:
     """Variables the bootstrap reads to know how it was started."""
-    env = {"HPCLAUNCH_LAUNCHER": spec.launcher}
+    env: dict[str, str] = {"HPCLAUNCH_LAUNCHER": spec.launcher}
     if spec.launcher == "torchrun":
         # torchrun signals only its direct child (the bootstrap), which must pass it on.
         env["HPCLAUNCH_FORWARD_SIGNALS"] = "1"

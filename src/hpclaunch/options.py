@@ -25,54 +25,150 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("cluster", "str", "Cluster profile: local, slurm, lumi or one of yours. "
-           "Default: the project file's, else lumi on LUMI, else slurm when a Slurm "
-           "controller answers, else local.", "--cluster lumi", metavar="NAME"),
+    Option(
+        "cluster",
+        "str",
+        "Cluster profile: local, slurm, lumi or one of yours. "
+        "Default: the project file's, else lumi on LUMI, else slurm when a Slurm "
+        "controller answers, else local.",
+        "--cluster lumi",
+        metavar="NAME",
+    ),
     Option("nodes", "int", "Number of nodes.", "-N 2", short="-N", metavar="N"),
-    Option("tasks-per-node", "int", "Ranks per node (default: one per GPU, else 1).",
-           "--tasks-per-node 4", metavar="T"),
-    Option("gpus-per-node", "int", "GPUs per node (LUMI: GCDs, default 8).",
-           "--gpus-per-node 8", metavar="G"),
-    Option("cpus-per-task", "int", "CPU cores per rank; also sets OMP_NUM_THREADS unless "
-           "you set it.", "--cpus-per-task 7", metavar="C"),
-    Option("mem", "mem", "Memory per node in Slurm's format; 0 means all of it.",
-           "--mem 480G", metavar="SIZE"),
-    Option("mem-per-gpu", "mem", "Memory per GPU (LUMI default 60G).", "--mem-per-gpu 60G",
-           metavar="SIZE"),
-    Option("time", "time", "Time limit: minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (-t 5 is "
-           "five minutes).", "-t 1:00:00", short="-t", metavar="TIME"),
-    Option("partition", "str", "Slurm partition (default: the cluster's).",
-           "-p standard-g", short="-p", metavar="NAME"),
-    Option("account", "str", "Slurm account (LUMI: project_NNNNNNNNN; required there). "
-           "SBATCH_ACCOUNT is used when not given.", "-A project_465000000", short="-A",
-           metavar="ACCOUNT"),
-    Option("reservation", "str", "Slurm reservation.", "--reservation AI_workshop",
-           metavar="NAME"),
-    Option("exclusive", "flag", "Whole nodes for this job alone (enables CPU binding on "
-           "partial-node partitions).", "--exclusive"),
-    Option("job-name", "str", "Slurm job name (default: the program's name).",
-           "-J pretrain", short="-J", metavar="NAME"),
-    Option("launcher", "choice", "srun: one task per rank. torchrun: one torchrun agent "
-           "per node starting the ranks.", "--launcher torchrun",
-           choices=("srun", "torchrun")),
-    Option("gpu-visibility", "choice", "all: every rank sees the node's GPUs and picks "
-           "LOCAL_RANK. per-task: each rank sees only its own GPU as device 0.",
-           "--gpu-visibility per-task", choices=("all", "per-task")),
-    Option("exp", "str", "Experiment name: runs go to <run-root>/<exp>/<run-id>/.",
-           "--exp sweep1", metavar="NAME"),
-    Option("run-root", "str", "Folder that holds the run directories (default ./runs; "
-           "LUMI: /scratch/<account>/$USER/hpclaunch).", "--run-root /scratch/p/runs",
-           metavar="DIR"),
-    Option("env", "list", "Set a variable for every rank (repeatable). Names with KEY, "
-           "TOKEN, SECRET or PASSWORD never reach a file: only the job's environment.",
-           "--env WANDB_PROJECT=demo", metavar="KEY=VALUE"),
-    Option("setup", "list", "A shell line run in the batch script before the launch "
-           "(repeatable).", "--setup 'module load LUMI/24.03'", metavar="LINE"),
-    Option("sbatch-arg", "list", "An sbatch option hpclaunch does not model, passed on "
-           "(repeatable).", "--sbatch-arg=--qos=high", metavar="ARG"),
-    Option("nccl-debug", "flag", "Add the profile's NCCL/RCCL debug variables "
-           "(LUMI: NCCL_DEBUG=INFO, per-rank NCCL_DEBUG_FILE on node-local /tmp).",
-           "--nccl-debug"),
+    Option(
+        "tasks-per-node",
+        "int",
+        "Ranks per node (default: one per GPU, else 1).",
+        "--tasks-per-node 4",
+        metavar="T",
+    ),
+    Option(
+        "gpus-per-node",
+        "int",
+        "GPUs per node (LUMI: GCDs, default 8).",
+        "--gpus-per-node 8",
+        metavar="G",
+    ),
+    Option(
+        "cpus-per-task",
+        "int",
+        "CPU cores per rank; also sets OMP_NUM_THREADS unless you set it.",
+        "--cpus-per-task 7",
+        metavar="C",
+    ),
+    Option(
+        "mem",
+        "mem",
+        "Memory per node in Slurm's format; 0 means all of it.",
+        "--mem 480G",
+        metavar="SIZE",
+    ),
+    Option(
+        "mem-per-gpu",
+        "mem",
+        "Memory per GPU (LUMI default 60G).",
+        "--mem-per-gpu 60G",
+        metavar="SIZE",
+    ),
+    Option(
+        "time",
+        "time",
+        "Time limit: minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (-t 5 is five minutes).",
+        "-t 1:00:00",
+        short="-t",
+        metavar="TIME",
+    ),
+    Option(
+        "partition",
+        "str",
+        "Slurm partition (default: the cluster's).",
+        "-p standard-g",
+        short="-p",
+        metavar="NAME",
+    ),
+    Option(
+        "account",
+        "str",
+        "Slurm account (LUMI: project_NNNNNNNNN; required there). "
+        "SBATCH_ACCOUNT is used when not given.",
+        "-A project_465000000",
+        short="-A",
+        metavar="ACCOUNT",
+    ),
+    Option("reservation", "str", "Slurm reservation.", "--reservation AI_workshop", metavar="NAME"),
+    Option(
+        "exclusive",
+        "flag",
+        "Whole nodes for this job alone (enables CPU binding on partial-node partitions).",
+        "--exclusive",
+    ),
+    Option(
+        "job-name",
+        "str",
+        "Slurm job name (default: the program's name).",
+        "-J pretrain",
+        short="-J",
+        metavar="NAME",
+    ),
+    Option(
+        "launcher",
+        "choice",
+        "srun: one task per rank. torchrun: one torchrun agent per node starting the ranks.",
+        "--launcher torchrun",
+        choices=("srun", "torchrun"),
+    ),
+    Option(
+        "gpu-visibility",
+        "choice",
+        "all: every rank sees the node's GPUs and picks "
+        "LOCAL_RANK. per-task: each rank sees only its own GPU as device 0.",
+        "--gpu-visibility per-task",
+        choices=("all", "per-task"),
+    ),
+    Option(
+        "exp",
+        "str",
+        "Experiment name: runs go to <run-root>/<exp>/<run-id>/.",
+        "--exp sweep1",
+        metavar="NAME",
+    ),
+    Option(
+        "run-root",
+        "str",
+        "Folder that holds the run directories (default ./runs; "
+        "LUMI: /scratch/<account>/$USER/hpclaunch).",
+        "--run-root /scratch/p/runs",
+        metavar="DIR",
+    ),
+    Option(
+        "env",
+        "list",
+        "Set a variable for every rank (repeatable). Names with KEY, "
+        "TOKEN, SECRET or PASSWORD never reach a file: only the job's environment.",
+        "--env WANDB_PROJECT=demo",
+        metavar="KEY=VALUE",
+    ),
+    Option(
+        "setup",
+        "list",
+        "A shell line run in the batch script before the launch (repeatable).",
+        "--setup 'module load LUMI/24.03'",
+        metavar="LINE",
+    ),
+    Option(
+        "sbatch-arg",
+        "list",
+        "An sbatch option hpclaunch does not model, passed on (repeatable).",
+        "--sbatch-arg=--qos=high",
+        metavar="ARG",
+    ),
+    Option(
+        "nccl-debug",
+        "flag",
+        "Add the profile's NCCL/RCCL debug variables "
+        "(LUMI: NCCL_DEBUG=INFO, per-rank NCCL_DEBUG_FILE on node-local /tmp).",
+        "--nccl-debug",
+    ),
 )
 
 BY_NAME = {opt.name: opt for opt in OPTIONS}

@@ -113,16 +113,20 @@ def user_profile_dir() -> Path:
 def read_toml(path: Path, field: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            data: dict[str, Any] = tomllib.load(handle)
+            return data
     except OSError as exc:
-        raise UserError(field, f"cannot read {path}: {exc.strerror}", "", "Check the path") from None
+        raise UserError(
+            field, f"cannot read {path}: {exc.strerror}", "", "Check the path"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(field, f"{path} is not valid TOML: {exc}", "", "Fix the file") from None
 
 
 def _builtin(name: str) -> dict[str, Any]:
     text = resources.files("hpclaunch.clusters").joinpath(f"{name}.toml").read_text("utf-8")
-    return tomllib.loads(text)
+    data: dict[str, Any] = tomllib.loads(text)
+    return data
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

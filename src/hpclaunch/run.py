@@ -65,28 +65,41 @@ def execute(req: RunRequest) -> int:
 
 
 def _dry_run(
-    req: RunRequest, spec: JobSpec, plan: render.BatchPlan, paths: runs.RunPaths,
-    resolved: config.Resolved, environ: Mapping[str, str],
+    req: RunRequest,
+    spec: JobSpec,
+    plan: render.BatchPlan,
+    paths: runs.RunPaths,
+    resolved: config.Resolved,
+    environ: Mapping[str, str],
 ) -> int:
     if req.as_json:
         data = {
-            "run_id": paths.run_id, "run_dir": str(paths.run_dir), "cluster": spec.cluster,
-            "script": plan.script, "sbatch": list(plan.sbatch_argv),
-            "spec": spec.to_record(), "in_allocation": resolved.in_allocation,
+            "run_id": paths.run_id,
+            "run_dir": str(paths.run_dir),
+            "cluster": spec.cluster,
+            "script": plan.script,
+            "sbatch": list(plan.sbatch_argv),
+            "spec": spec.to_record(),
+            "in_allocation": resolved.in_allocation,
         }
         req.out.write(json.dumps(data, indent=2) + "\n")
         return 0
     text = render.preview(plan, environ)
     if spec.cluster == "local" or resolved.in_allocation:
         where = "as local processes" if spec.cluster == "local" else "as a step of this allocation"
-        text += (f"# --cluster {spec.cluster}: no sbatch; each task runs {where}:\n"
-                 f"#   {shell.command(list(plan.task_argv))}\n")
+        text += (
+            f"# --cluster {spec.cluster}: no sbatch; each task runs {where}:\n"
+            f"#   {shell.command(list(plan.task_argv))}\n"
+        )
     req.out.write(text)
     return 0
 
 
 def _write_run_files(
-    paths: runs.RunPaths, spec: JobSpec, plan: render.BatchPlan, backend: str,
+    paths: runs.RunPaths,
+    spec: JobSpec,
+    plan: render.BatchPlan,
+    backend: str,
     program: tuple[str, ...],
 ) -> None:
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
@@ -96,25 +109,44 @@ def _write_run_files(
         shutil.copyfile(src, paths.bootstrap)
     runs.write_json(paths.run_dir / "spec.json", spec.to_record())
     record = {
-        "run_id": paths.run_id, "exp": spec.exp, "cluster": spec.cluster, "backend": backend,
-        "run_dir": str(paths.run_dir), "checkpoint_dir": str(paths.checkpoint_dir),
-        "job_id": None, "submitted_at": time.time(), "state": "CREATED", "exit_code": None,
-        "command": list(program), "nodes": spec.nodes, "tasks_per_node": spec.tasks_per_node,
-        "launcher": spec.launcher, "job_name": spec.job_name,
+        "run_id": paths.run_id,
+        "exp": spec.exp,
+        "cluster": spec.cluster,
+        "backend": backend,
+        "run_dir": str(paths.run_dir),
+        "checkpoint_dir": str(paths.checkpoint_dir),
+        "job_id": None,
+        "submitted_at": time.time(),
+        "state": "CREATED",
+        "exit_code": None,
+        "command": list(program),
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.tasks_per_node,
+        "launcher": spec.launcher,
+        "job_name": spec.job_name,
         "git": config.git_state(Path.cwd()),
     }
     runs.write_json(paths.record, record)
 
 
 def index(paths: runs.RunPaths, spec: JobSpec, job_id: str) -> None:
-    runs.add_to_index({
-        "run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": job_id,
-        "exp": spec.exp, "cluster": spec.cluster, "submitted_at": time.time(),
-    })
+    runs.add_to_index(
+        {
+            "run_id": paths.run_id,
+            "run_dir": str(paths.run_dir),
+            "job_id": job_id,
+            "exp": spec.exp,
+            "cluster": spec.cluster,
+            "submitted_at": time.time(),
+        }
+    )
 
 
 def _submit(
-    req: RunRequest, spec: JobSpec, plan: render.BatchPlan, paths: runs.RunPaths,
+    req: RunRequest,
+    spec: JobSpec,
+    plan: render.BatchPlan,
+    paths: runs.RunPaths,
     environ: Mapping[str, str],
 ) -> int:
     from .backends import slurm
@@ -133,14 +165,27 @@ def _submit(
 
 
 def announce(
-    out: TextIO, err: TextIO, paths: runs.RunPaths, spec: JobSpec, job_id: str,
-    as_json: bool, waiting: bool,
+    out: TextIO,
+    err: TextIO,
+    paths: runs.RunPaths,
+    spec: JobSpec,
+    job_id: str,
+    as_json: bool,
+    waiting: bool,
 ) -> None:
     if as_json:
-        out.write(json.dumps({
-            "run_id": paths.run_id, "job_id": job_id, "run_dir": str(paths.run_dir),
-            "cluster": spec.cluster, "exp": spec.exp,
-        }) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "run_id": paths.run_id,
+                    "job_id": job_id,
+                    "run_dir": str(paths.run_dir),
+                    "cluster": spec.cluster,
+                    "exp": spec.exp,
+                }
+            )
+            + "\n"
+        )
     else:
         stream = err if waiting else out
         stream.write(f"run {paths.run_id}  job {job_id}  {paths.run_dir}\n")

@@ -17,16 +17,21 @@ from .spec import JobSpec
 def local_values(spec: JobSpec, job_id: int, environ: Mapping[str, str]) -> dict[str, str]:
     """What the batch shell would know, for expanding the plan's variable references."""
     values = dict(environ)
-    values.update({
-        "SLURM_JOB_ID": str(job_id), "SLURM_NNODES": str(spec.nodes),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-    })
+    values.update(
+        {
+            "SLURM_JOB_ID": str(job_id),
+            "SLURM_NNODES": str(spec.nodes),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+    )
     return values
 
 
 def expanded_env(plan: BatchPlan, spec: JobSpec, values: Mapping[str, str]) -> dict[str, str]:
     env = {
-        "MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"],
+        "MASTER_ADDR": values["MASTER_ADDR"],
+        "MASTER_PORT": values["MASTER_PORT"],
     }
     if "OMP_NUM_THREADS" not in values:
         env["OMP_NUM_THREADS"] = str(spec.cpus_per_task)
@@ -37,8 +42,14 @@ def expanded_env(plan: BatchPlan, spec: JobSpec, values: Mapping[str, str]) -> d
 
 
 def run_local_job(
-    spec: JobSpec, plan: BatchPlan, paths: runs.RunPaths, cwd: Path,
-    environ: Mapping[str, str], out: TextIO, err: TextIO, as_json: bool,
+    spec: JobSpec,
+    plan: BatchPlan,
+    paths: runs.RunPaths,
+    cwd: Path,
+    environ: Mapping[str, str],
+    out: TextIO,
+    err: TextIO,
+    as_json: bool,
 ) -> int:
     from .run import index
 
@@ -48,14 +59,30 @@ def run_local_job(
     argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
     tasks = 1 if spec.launcher == "torchrun" else spec.tasks_per_node
     local = LocalPlan(
-        task_argv=argv, nodes=spec.nodes, tasks_per_node=tasks, env=env, log_dir=paths.logs,
-        job_name=spec.job_name, job_id=job_id, cpus_per_task=spec.cpus_per_task, cwd=cwd,
+        task_argv=argv,
+        nodes=spec.nodes,
+        tasks_per_node=tasks,
+        env=env,
+        log_dir=paths.logs,
+        job_name=spec.job_name,
+        job_id=job_id,
+        cpus_per_task=spec.cpus_per_task,
+        cwd=cwd,
     )
     runs.update_record(paths.run_dir, job_id=str(job_id), state="RUNNING")
     index(paths, spec, str(job_id))
     if as_json:
-        out.write(json.dumps({"run_id": paths.run_id, "job_id": str(job_id),
-                              "run_dir": str(paths.run_dir), "cluster": spec.cluster}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "run_id": paths.run_id,
+                    "job_id": str(job_id),
+                    "run_dir": str(paths.run_dir),
+                    "cluster": spec.cluster,
+                }
+            )
+            + "\n"
+        )
         out.flush()
     else:
         err.write(f"run {paths.run_id}  local job {job_id}  {paths.run_dir}\n")

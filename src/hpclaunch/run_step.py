@@ -4,7 +4,6 @@ in the foreground, streaming the ranks' output like --wait does."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import time
@@ -21,8 +20,13 @@ _POLL_S = 0.2
 
 
 def run_step_job(
-    spec: JobSpec, plan: BatchPlan, paths: runs.RunPaths, environ: Mapping[str, str],
-    out: TextIO, err: TextIO, as_json: bool,
+    spec: JobSpec,
+    plan: BatchPlan,
+    paths: runs.RunPaths,
+    environ: Mapping[str, str],
+    out: TextIO,
+    err: TextIO,
+    as_json: bool,
 ) -> int:
     from .run import index
 
@@ -43,8 +47,13 @@ def run_step_job(
 
     runs.update_record(paths.run_dir, job_id=job_id, state="RUNNING", step=True)
     index(paths, spec, job_id)
-    line = {"run_id": paths.run_id, "job_id": job_id, "run_dir": str(paths.run_dir),
-            "cluster": spec.cluster, "step": True}
+    line = {
+        "run_id": paths.run_id,
+        "job_id": job_id,
+        "run_dir": str(paths.run_dir),
+        "cluster": spec.cluster,
+        "step": True,
+    }
     if as_json:
         out.write(json.dumps(line) + "\n")
         out.flush()
@@ -68,9 +77,10 @@ def run_step_job(
     follower.drain()
     rc = proc.returncode
     code = 0 if rc == 0 else (first_failure(paths.logs) or exit_code_of(rc))
-    runs.update_record(paths.run_dir, state="COMPLETED" if code == 0 else "FAILED",
-                       exit_code=code, ended_at=time.time())
+    runs.update_record(
+        paths.run_dir,
+        state="COMPLETED" if code == 0 else "FAILED",
+        exit_code=code,
+        ended_at=time.time(),
+    )
     return code
-
-
-__all__ = ["os", "run_step_job"]

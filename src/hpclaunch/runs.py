@@ -84,7 +84,9 @@ def create(paths: RunPaths) -> RunPaths:
             )
         except OSError as exc:
             raise UserError(
-                "--run-root", f"cannot create {paths.run_dir}: {exc.strerror}", "",
+                "--run-root",
+                f"cannot create {paths.run_dir}: {exc.strerror}",
+                "",
                 "Pick a folder you can write with --run-root",
             ) from None
     paths.logs.mkdir()
@@ -167,7 +169,9 @@ def find(ref: str) -> dict[str, Any]:
     """RUN = a run id, a unique prefix of one, a Slurm job id, or `last`."""
     entries = list(iter_live(index_entries()))
     if not entries:
-        raise UserError("RUN", f"no runs recorded yet ({show(ref)})", "", "Start one with hpclaunch run")
+        raise UserError(
+            "RUN", f"no runs recorded yet ({show(ref)})", "", "Start one with hpclaunch run"
+        )
     if ref == "last":
         return entries[0]
     exact = [e for e in entries if e["run_id"] == ref or str(e.get("job_id", "")) == ref]
@@ -178,10 +182,14 @@ def find(ref: str) -> dict[str, Any]:
         return matches[0]
     if not matches:
         raise UserError(
-            "RUN", f"no run matches {show(ref)}", "a run id, a unique prefix, a job id or last",
+            "RUN",
+            f"no run matches {show(ref)}",
+            "a run id, a unique prefix, a job id or last",
             "See hpclaunch runs",
         )
     raise UserError(
-        "RUN", f"{show(ref)} matches {len(matches)} runs", "the prefix must be unique",
+        "RUN",
+        f"{show(ref)} matches {len(matches)} runs",
+        "the prefix must be unique",
         f"Type more of it, e.g. {matches[0]['run_id']}",
     )

@@ -131,9 +131,7 @@ def sbatch_line(option: str, value: str | None = None) -> str:
     if any(c.isspace() for c in value) or "'" in value:
         # sbatch splits #SBATCH lines on blanks but keeps double-quoted text together.
         if '"' in value or "\\" in value:
-            raise UserError(
-                option, f"{show(value)} mixes blanks and quotes", "", "Drop the quotes"
-            )
+            raise UserError(option, f"{show(value)} mixes blanks and quotes", "", "Drop the quotes")
         value = f'"{value}"'
     return f"#SBATCH {option}={value}"
 

@@ -70,7 +70,9 @@ def parse_memory(text: str, field: str = "--mem") -> int:
             "Use a number with an optional K, M, G or T suffix, e.g. 60G; 0 means all of a node's",
         )
     number, unit = int(match.group(1)), match.group(2).upper()
-    return int(number * _MEM_FACTOR[unit]) if unit != "K" else max(1, number // 1024) if number else 0
+    return (
+        int(number * _MEM_FACTOR[unit]) if unit != "K" else max(1, number // 1024) if number else 0
+    )
 
 
 def format_memory(mebibytes: int) -> str:

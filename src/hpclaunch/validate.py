@@ -24,16 +24,32 @@ MAX_LOCAL_RANKS = 256
 _EXP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # sbatch options hpclaunch models itself: passing them raw would contradict the plan.
 _MODELED = {
-    "-N": "-N/--nodes", "--nodes": "-N/--nodes", "-n": "--tasks-per-node",
-    "--ntasks": "--tasks-per-node", "--ntasks-per-node": "--tasks-per-node",
-    "-c": "--cpus-per-task", "--cpus-per-task": "--cpus-per-task",
-    "--gpus-per-node": "--gpus-per-node", "-G": "--gpus-per-node", "--gpus": "--gpus-per-node",
-    "--mem": "--mem", "--mem-per-gpu": "--mem-per-gpu", "-t": "-t/--time", "--time": "-t/--time",
-    "-p": "-p/--partition", "--partition": "-p/--partition", "-A": "-A/--account",
-    "--account": "-A/--account", "--reservation": "--reservation", "-J": "-J/--job-name",
-    "--job-name": "-J/--job-name", "-o": "(hpclaunch's run directory)",
-    "--output": "(hpclaunch's run directory)", "-e": "(hpclaunch's run directory)",
-    "--error": "(hpclaunch's run directory)", "--exclusive": "--exclusive",
+    "-N": "-N/--nodes",
+    "--nodes": "-N/--nodes",
+    "-n": "--tasks-per-node",
+    "--ntasks": "--tasks-per-node",
+    "--ntasks-per-node": "--tasks-per-node",
+    "-c": "--cpus-per-task",
+    "--cpus-per-task": "--cpus-per-task",
+    "--gpus-per-node": "--gpus-per-node",
+    "-G": "--gpus-per-node",
+    "--gpus": "--gpus-per-node",
+    "--mem": "--mem",
+    "--mem-per-gpu": "--mem-per-gpu",
+    "-t": "-t/--time",
+    "--time": "-t/--time",
+    "-p": "-p/--partition",
+    "--partition": "-p/--partition",
+    "-A": "-A/--account",
+    "--account": "-A/--account",
+    "--reservation": "--reservation",
+    "-J": "-J/--job-name",
+    "--job-name": "-J/--job-name",
+    "-o": "(hpclaunch's run directory)",
+    "--output": "(hpclaunch's run directory)",
+    "-e": "(hpclaunch's run directory)",
+    "--error": "(hpclaunch's run directory)",
+    "--exclusive": "--exclusive",
     "--wrap": "(the program after --)",
 }
 
@@ -75,7 +91,10 @@ def _text(field: str, value: str, *, allow_blank: bool = True) -> str:
 def _program(program: tuple[str, ...]) -> tuple[str, ...]:
     if not program:
         raise UserError(
-            "PROGRAM", "missing", "", "Put the program after --: hpclaunch run -N 2 -- python train.py"
+            "PROGRAM",
+            "missing",
+            "",
+            "Put the program after --: hpclaunch run -N 2 -- python train.py",
         )
     for arg in program:
         if "\x00" in arg:
@@ -103,14 +122,19 @@ def _sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
         _text("--sbatch-arg", item)
         if not item.startswith("-"):
             raise UserError(
-                "--sbatch-arg", f"{show(item)} is not an option", "", "Write e.g. --sbatch-arg=--qos=high"
+                "--sbatch-arg",
+                f"{show(item)} is not an option",
+                "",
+                "Write e.g. --sbatch-arg=--qos=high",
             )
         key = item.split("=", 1)[0]
         if not key.startswith("--"):
             key = key[:2]  # -N2, -t5: a short option with its value attached
         if key in _MODELED:
             raise UserError(
-                "--sbatch-arg", f"{show(item)} is modelled by hpclaunch", "",
+                "--sbatch-arg",
+                f"{show(item)} is modelled by hpclaunch",
+                "",
                 f"Use hpclaunch's {_MODELED[key]} instead",
             )
     return items
@@ -122,8 +146,10 @@ def _partition(profile: Profile, name: str) -> Optional[Partition]:
     part = profile.partition(name)
     if part is None:
         raise UserError(
-            "--partition", f"unknown partition {show(name)} on {profile.name}",
-            f"known: {', '.join(sorted(profile.partitions))}", "Pick one of them",
+            "--partition",
+            f"unknown partition {show(name)} on {profile.name}",
+            f"known: {', '.join(sorted(profile.partitions))}",
+            "Pick one of them",
         )
     return part
 
@@ -155,13 +181,17 @@ def validate(
     nodes = _positive("--nodes", v.get("nodes", 1), "nodes")
     if part and part.max_nodes and nodes > part.max_nodes:
         raise UserError(
-            "--nodes", f"{nodes} nodes on {partition_name}",
-            f"the partition allows {part.max_nodes} per job", f"Ask for {part.max_nodes} or fewer",
+            "--nodes",
+            f"{nodes} nodes on {partition_name}",
+            f"the partition allows {part.max_nodes} per job",
+            f"Ask for {part.max_nodes} or fewer",
         )
     if part and part.nodes and nodes > part.nodes:
         raise UserError(
-            "--nodes", f"{nodes} nodes on {partition_name}",
-            f"the partition has {part.nodes}", f"Ask for {part.nodes} or fewer",
+            "--nodes",
+            f"{nodes} nodes on {partition_name}",
+            f"the partition has {part.nodes}",
+            f"Ask for {part.nodes} or fewer",
         )
 
     whole = bool(part and part.whole_node)
@@ -172,7 +202,9 @@ def validate(
     if gpus > node_gpus and not in_allocation:
         where = f"nodes of {partition_name}" if part else f"{profile.name} nodes"
         raise UserError(
-            "--gpus-per-node", f"{gpus} GPUs per node", f"{where} have {node_gpus}",
+            "--gpus-per-node",
+            f"{gpus} GPUs per node",
+            f"{where} have {node_gpus}",
             f"Ask for {node_gpus} or fewer" if node_gpus else "Drop --gpus-per-node",
         )
 
@@ -181,7 +213,9 @@ def validate(
     )
     if local and nodes * tasks > MAX_LOCAL_RANKS:
         raise UserError(
-            "--tasks-per-node", f"{nodes * tasks} local ranks", f"at most {MAX_LOCAL_RANKS}",
+            "--tasks-per-node",
+            f"{nodes * tasks} local ranks",
+            f"at most {MAX_LOCAL_RANKS}",
             "Use fewer nodes or tasks locally",
         )
 
@@ -207,19 +241,24 @@ def validate(
         mem_per_gpu = parse_memory(profile.mem_per_gpu, "mem_per_gpu")
     if node_mem and mem and mem > node_mem:
         raise UserError(
-            "--mem", f"{format_memory(mem)} per node", f"nodes have {format_memory(node_mem)}",
+            "--mem",
+            f"{format_memory(mem)} per node",
+            f"nodes have {format_memory(node_mem)}",
             "Ask for less, or --mem 0 for all of it",
         )
     if node_mem and mem_per_gpu and gpus and mem_per_gpu * gpus > node_mem:
         raise UserError(
-            "--mem-per-gpu", f"{format_memory(mem_per_gpu)} x {gpus} GPUs",
-            f"nodes have {format_memory(node_mem)}", "Ask for less memory per GPU",
+            "--mem-per-gpu",
+            f"{format_memory(mem_per_gpu)} x {gpus} GPUs",
+            f"nodes have {format_memory(node_mem)}",
+            "Ask for less memory per GPU",
         )
 
     time_s = v.get("time")
     if part and part.max_time and time_s and time_s > part.max_time:
         raise UserError(
-            "--time", f"{format_time(time_s)} on {partition_name}",
+            "--time",
+            f"{format_time(time_s)} on {partition_name}",
             f"the partition's limit is {format_time(part.max_time)}",
             f"Ask for {format_time(part.max_time)} or less, or pick another partition",
         )
@@ -227,25 +266,33 @@ def validate(
     account = _text("--account", str(v.get("account") or ""), allow_blank=False)
     if profile.account_required and not account and not local:
         raise UserError(
-            "--account", f"missing on {profile.name}", "every job needs a project account",
+            "--account",
+            f"missing on {profile.name}",
+            "every job needs a project account",
             "Give -A project_NNNNNNNNN or export SBATCH_ACCOUNT",
         )
     if account and profile.account_pattern and not re.match(profile.account_pattern, account):
         raise UserError(
-            "--account", f"{show(account)} does not look like an account on {profile.name}",
-            f"pattern {profile.account_pattern}", "Give e.g. -A project_465000000",
+            "--account",
+            f"{show(account)} does not look like an account on {profile.name}",
+            f"pattern {profile.account_pattern}",
+            "Give e.g. -A project_465000000",
         )
 
     job_name = _text("--job-name", str(v.get("job_name") or default_job_name(program)))
     if len(job_name) > 200:
         raise UserError("--job-name", f"{len(job_name)} characters", "at most 200", "Shorten it")
     if '"' in job_name or "\\" in job_name:
-        raise UserError("--job-name", f"{show(job_name)} holds a quote or backslash", "", "Remove it")
+        raise UserError(
+            "--job-name", f"{show(job_name)} holds a quote or backslash", "", "Remove it"
+        )
     exp = str(v.get("exp") or "default")
     if not _EXP.match(exp):
         raise UserError(
-            "--exp", f"{show(exp)} is not a usable folder name",
-            "letters, digits, . _ -; at most 100", "Rename the experiment",
+            "--exp",
+            f"{show(exp)} is not a usable folder name",
+            "letters, digits, . _ -; at most 100",
+            "Rename the experiment",
         )
     setup = tuple(_text("--setup", line) for line in v.get("setup", ()) + profile.setup)
 
@@ -253,24 +300,48 @@ def validate(
     exclusive = bool(v.get("exclusive", False))
     topo = profile.topology
     if (
-        topo is not None and profile.cpu_bind != "none" and launcher == "srun"
-        and (whole or exclusive) and tasks == topo.gpus and not local
+        topo is not None
+        and profile.cpu_bind != "none"
+        and launcher == "srun"
+        and (whole or exclusive)
+        and tasks == topo.gpus
+        and not local
     ):
         verbose = profile.cpu_bind_verbose
-        cpu_bind = mask_cpu_bind(topo, verbose) if profile.cpu_bind == "mask" else map_cpu_bind(topo, verbose)
+        cpu_bind = (
+            mask_cpu_bind(topo, verbose)
+            if profile.cpu_bind == "mask"
+            else map_cpu_bind(topo, verbose)
+        )
 
     fmt = {"account": account or "noaccount", "user": environ.get("USER", "user")}
     run_root = str(v.get("run_root") or profile.run_root.format(**fmt))
     ckpt_root = profile.checkpoint_root.format(**fmt) if profile.checkpoint_root else ""
 
     return JobSpec(
-        cluster=profile.name, program=program, nodes=nodes, tasks_per_node=tasks,
-        gpus_per_node=gpus, cpus_per_task=cpt, mem_mb=mem, mem_per_gpu_mb=mem_per_gpu,
-        time_s=time_s, partition=partition_name, account=account,
+        cluster=profile.name,
+        program=program,
+        nodes=nodes,
+        tasks_per_node=tasks,
+        gpus_per_node=gpus,
+        cpus_per_task=cpt,
+        mem_mb=mem,
+        mem_per_gpu_mb=mem_per_gpu,
+        time_s=time_s,
+        partition=partition_name,
+        account=account,
         reservation=_text("--reservation", str(v.get("reservation") or ""), allow_blank=False),
-        exclusive=exclusive, job_name=job_name, launcher=launcher,
-        gpu_visibility=v.get("gpu_visibility", profile.gpu_visibility), exp=exp,
-        env=_env(v.get("env", ())), setup=setup, sbatch_args=_sbatch_args(v.get("sbatch_arg", ())),
-        run_root=run_root, checkpoint_root=ckpt_root, nccl_debug=bool(v.get("nccl_debug", False)),
-        cpu_bind=cpu_bind, sources=tuple(sorted(sources.items())),
+        exclusive=exclusive,
+        job_name=job_name,
+        launcher=launcher,
+        gpu_visibility=v.get("gpu_visibility", profile.gpu_visibility),
+        exp=exp,
+        env=_env(v.get("env", ())),
+        setup=setup,
+        sbatch_args=_sbatch_args(v.get("sbatch_arg", ())),
+        run_root=run_root,
+        checkpoint_root=ckpt_root,
+        nccl_debug=bool(v.get("nccl_debug", False)),
+        cpu_bind=cpu_bind,
+        sources=tuple(sorted(sources.items())),
     )

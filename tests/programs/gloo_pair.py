@@ -18,6 +18,15 @@ time.sleep(float(sys.argv[2]))
 dist.barrier()
 dist.destroy_process_group()
 with open(os.path.join(sys.argv[1], f"gloo-{os.environ['RANK']}.json"), "w") as handle:
-    json.dump({"sum": t.item(), "start": start, "ready": ready, "end": time.time(),
-               "port": os.environ["MASTER_PORT"], "addr": os.environ["MASTER_ADDR"],
-               "job": os.environ["SLURM_JOB_ID"]}, handle)
+    json.dump(
+        {
+            "sum": t.item(),
+            "start": start,
+            "ready": ready,
+            "end": time.time(),
+            "port": os.environ["MASTER_PORT"],
+            "addr": os.environ["MASTER_ADDR"],
+            "job": os.environ["SLURM_JOB_ID"],
+        },
+        handle,
+    )

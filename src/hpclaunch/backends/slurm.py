@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
+import time
 from collections.abc import Mapping
 from typing import Optional
 
@@ -14,14 +14,30 @@ from ..render import BatchPlan
 
 # hpclaunch resolves these into the script; sbatch must not override the script's lines.
 RESOLVED_SBATCH_ENV = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_RESERVATION")
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-          "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+ACTIVE = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+}
 
 
 def _run(argv: list[str], env: Optional[Mapping[str, str]] = None, timeout: float = 60) -> str:
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
             env=dict(env) if env is not None else None,
         )
     except FileNotFoundError:
@@ -49,9 +65,26 @@ def submit(plan: BatchPlan, environ: Mapping[str, str]) -> str:
 
 
 class SlurmStatus:
-    """JobStatus from squeue while Slurm knows the job, then scontrol, then sacct."""
+    """JobStatus from squeue while Slurm knows the job, then scontrol, then sacct.
+
+    A job no command knows is asked about again a few times before it is called
+    UNKNOWN: a controller that restarts or times out must not end a --wait early.
+    """
+
+    def __init__(self, retries: int = 3, retry_wait_s: float = 2.0) -> None:
+        self.retries = retries
+        self.retry_wait_s = retry_wait_s
 
     def status(self, job_id: str) -> JobStatus:
+        result = self._status(job_id)
+        for _ in range(self.retries):
+            if result.state != "UNKNOWN":
+                break
+            time.sleep(self.retry_wait_s)
+            result = self._status(job_id)
+        return result
+
+    def _status(self, job_id: str) -> JobStatus:
         try:
             out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], timeout=30).strip()
         except SlurmError:
@@ -67,8 +100,9 @@ class SlurmStatus:
             fields = _parse_scontrol(_run(["scontrol", "-o", "show", "job", job_id], timeout=30))
             if fields.get("JobState"):
                 reason = fields.get("Reason", "")
-                return JobStatus(fields["JobState"], "" if reason == "None" else reason,
-                                 fields.get("ExitCode"))
+                return JobStatus(
+                    fields["JobState"], "" if reason == "None" else reason, fields.get("ExitCode")
+                )
         except SlurmError:
             pass
         for argv in (
@@ -106,4 +140,4 @@ def run_step(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]
         raise SlurmError(f"srun: {exc.strerror}") from None
 
 
-__all__ = ["SlurmStatus", "cancel", "os", "run_step", "submission_env", "submit"]
+__all__ = ["SlurmStatus", "cancel", "run_step", "submission_env", "submit"]

@@ -50,7 +50,10 @@ def _usage_line(exc: click.UsageError) -> str:
     """click's usage errors in hpclaunch's one-line format."""
     if isinstance(exc, click.NoSuchOption):
         return UserError(
-            exc.option_name, "unknown option", "", "See hpclaunch run --help; put the program after --"
+            exc.option_name,
+            "unknown option",
+            "",
+            "See hpclaunch run --help; put the program after --",
         ).render()
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         name = exc.param.opts[0] if exc.param.opts else str(exc.param.name)

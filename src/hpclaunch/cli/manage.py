@@ -16,10 +16,14 @@ TERMINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
 
 def _live_states(records: list[dict[str, Any]]) -> dict[str, str]:
     """One squeue call for every unfinished Slurm run in the list."""
-    from ..backends.slurm import ACTIVE, SlurmError, _run
+    from ..backends.slurm import ACTIVE, _run
+    from ..errors import SlurmError
 
-    ids = [str(r["job_id"]) for r in records
-           if r.get("backend") == "slurm" and r.get("job_id") and r.get("state") in ACTIVE]
+    ids = [
+        str(r["job_id"])
+        for r in records
+        if r.get("backend") == "slurm" and r.get("job_id") and r.get("state") in ACTIVE
+    ]
     if not ids:
         return {}
     try:
@@ -64,9 +68,17 @@ def runs_cmd(exp: Optional[str], limit: int, as_json: bool) -> int:
     rows = []
     for rec in records:
         state = live.get(str(rec.get("job_id")), rec.get("state", "?"))
-        rows.append((rec["run_id"], str(rec.get("job_id") or "-"), rec.get("cluster", "?"),
-                     state, "" if rec.get("exit_code") is None else str(rec["exit_code"]),
-                     rec.get("exp", ""), rec["run_dir"]))
+        rows.append(
+            (
+                rec["run_id"],
+                str(rec.get("job_id") or "-"),
+                rec.get("cluster", "?"),
+                state,
+                "" if rec.get("exit_code") is None else str(rec["exit_code"]),
+                rec.get("exp", ""),
+                rec["run_dir"],
+            )
+        )
     if as_json:
         keys = ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "run_dir")
         for row in rows:
@@ -100,10 +112,14 @@ def status_cmd(run: str, as_json: bool) -> int:
     if record.get("reason"):
         state += f" ({record['reason']})"
     for key, value in (
-        ("run", record.get("run_id")), ("job", record.get("job_id")),
-        ("cluster", record.get("cluster")), ("state", state),
-        ("exit code", record.get("exit_code")), ("ranks", _ranks(record)),
-        ("directory", str(run_dir)), ("logs", str(run_dir / "logs")),
+        ("run", record.get("run_id")),
+        ("job", record.get("job_id")),
+        ("cluster", record.get("cluster")),
+        ("state", state),
+        ("exit code", record.get("exit_code")),
+        ("ranks", _ranks(record)),
+        ("directory", str(run_dir)),
+        ("logs", str(run_dir / "logs")),
     ):
         if value not in (None, ""):
             click.echo(f"{key:10} {value}")
@@ -131,8 +147,14 @@ def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool) -> int:
     run_dir = Path(entry["run_dir"])
     if rank is not None and rank < 0:
         raise UserError("--rank", f"{rank}", "at least 0", "Give a rank number such as 0")
-    follower = LogFollower(run_dir / "logs", sys.stdout, sys.stderr, rank=rank,
-                           include_batch=rank is None, tag=not no_tag)
+    follower = LogFollower(
+        run_dir / "logs",
+        sys.stdout,
+        sys.stderr,
+        rank=rank,
+        include_batch=rank is None,
+        tag=not no_tag,
+    )
     follower.poll()
     if not follow:
         follower.drain()
@@ -147,7 +169,9 @@ def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool) -> int:
                 record = _refresh(runs.read_record(run_dir), run_dir)
                 if record.get("backend") == "local" and record.get("state") in TERMINAL_LOCAL:
                     break
-                if record.get("backend") == "slurm" and record.get("state") not in ACTIVE | {"CREATED"}:
+                if record.get("backend") == "slurm" and record.get("state") not in ACTIVE | {
+                    "CREATED"
+                }:
                     break
             time.sleep(0.25)
     except KeyboardInterrupt:
@@ -168,12 +192,19 @@ def cancel_cmd(run: str) -> int:
     entry = runs.find(run)
     record = runs.read_record(Path(entry["run_dir"]))
     if record.get("backend") != "slurm" or not record.get("job_id"):
-        raise UserError("RUN", f"{record.get('run_id')} is a local run", "",
-                        "Local runs end with Ctrl-C in their terminal")
+        raise UserError(
+            "RUN",
+            f"{record.get('run_id')} is a local run",
+            "",
+            "Local runs end with Ctrl-C in their terminal",
+        )
     if record.get("step"):
-        raise UserError("RUN", f"{record.get('run_id')} ran as a step of job {record['job_id']}",
-                        "cancelling would end the whole allocation",
-                        "Press Ctrl-C in its terminal, or scancel the step yourself")
+        raise UserError(
+            "RUN",
+            f"{record.get('run_id')} ran as a step of job {record['job_id']}",
+            "cancelling would end the whole allocation",
+            "Press Ctrl-C in its terminal, or scancel the step yourself",
+        )
     slurm.cancel(str(record["job_id"]))
     click.echo(f"cancelled job {record['job_id']} (run {record.get('run_id')})")
     return 0

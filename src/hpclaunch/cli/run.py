@@ -51,16 +51,31 @@ def _with_options(func: Callable[..., Any]) -> Callable[..., Any]:
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
 )
 @_with_options
-@click.option("--dry-run", is_flag=True, help="Print the batch script and the sbatch command; "
-              "submit nothing, write nothing.")
-@click.option("--wait", is_flag=True, help="Stay attached: show the queue state, stream the "
-              "output, exit with the job's exit code. Ctrl-C detaches; the job keeps running.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (run id, job id, "
-              "run directory; with --dry-run the script and command).")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the batch script and the sbatch command; submit nothing, write nothing.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Stay attached: show the queue state, stream the "
+    "output, exit with the job's exit code. Ctrl-C detaches; the job keeps running.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object (run id, job id, "
+    "run directory; with --dry-run the script and command).",
+)
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
-def run_cmd(program: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool, **options: Any) -> int:
+def run_cmd(
+    program: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool, **options: Any
+) -> int:
     from ..run import RunRequest, execute
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
-    return execute(RunRequest(options=given, program=program, dry_run=dry_run, wait=wait,
-                              as_json=as_json))
+    return execute(
+        RunRequest(options=given, program=program, dry_run=dry_run, wait=wait, as_json=as_json)
+    )
