@@ -54,6 +54,7 @@ BINDIR = Path(PY).parent
 NODES, TASKS_PER_NODE = 2, 2
 NRANKS = NODES * TASKS_PER_NODE
 MARK_START, MARK_END = "<!-- bench:launch:start -->", "<!-- bench:launch:end -->"
+MAX_ERRORS = 2  # a method is dropped after this many failed reps (a rep is not retried)
 TARGET_SRUN_OVER_FLOOR = 0.030
 TARGET_RUN_CMD = 0.3
 TARGET_BOOTSTRAP = 0.025
@@ -75,7 +76,11 @@ class Series:
     """Samples of one method; `error` is set when the method could not run."""
 
     samples: dict[str, list[float]] = field(default_factory=dict)
-    error: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> str:
+        return self.errors[-1] if self.errors else ""
 
     def add(self, key: str, value: float) -> None:
         self.samples.setdefault(key, []).append(value)
@@ -142,6 +147,28 @@ def wait_idle(timeout: float = 900.0) -> None:
 
 def cancel_all() -> None:
     subprocess.run(["scancel", "--user", str(os.getuid())], capture_output=True)
+
+
+DNS_PROBE = """
+import os, socket, threading, time
+t = time.time()
+look = lambda: socket.getnameinfo(("::ffff:127.0.0.1", 1, 0, 0), 0)
+th = threading.Thread(target=look, daemon=True)
+th.start(); th.join(3.0)
+print(f"{time.time() - t:.3f}", flush=True)
+os._exit(0)  # do not wait for a lookup still stuck in the resolver
+"""
+
+
+def dns_stall_s() -> float:
+    """How long one reverse lookup of an IPv4-mapped address takes on a node (cap 3 s).
+
+    c10d looks up its peers' names (for log lines) with getnameinfo on IPv6-mapped
+    addresses, which /etc/hosts never answers: on nodes that cannot reach a DNS server
+    every such lookup stalls for the resolver's timeout, and that lands in (b).
+    """
+    out = sh(["srun", "-N", "1", "-n", "1", PY, "-c", DNS_PROBE], timeout=30)
+    return float(out.split()[-1])
 
 
 _ALLOC = r"^\[(\S+)\] sched\S*: (?:Allocate|_start_job: Started) JobId={}[ (+]"
@@ -336,12 +363,12 @@ def run_all(names: list[str], reps: int) -> dict[str, Series]:
     for rep in range(reps + 1):
         for name in names:
             s = series[name]
-            if s.error:
-                continue
+            if len(s.errors) >= MAX_ERRORS:
+                continue  # this method does not work here; do not spend the cluster on it
             try:
                 m = run_once(name, rep)
             except Exception as e:
-                s.error = f"{type(e).__name__}: {e}"
+                s.errors.append(f"{type(e).__name__}: {e}")
                 print(f"{name} rep {rep}: FAILED {s.error}", flush=True)
                 continue
             tag = "warm-up" if rep == 0 else f"rep {rep}"
@@ -528,11 +555,23 @@ def main() -> int:
         raise SystemExit(f"unknown method(s) {unknown}; known: {list(METHODS)}")
     ensure_cluster()
     SCRATCH.mkdir(parents=True, exist_ok=True)
+    wait_idle()
+    stall = dns_stall_s()
+    if stall > 0.5:
+        print(f"warning: a reverse DNS lookup on a node takes >= {stall:.1f} s; (b) includes it")
     series = run_all(names, args.reps)
     boot = bench_bootstrap(args.boot_runs) if BOOTSTRAP.exists() else {}
     facts = machine_facts()
 
     body = ["### Launch, 2 nodes x 2 tasks", "", *results_table(series), ""]
+    if stall > 0.5:
+        body += [
+            f"Caveat: on these nodes one reverse DNS lookup took >= {stall:.1f} s (no DNS "
+            "server reachable from the node namespaces, so glibc waits for its timeout). "
+            "c10d does such lookups while connecting (TCPStore, torchrun's rendezvous), so "
+            "(b), and (a) for torchrun-based methods, include those stalls.",
+            "",
+        ]
     if boot:
         body += ["### Bootstrap per rank (hyperfine -N, warm cache)", "", *bootstrap_table(boot)]
     else:
@@ -541,7 +580,7 @@ def main() -> int:
     print("\n".join(body))
 
     RESULTS.mkdir(exist_ok=True)
-    raw = {n: {"samples": s.samples, "error": s.error} for n, s in series.items()}
+    raw = {n: {"samples": s.samples, "errors": s.errors} for n, s in series.items()}
     (RESULTS / "launch.json").write_text(json.dumps({"facts": facts, "launch": raw, "boot": boot}))
     if not args.no_doc:
         write_doc(doc_section(body, facts, args.reps))

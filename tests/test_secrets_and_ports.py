@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import testbed
-from conftest import PROGRAMS, REPO, Hpc
+from conftest import PROGRAMS, Hpc
 
 pytestmark = pytest.mark.testbed
 
@@ -110,51 +110,38 @@ def test_dry_run_masks_secret(hpc: Hpc) -> None:
 
 
 def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
-    """`sbatch --jobid` needs root, so this test submits as root (the run directory is
-    still the test user's folder); both jobs take one core on each node at once."""
+    """Two jobs at once on the same two nodes (one core each per node), whose job ids are
+    equal modulo 10,000, both initialise gloo on the same master node."""
     base = random.randint(200_000, 800_000)
     job_ids = [base, base + 10_000]
-    assert job_ids[0] % 10_000 == job_ids[1] % 10_000
     out = hpc.cwd / "gloo"
     out.mkdir()
-    env = {
-        **os.environ,
-        "SLURM_CONF": hpc.env["SLURM_CONF"],
-        "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
-        "XDG_DATA_HOME": str(hpc.cwd / "root-xdg"),
-        "HPCLAUNCH_CLUSTER": "slurm",
-    }
-    procs = []
+    os.chown(out, *_owner(hpc.cwd))
+    runs = []
     for job_id in job_ids:
         sub = out / str(job_id)
         sub.mkdir()
-        procs.append(
-            subprocess.Popen(
-                [
-                    "hpclaunch",
-                    "run",
-                    "-N",
-                    "2",
-                    "--tasks-per-node",
-                    "1",
-                    "--wait",
-                    f"--sbatch-arg=--jobid={job_id}",
-                    "--",
-                    "python",
-                    str(PROGRAMS / "gloo_pair.py"),
-                    str(sub),
-                    "4",
-                ],
-                cwd=hpc.cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+        os.chown(sub, *_owner(hpc.cwd))
+        with testbed.first_job_id(job_id):
+            proc = hpc.run(
+                "run",
+                "-N",
+                "2",
+                "--tasks-per-node",
+                "1",
+                "--json",
+                "--",
+                "python",
+                str(PROGRAMS / "gloo_pair.py"),
+                str(sub),
+                "20",
             )
-        )
-    results = [p.communicate(timeout=300) for p in procs]
-    for proc, (_, err) in zip(procs, results):
-        assert proc.returncode == 0, err[-3000:]
+        assert proc.returncode == 0, proc.stderr
+        line = json.loads(proc.stdout)
+        assert line["job_id"] == str(job_id)
+        runs.append(line["run_id"])
+    for run_id in runs:
+        assert _wait_done(hpc, run_id) == "COMPLETED"
     records = {
         job_id: [json.loads(p.read_text()) for p in sorted((out / str(job_id)).glob("*.json"))]
         for job_id in job_ids
@@ -167,3 +154,20 @@ def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
     assert first[0]["addr"] == second[0]["addr"]  # same master node
     # They really overlapped: each was initialised before the other finished.
     assert first[0]["ready"] < second[0]["end"] and second[0]["ready"] < first[0]["end"]
+
+
+def _owner(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_uid, info.st_gid
+
+
+def _wait_done(hpc: Hpc, run_id: str, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = hpc.run("status", run_id, "--json")
+        assert proc.returncode == 0, proc.stderr
+        state = str(json.loads(proc.stdout)["state"])
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "CREATED"):
+            return state
+        time.sleep(1)
+    raise AssertionError(f"run {run_id} did not end in {timeout} s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -11,7 +12,10 @@ from hypothesis import strategies as st
 from hpclaunch import shell
 from hpclaunch.errors import UserError
 
-_TEXT = st.text(alphabet=st.characters(blacklist_characters="\x00", codec="utf-8"), max_size=40)
+_TEXT = st.one_of(
+    st.text(alphabet=st.characters(blacklist_characters="\x00", codec="utf-8"), max_size=40),
+    st.binary(max_size=12).filter(lambda b: b"\x00" not in b).map(os.fsdecode),
+)
 
 
 def _bash_argv(script: str) -> list[str]:
@@ -30,6 +34,8 @@ def test_command_words_reach_bash_unchanged(words: list[str]) -> None:
     printer = "printf '%s\\0'"
     script = "set -- " + shell.command(words) + "; " + printer
     assert _bash_argv(script) == words
+    # sbatch refuses scripts with carriage returns: the quoted text never holds one.
+    assert "\r" not in shell.command(words)
 
 
 def test_template_expands_only_variable_references() -> None:
@@ -47,6 +53,7 @@ def test_template_expands_only_variable_references() -> None:
 
 def test_export_default_keeps_users_value() -> None:
     line = shell.export_default("OMP_NUM_THREADS", "7")
+
     def run(env: dict[str, str]) -> str:
         return subprocess.run(
             ["bash", "-c", line + '; printf %s "$OMP_NUM_THREADS"'],

@@ -195,3 +195,24 @@ def procs_of_user_on_nodes() -> list[str]:
     )
     # ps exits 1 when there is no such process (or no such user): an empty list.
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+class first_job_id:
+    """Make Slurm hand out ``job_id`` next (``FirstJobId`` + ``scontrol reconfigure``),
+    and restore the configuration afterwards. Slurm 22.05's sbatch has no ``--jobid``;
+    raising FirstJobId above the current sequence is how its controller is told."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.saved = ""
+
+    def __enter__(self) -> first_job_id:
+        conf = conf_path()
+        self.saved = conf.read_text()
+        conf.write_text(self.saved.rstrip("\n") + f"\nFirstJobId={self.job_id}\n")
+        _slurm(["scontrol", "reconfigure"], timeout=30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        conf_path().write_text(self.saved)
+        _slurm(["scontrol", "reconfigure"], timeout=30)

@@ -17,14 +17,36 @@ from typing import Union
 from .errors import UserError, show
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NEEDS_ANSI_C = re.compile(r"[\x01-\x1f\x7f\ud800-\udfff]")
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def quote(value: str) -> str:
-    """One shell word holding exactly `value` (any bytes but NUL, newlines included)."""
+    """One bash word holding exactly `value` (any bytes but NUL, newlines included).
+
+    Plain text is single-quoted. Text with control characters or bytes that are not
+    UTF-8 (surrogate-escaped) uses bash's $'...' with \\xHH escapes, so the script holds
+    only printable text: sbatch refuses a script with a carriage return in it.
+    """
     if "\x00" in value:
         raise UserError("argument", f"{show(value)} holds a NUL byte", "", "Remove it")
-    return shlex.quote(value)
+    if not _NEEDS_ANSI_C.search(value):
+        return shlex.quote(value)
+    out = ["$'"]
+    for char in value:
+        code = ord(char)
+        if char in "\\'":
+            out.append("\\" + char)
+        elif 0xDC80 <= code <= 0xDCFF:  # a raw byte, surrogate-escaped by Python
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise UserError("argument", f"{show(value)} is not encodable text", "", "Fix it")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(char)
+    out.append("'")
+    return "".join(out)
 
 
 def check_name(name: str, field: str = "--env") -> str:

@@ -37,7 +37,7 @@ def _live_states(records: list[dict[str, Any]]) -> dict[str, str]:
     return states
 
 
-def _refresh(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _refresh(record: dict[str, Any], run_dir: Path, retries: int = 1) -> dict[str, Any]:
     """Bring a Slurm run's record up to date (state, and exit code once it ended)."""
     from .. import runs
     from ..backends.slurm import ACTIVE, SlurmStatus
@@ -47,7 +47,7 @@ def _refresh(record: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         return record
     if record.get("state") not in ACTIVE | {"CREATED"}:
         return record
-    status = SlurmStatus().status(str(record["job_id"]))
+    status = SlurmStatus(retries=retries).status(str(record["job_id"]))
     changes: dict[str, Any] = {"state": status.state, "reason": status.reason}
     if status.state not in ACTIVE and status.state != "UNKNOWN":
         changes["exit_code"] = job_exit_code(status.state, run_dir / "logs", status.exit_code)
@@ -67,31 +67,43 @@ def runs_cmd(exp: Optional[str], limit: int, as_json: bool) -> int:
     live = _live_states(records)
     rows = []
     for rec in records:
-        state = live.get(str(rec.get("job_id")), rec.get("state", "?"))
+        state = live.get(str(rec.get("job_id")))
+        if state is None:
+            # Not in the queue any more: bring its record up to date once (scontrol/sacct).
+            rec = {
+                **rec,
+                **_refresh(runs.read_record(Path(rec["run_dir"])), Path(rec["run_dir"]), 0),
+            }
+            state = rec.get("state", "?")
         rows.append(
-            (
-                rec["run_id"],
-                str(rec.get("job_id") or "-"),
-                rec.get("cluster", "?"),
-                state,
-                "" if rec.get("exit_code") is None else str(rec["exit_code"]),
-                rec.get("exp", ""),
-                rec["run_dir"],
-            )
+            {
+                "run_id": rec["run_id"],
+                "job_id": rec.get("job_id"),
+                "cluster": rec.get("cluster"),
+                "state": state,
+                "exit_code": rec.get("exit_code"),
+                "exp": rec.get("exp"),
+                "run_dir": rec["run_dir"],
+            }
         )
     if as_json:
-        keys = ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "run_dir")
         for row in rows:
-            click.echo(json.dumps(dict(zip(keys, row))))
+            click.echo(json.dumps(row))
         return 0
     if not rows:
         click.echo("no runs yet: start one with hpclaunch run", err=True)
         return 0
     header = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
-    for row in [header, *rows]:
-        cells = [str(c).ljust(w) for c, w in zip(row, widths)]
-        click.echo("  ".join([*cells, str(row[-1])]))
+    table = [header] + [
+        tuple(
+            "" if row[k] is None else str(row[k])
+            for k in ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "run_dir")
+        )
+        for row in rows
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    for line in table:
+        click.echo("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]))
     return 0
 
 
