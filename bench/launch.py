@@ -427,7 +427,9 @@ def results_table(series: dict[str, Series]) -> list[str]:
             lines.append(f"| {name} | failed: {s.error[:160].replace('|', '/')} | | | | 0 |")
             continue
         g = s.samples.get
-        n = len(g("a_alloc_to_user", []))
+        n = str(len(g("a_alloc_to_user", [])))
+        if s.errors:
+            n += f" ({len(s.errors)} failed)"
         cells = [fmt(g("a_alloc_to_user")), fmt(g("b_alloc_to_init")), fmt(g("c_submit_cmd"))]
         lines.append(f"| {name} | {' | '.join(cells)} | {fmt(g('submit_to_alloc'))} | {n} |")
     return lines
