@@ -39,8 +39,22 @@ def test_lightning_ddp(hpc: Hpc, cluster: str, launcher: str, environment: str) 
     pytest.importorskip("lightning")
     out = _out(hpc, "lt")
     proc = hpc.run(
-        "run", "--cluster", cluster, "-N", "2", "--tasks-per-node", "2", "--launcher", launcher,
-        "--wait", "--", "python", str(PROGRAMS / "lightning_train.py"), str(out), "2", "2",
+        "run",
+        "--cluster",
+        cluster,
+        "-N",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--launcher",
+        launcher,
+        "--wait",
+        "--",
+        "python",
+        str(PROGRAMS / "lightning_train.py"),
+        str(out),
+        "2",
+        "2",
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -57,8 +71,19 @@ def test_jax_distributed_initialize(hpc: Hpc, cluster: str) -> None:
     pytest.importorskip("jax")
     out = _out(hpc, "jx")
     proc = hpc.run(
-        "run", "--cluster", cluster, "-N", "2", "--tasks-per-node", "2", "--wait", "--",
-        "python", str(PROGRAMS / "jax_init.py"), str(out), timeout=600,
+        "run",
+        "--cluster",
+        cluster,
+        "-N",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--wait",
+        "--",
+        "python",
+        str(PROGRAMS / "jax_init.py"),
+        str(out),
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = _records(out, "jax-*.json")

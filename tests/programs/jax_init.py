@@ -14,9 +14,11 @@ from jax.experimental import multihost_utils  # noqa: E402
 
 total = multihost_utils.process_allgather(jnp.array([jax.process_index() + 1]))
 record = {
-    "process_index": jax.process_index(), "process_count": jax.process_count(),
-    "global_devices": len(jax.devices()), "sum": int(total.sum()),
+    "process_index": jax.process_index(),
+    "process_count": jax.process_count(),
+    "global_devices": len(jax.devices()),
+    "sum": int(total.sum()),
 }
-with open(os.path.join(sys.argv[1], "jax-%d.json" % jax.process_index()), "w") as handle:
+with open(os.path.join(sys.argv[1], f"jax-{jax.process_index()}.json"), "w") as handle:
     json.dump(record, handle)
 jax.distributed.shutdown()

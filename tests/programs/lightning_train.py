@@ -28,19 +28,27 @@ def main() -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, num_nodes=nodes, strategy="ddp", max_steps=4,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=devices,
+        num_nodes=nodes,
+        strategy="ddp",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(Model(), DataLoader(data, batch_size=8))
     env = trainer.strategy.cluster_environment
     record = {
-        "global_rank": trainer.global_rank, "world_size": trainer.world_size,
-        "node_rank": trainer.node_rank, "local_rank": trainer.local_rank,
+        "global_rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "node_rank": trainer.node_rank,
+        "local_rank": trainer.local_rank,
         "environment": type(env).__name__,
         "weight": trainer.lightning_module.layer.weight.detach().flatten().tolist(),
     }
-    with open(os.path.join(out, "lightning-%d.json" % trainer.global_rank), "w") as handle:
+    with open(os.path.join(out, f"lightning-{trainer.global_rank}.json"), "w") as handle:
         json.dump(record, handle)
 
 

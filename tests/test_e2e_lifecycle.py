@@ -1,0 +1,96 @@
+"""A run's life on the testbed: submit without --wait, follow, Ctrl-C detaches (the job
+keeps running), cancel, TIMEOUT's exit code, and the run commands from another folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import testbed
+from conftest import Hpc
+
+pytestmark = pytest.mark.testbed
+
+
+def _squeue(hpc: Hpc) -> str:
+    return hpc.cmd(["squeue", "-h", "-u", testbed.USER, "-o", "%i %T"]).stdout.strip()
+
+
+def test_submit_detach_cancel(hpc: Hpc) -> None:
+    proc = hpc.run(
+        "run", "-N", "2", "--json", "--", "bash", "-c", 'echo "started $RANK"; sleep 120'
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout)
+    job_id = line["job_id"]
+    # A second terminal: `logs --follow`, interrupted with Ctrl-C once both ranks printed.
+    follow = subprocess.Popen(
+        ["runuser", "-u", testbed.USER, "--", "hpclaunch", "logs", job_id, "--follow"],
+        cwd=hpc.cwd / "xdg",
+        env=hpc.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    ranks_file = hpc.cwd / "runs" / "default" / line["run_id"] / "logs" / "ranks.tsv"
+    while time.monotonic() < deadline:
+        if ranks_file.exists() and len(ranks_file.read_text().splitlines()) == 2:
+            break
+        time.sleep(0.5)
+    time.sleep(1.5)
+    os.killpg(follow.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's process group
+    out, _ = follow.communicate(timeout=30)
+    assert "] started 0" in out and "] started 1" in out, out
+    assert job_id in _squeue(hpc)  # still running: following never cancels
+
+    waiter = subprocess.Popen(
+        [
+            "runuser",
+            "-u",
+            testbed.USER,
+            "--",
+            "hpclaunch",
+            "run",
+            "-N",
+            "1",
+            "--wait",
+            "--",
+            "sleep",
+            "120",
+        ],
+        cwd=hpc.cwd,
+        env=hpc.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(4)
+    os.killpg(waiter.pid, signal.SIGINT)
+    _, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 130, err
+    assert "detached" in err and "hpclaunch cancel" in err, err
+    assert len(_squeue(hpc).splitlines()) == 2  # both jobs still there
+
+    for run in (job_id, "last"):
+        cancel = hpc.run("cancel", run)
+        assert cancel.returncode == 0, cancel.stderr
+    testbed.wait_idle(timeout=60)
+    status = hpc.run("status", job_id, "--json")
+    record = json.loads(status.stdout)
+    assert (record["state"], record["exit_code"]) == ("CANCELLED", 121), record
+    listing = hpc.run("runs", "--json").stdout.splitlines()
+    assert [json.loads(r)["state"] for r in listing] == ["CANCELLED", "CANCELLED"]
+
+
+def test_timeout_has_its_own_exit_code(hpc: Hpc) -> None:
+    proc = hpc.run("run", "-p", "short", "-t", "1", "--wait", "--", "sleep", "300", timeout=240)
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert "TIMEOUT" in proc.stderr
