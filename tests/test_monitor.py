@@ -6,22 +6,16 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-try:
-    import hpclaunch  # noqa: F401
-except ImportError:  # not installed: use the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+from hpclaunch.logs import LogFollower
 from hpclaunch.monitor import (
     EXIT_CODES,
     JobStatus,
-    LogFollower,
     first_failure,
     job_exit_code,
     normalize_state,

@@ -7,7 +7,6 @@ built-in profile < user profile < project hpclaunch.toml ([run], [clusters.NAME]
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -207,8 +206,3 @@ def git_state(cwd: Path) -> dict[str, str]:
     except (OSError, subprocess.TimeoutExpired):
         return {}
 
-
-def user_name(environ: Mapping[str, str]) -> str:
-    import getpass
-
-    return environ.get("USER") or getpass.getuser() or str(os.getuid())

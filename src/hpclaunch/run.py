@@ -16,7 +16,7 @@ from typing import Any, Optional, TextIO
 
 from . import config, render, runs, shell
 from .errors import HpclaunchError
-from .spec import MASK, JobSpec, is_secret
+from .spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,3 @@ def follow(job_id: str, run_dir: Path, out: TextIO, err: TextIO) -> int:
         err.write(f"hpclaunch: job {job_id} ended {state}, exit code {code}\n")
     return code
 
-
-def masked_command(program: tuple[str, ...]) -> list[str]:
-    return [MASK if is_secret(a.split("=", 1)[0]) and "=" in a else a for a in program]

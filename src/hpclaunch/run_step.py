@@ -12,7 +12,8 @@ from typing import TextIO
 
 from . import runs, shell
 from .backends import slurm
-from .monitor import LogFollower, exit_code_of, first_failure
+from .logs import LogFollower
+from .monitor import exit_code_of, first_failure
 from .render import BatchPlan
 from .spec import JobSpec
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpclaunch.monitor import LogFollower, exit_code_of, first_failure
+from ..logs import LogFollower
+from ..monitor import exit_code_of, first_failure
 
 _TICK_S = 0.1  # how often task states and logs are looked at
 

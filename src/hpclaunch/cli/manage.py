@@ -153,7 +153,7 @@ def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool) -> int:
     from .. import runs
     from ..backends.slurm import ACTIVE
     from ..errors import UserError
-    from ..monitor import LogFollower
+    from ..logs import LogFollower
 
     entry = runs.find(run)
     run_dir = Path(entry["run_dir"])
