@@ -61,7 +61,8 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     if spec.exclusive:
         lines.append(shell.sbatch_line("--exclusive"))
     lines += [
-        shell.sbatch_line("--output", str(paths.logs / "batch.out")),
+        # sbatch expands %j, %x, ... in file names; %% is a literal % (a run root may hold one).
+        shell.sbatch_line("--output", str(paths.logs / "batch.out").replace("%", "%%")),
         shell.sbatch_line("--open-mode", "append"),
         shell.sbatch_line("--chdir", str(cwd)),
     ]
