@@ -14,7 +14,7 @@ Allocation times come from slurmctld's log (ms resolution), so the scheduler's t
 It also measures the bootstrap's per-rank overhead with hyperfine, prints PASS/MISS
 against the project's targets, and rewrites the bench section of docs/benchmarks.md.
 
-    SLURM_CONF=$(bash testbed/up.sh | tail -n 1 | cut -d= -f2-) REPS=5 python bench/launch.py
+    export "$(bash testbed/up.sh | tail -n 1)"; REPS=5 python bench/launch.py
 
 Environment: REPS (default 5; one extra warm-up rep is discarded), SLURM_CONF (when
 unset, testbed/up.sh is run and its last line read), BENCH_SCRATCH (a folder every node
@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import os
 import platform
+import pwd
 import re
 import shlex
 import shutil
@@ -38,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -491,19 +492,19 @@ def machine_facts() -> dict[str, str]:
         "torch": ver("torch"),
         "submitit": ver("submitit"),
         "torchx": ver("torchx"),
-        "user": f"{os.environ.get('USER') or os.getuid()} (uid {os.getuid()})",
+        "user": pwd.getpwuid(os.getuid()).pw_name,
     }
 
 
 def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
-    fact_line = ", ".join(f"{k} {v}" for k, v in facts.items() if k != "date")
+    fact_line = ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("date", "user"))
     return "\n".join(
         [
             MARK_START,
             "## Launch cost on the Slurm testbed (`bench/launch.py`)",
             "",
             f"Measured {facts['date']}; {fact_line}. Jobs were submitted as "
-            f"{'root' if os.getuid() == 0 else 'an unprivileged user'}. The two testbed "
+            f"{facts['user']}. The two testbed "
             "nodes share this machine's CPUs. Median (min-max) over n reps after one "
             "discarded warm-up; each rep starts on an idle cluster. The program is "
             "`bench/rank_time.py` (2 nodes x 2 tasks, `import torch`, gloo init).",
@@ -513,8 +514,8 @@ def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
             "Reproduce:",
             "",
             "```bash",
-            f"SLURM_CONF=$(bash testbed/up.sh | tail -n 1 | cut -d= -f2-) REPS={reps} "
-            "python bench/launch.py",
+            'export "$(bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
+            f"REPS={reps} python bench/launch.py",
             "```",
             MARK_END,
         ]
@@ -546,7 +547,57 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of method names")
     p.add_argument("--boot-runs", type=int, default=50, help="hyperfine runs per command")
     p.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
+    p.add_argument(
+        "--render-only", action="store_true", help="re-render from bench/results/launch.json"
+    )
     return p.parse_args()
+
+
+def measure(names: list[str], reps: int, boot_runs: int) -> dict[str, object]:
+    """Run everything on the testbed; the result is what bench/results/launch.json holds."""
+    ensure_cluster()
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    wait_idle()
+    stall = dns_stall_s()
+    if stall > 0.5:
+        print(f"warning: a reverse DNS lookup on a node takes >= {stall:.1f} s; (b) includes it")
+    series = run_all(names, reps)
+    boot = bench_bootstrap(boot_runs) if BOOTSTRAP.exists() else {}
+    launch = {n: {"samples": s.samples, "errors": s.errors} for n, s in series.items()}
+    facts = machine_facts()
+    return {"facts": facts, "reps": reps, "dns_stall_s": stall, "launch": launch, "boot": boot}
+
+
+def render(data: dict[str, Any]) -> list[str]:
+    """The markdown body (tables, caveats, targets) from measure()'s result."""
+    series = {n: Series(v["samples"], v["errors"]) for n, v in data["launch"].items()}
+    boot: dict[str, list[float]] = data["boot"]
+    body = ["### Launch, 2 nodes x 2 tasks", "", *results_table(series), ""]
+    body += [
+        "(c) is the whole process for hpclaunch, torchx and the floor's `sbatch --parsable`; "
+        "for submitit it is the in-process `submit()` call (no interpreter start).",
+        "",
+    ]
+    if data["dns_stall_s"] > 0.5:
+        body += [
+            f"Caveat: on these nodes a reverse DNS lookup of an IPv4-mapped address did not "
+            f"finish within {data['dns_stall_s']:.1f} s (the probe's limit; glibc gives up "
+            "after 2 x 5 s): the node namespaces route to a DNS server they cannot reach. "
+            "c10d makes such lookups while connecting (TCPStore, torchrun's rendezvous), so "
+            "(b), and (a) for the torchrun-based methods, carry 10 s steps of DNS timeouts.",
+            "",
+        ]
+    if boot:
+        body += ["### Bootstrap per rank (hyperfine -N, warm cache)", "", *bootstrap_table(boot)]
+        body += [
+            "",
+            "`boot` = `python -I -S src/hpclaunch/bootstrap.py PROG`; `boot+logs` "
+            "adds `HPCLAUNCH_LOG_DIR` (ranks.tsv, per-rank log files, exit record).",
+        ]
+    else:
+        body += [f"Bootstrap not measured: {BOOTSTRAP} is missing."]
+    body += ["", "### Targets", "", *[f"- {t}" for t in targets(series, boot)]]
+    return body
 
 
 def main() -> int:
@@ -555,37 +606,17 @@ def main() -> int:
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise SystemExit(f"unknown method(s) {unknown}; known: {list(METHODS)}")
-    ensure_cluster()
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    wait_idle()
-    stall = dns_stall_s()
-    if stall > 0.5:
-        print(f"warning: a reverse DNS lookup on a node takes >= {stall:.1f} s; (b) includes it")
-    series = run_all(names, args.reps)
-    boot = bench_bootstrap(args.boot_runs) if BOOTSTRAP.exists() else {}
-    facts = machine_facts()
-
-    body = ["### Launch, 2 nodes x 2 tasks", "", *results_table(series), ""]
-    if stall > 0.5:
-        body += [
-            f"Caveat: on these nodes one reverse DNS lookup took >= {stall:.1f} s (no DNS "
-            "server reachable from the node namespaces, so glibc waits for its timeout). "
-            "c10d does such lookups while connecting (TCPStore, torchrun's rendezvous), so "
-            "(b), and (a) for torchrun-based methods, include those stalls.",
-            "",
-        ]
-    if boot:
-        body += ["### Bootstrap per rank (hyperfine -N, warm cache)", "", *bootstrap_table(boot)]
+    saved = RESULTS / "launch.json"
+    if args.render_only:
+        data = json.loads(saved.read_text())
     else:
-        body += [f"Bootstrap not measured: {BOOTSTRAP} is missing."]
-    body += ["", "### Targets", "", *[f"- {t}" for t in targets(series, boot)]]
+        data = measure(names, args.reps, args.boot_runs)
+        RESULTS.mkdir(exist_ok=True)
+        saved.write_text(json.dumps(data, indent=1))
+    body = render(data)
     print("\n".join(body))
-
-    RESULTS.mkdir(exist_ok=True)
-    raw = {n: {"samples": s.samples, "errors": s.errors} for n, s in series.items()}
-    (RESULTS / "launch.json").write_text(json.dumps({"facts": facts, "launch": raw, "boot": boot}))
     if not args.no_doc:
-        write_doc(doc_section(body, facts, args.reps))
+        write_doc(doc_section(body, data["facts"], data["reps"]))
         print(f"wrote {DOC}")
     return 0
 

@@ -18,8 +18,8 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_ADDR
 # From the job id, so jobs sharing a node differ; skip a port in use here.
 MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))
-for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null || break
+for _ in {1..100}; do  # bash builtins only: no process is started here
+    { : 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT"; } 2>/dev/null || break
     MASTER_PORT=$(( MASTER_PORT + 1 ))
 done
 export MASTER_PORT
