@@ -14,7 +14,7 @@ Allocation times come from slurmctld's log (ms resolution), so the scheduler's t
 It also measures the bootstrap's per-rank overhead with hyperfine, prints PASS/MISS
 against the project's targets, and rewrites the bench section of docs/benchmarks.md.
 
-    export "$(bash testbed/up.sh | tail -n 1)"; REPS=5 python bench/launch.py
+    export "$(bash testbed/up.sh | tail -n 1)"; REPS=5 .venv/bin/python bench/launch.py
 
 Environment: REPS (default 5; one extra warm-up rep is discarded), SLURM_CONF (when
 unset, testbed/up.sh is run and its last line read), BENCH_SCRATCH (a folder every node
@@ -514,8 +514,9 @@ def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
             "Reproduce:",
             "",
             "```bash",
-            'export "$(bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
-            f"REPS={reps} python bench/launch.py",
+            "bash scripts/setup.sh --test && .venv/bin/pip install -e '.[bench]'",
+            'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
+            f"REPS={reps} PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/launch.py",
             "```",
             MARK_END,
         ]

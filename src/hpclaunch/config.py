@@ -205,4 +205,3 @@ def git_state(cwd: Path) -> dict[str, str]:
         return {"commit": head.stdout.strip(), "dirty": str(bool(dirty.stdout.strip())).lower()}
     except (OSError, subprocess.TimeoutExpired):
         return {}
-

@@ -9,6 +9,7 @@ NAME.toml < the project's [clusters.NAME]; later layers override keys of earlier
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -140,8 +141,18 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
 def load_profile(name: str, project_profiles: dict[str, Any] | None = None) -> Profile:
     """Built-in < user file < project table, validated into a Profile."""
+    if not _NAME.match(name) or ".." in name:
+        raise UserError(
+            "--cluster",
+            f"{show(name)} is not a cluster name",
+            "letters, digits, . _ -; at most 64",
+            "Use e.g. --cluster lumi",
+        )
     data: dict[str, Any] = {}
     found = False
     if name in BUILTIN:

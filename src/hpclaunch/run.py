@@ -48,7 +48,7 @@ def execute(req: RunRequest) -> int:
         plan = render.plan(spec, profile, paths, cwd)
     backend = "local" if profile.kind == "local" else "slurm"
     try:
-        _write_run_files(paths, spec, plan, backend, req.program)
+        _write_run_files(paths, spec, plan, backend, req.program, cwd)
     except OSError as exc:
         runs.remove(paths)
         raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
@@ -101,6 +101,7 @@ def _write_run_files(
     plan: render.BatchPlan,
     backend: str,
     program: tuple[str, ...],
+    cwd: Path,
 ) -> None:
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
     paths.job_sh.write_bytes(plan.script.encode("utf-8", "surrogateescape"))
@@ -124,7 +125,7 @@ def _write_run_files(
         "tasks_per_node": spec.tasks_per_node,
         "launcher": spec.launcher,
         "job_name": spec.job_name,
-        "git": config.git_state(Path.cwd()),
+        "git": config.git_state(cwd),
     }
     runs.write_json(paths.record, record)
 
@@ -213,4 +214,3 @@ def follow(job_id: str, run_dir: Path, out: TextIO, err: TextIO) -> int:
     if code != 0:
         err.write(f"hpclaunch: job {job_id} ended {state}, exit code {code}\n")
     return code
-

@@ -51,6 +51,10 @@ _MODELED = {
     "--error": "(hpclaunch's run directory)",
     "--exclusive": "--exclusive",
     "--wrap": "(the program after --)",
+    "-D": "(the directory you run hpclaunch in)",
+    "--chdir": "(the directory you run hpclaunch in)",
+    "--open-mode": "(append, always)",
+    "--parsable": "(hpclaunch reads the job id itself)",
 }
 
 
@@ -135,7 +139,9 @@ def _sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
                 "--sbatch-arg",
                 f"{show(item)} is modelled by hpclaunch",
                 "",
-                f"Use hpclaunch's {_MODELED[key]} instead",
+                f"hpclaunch sets it {_MODELED[key]}; drop it"
+                if _MODELED[key].startswith("(")
+                else f"Use hpclaunch's {_MODELED[key]} instead",
             )
     return items
 

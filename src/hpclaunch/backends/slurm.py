@@ -45,8 +45,11 @@ def _run(argv: list[str], env: Optional[Mapping[str, str]] = None, timeout: floa
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]}: no answer after {timeout:.0f} s") from None
     if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise SlurmError(f"{argv[0]} failed: {detail[-1] if detail else f'exit {proc.returncode}'}")
+        lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        # Slurm's reason is on its "error:" line; "Try --help" lines after it say nothing.
+        errors = [ln for ln in lines if "error" in ln.lower()] or lines
+        detail = "; ".join(errors[-2:]) if errors else f"exit {proc.returncode}"
+        raise SlurmError(f"{argv[0]} failed: {detail}")
     return proc.stdout
 
 
