@@ -4,6 +4,10 @@
 # testbed again even when something fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "$PWD/" in
+    /tmp/*) echo "test: the checkout is under /tmp, which each testbed node has private;" \
+                 "clone it elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
+esac
 bash scripts/setup.sh --test
 export PATH="$PWD/.venv/bin:$PATH"
 

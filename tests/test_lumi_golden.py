@@ -79,7 +79,7 @@ def test_golden_file_holds_lumi_md_choices() -> None:
         'export NCCL_NET_GDR_LEVEL="PHB"',
         'export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"',
         'export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"',
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1',
         "/scratch/project_465000000/alice/hpclaunch/default/",
         "/flash/project_465000000/alice/hpclaunch/default/",
     ):

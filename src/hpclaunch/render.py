@@ -130,8 +130,10 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         body.append("set +e")
     body += [
         "",
-        "# The first node of the allocation: the batch script runs there.",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# The first node of the allocation: sbatch runs this script there, so it is this",
+        "# node (no process needed); scontrol expands the node list where that is unknown.",
+        "MASTER_ADDR=${SLURMD_NODENAME:-"
+        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
         "export MASTER_ADDR",
         "# From the job id, so jobs sharing a node differ; skip a port in use here.",
         f"MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
