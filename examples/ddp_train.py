@@ -111,6 +111,9 @@ def main() -> None:
 
     if args.save:
         save_params(args.save, net, rank, world)
+    # Rank 0 hosts the rendezvous store: if it tore down first, a slower rank still
+    # talking to the store would abort ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
