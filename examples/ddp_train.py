@@ -111,8 +111,11 @@ def main() -> None:
 
     if args.save:
         save_params(args.save, net, rank, world)
-    # Rank 0 hosts the rendezvous store: if it tore down first, a slower rank still
-    # talking to the store would abort ("terminate called without an active exception").
+    # Free DDP's reducer (and the gloo work it holds) while the interpreter is fully
+    # alive, and let every rank get here before rank 0, which hosts the rendezvous store,
+    # tears down: torch's gloo teardown can otherwise abort a rank at exit
+    # ("terminate called without an active exception").
+    del model, opt
     dist.barrier()
     dist.destroy_process_group()
 
