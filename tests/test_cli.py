@@ -175,3 +175,24 @@ def test_usage_errors_use_the_one_line_format(tmp_path: Path, env: dict[str, str
             proc.stderr,
         )
         assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
+
+
+def test_record_masks_secret_env_and_show_prints_it(tmp_path: Path, env: dict[str, str]) -> None:
+    proc = hpclaunch(
+        ["run", "--env", "MY_TOKEN=tok-123", "--env=A=visible", "--", "true", "tok-arg"],
+        tmp_path,
+        env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    shown = hpclaunch(["show", "last"], tmp_path, env)
+    assert shown.returncode == 0, shown.stderr
+    record = json.loads(shown.stdout.split("\n# ")[0])
+    assert "MY_TOKEN=***" in record["argv"] and "--env=A=visible" in record["argv"]
+    assert record["command"] == ["true", "tok-arg"]
+    assert record["hpclaunch_version"]
+    assert "tok-123" not in shown.stdout
+    assert "#!/bin/bash" in shown.stdout  # the batch script follows the record
+    failed = hpclaunch(["run", "--", "false"], tmp_path, env)
+    assert failed.returncode == 1
+    rows = hpclaunch(["runs", "--json", "--state", "failed"], tmp_path, env).stdout.splitlines()
+    assert [json.loads(r)["exit_code"] for r in rows] == [1]

@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from . import config, render, runs, shell
+from . import __version__, config, render, runs, shell
 from .errors import HpclaunchError
-from .spec import JobSpec
+from .spec import MASK, JobSpec, is_secret
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ def _write_run_files(
         "state": "CREATED",
         "exit_code": None,
         "command": list(program),
+        "argv": masked_argv(sys.argv),
+        "hpclaunch_version": __version__,
         "nodes": spec.nodes,
         "tasks_per_node": spec.tasks_per_node,
         "launcher": spec.launcher,
@@ -157,7 +159,7 @@ def _submit(
     except HpclaunchError:
         runs.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
-    runs.update_record(paths.run_dir, job_id=job_id, state="PENDING")
+    runs.update_record(paths.run_dir, job_id=job_id, job_ids=[job_id], state="PENDING")
     index(paths, spec, job_id)
     announce(req.out, req.err, paths, spec, job_id, req.as_json, req.wait)
     if not req.wait:
@@ -214,3 +216,24 @@ def follow(job_id: str, run_dir: Path, out: TextIO, err: TextIO) -> int:
     if code != 0:
         err.write(f"hpclaunch: job {job_id} ended {state}, exit code {code}\n")
     return code
+
+
+def masked_argv(argv: list[str]) -> list[str]:
+    """hpclaunch's own command line for the record, with secret `--env` values masked
+    (the program's own arguments after `--` are kept: the job runs them anyway)."""
+    out: list[str] = []
+    value_next = False
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[index:]
+        prefix = ""
+        if value_next:
+            text = arg
+        elif arg.startswith("--env="):
+            prefix, text = "--env=", arg[len("--env=") :]
+        else:
+            text = ""
+        name, sep, _ = text.partition("=")
+        out.append(f"{prefix}{name}={MASK}" if sep and is_secret(name) else arg)
+        value_next = arg == "--env"
+    return out

@@ -13,7 +13,7 @@ from typing import Optional
 import click
 
 from ..errors import USER_ERROR_EXIT, HpclaunchError, UserError, _one_line
-from .manage import cancel_cmd, logs_cmd, runs_cmd, status_cmd
+from .manage import cancel_cmd, logs_cmd, runs_cmd, show_cmd, status_cmd
 from .run import run_cmd
 
 EPILOG = """\b
@@ -42,6 +42,7 @@ def cli() -> None:
 cli.add_command(run_cmd)
 cli.add_command(runs_cmd)
 cli.add_command(status_cmd)
+cli.add_command(show_cmd)
 cli.add_command(logs_cmd)
 cli.add_command(cancel_cmd)
 

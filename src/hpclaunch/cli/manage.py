@@ -56,9 +56,10 @@ def _refresh(record: dict[str, Any], run_dir: Path, retries: int = 1) -> dict[st
 
 @click.command("runs")
 @click.option("--exp", default=None, help="Only runs of this experiment.")
+@click.option("--state", default=None, help="Only runs in this state (e.g. RUNNING, FAILED).")
 @click.option("-n", "--limit", default=20, show_default=True, help="How many runs to show.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def runs_cmd(exp: Optional[str], limit: int, as_json: bool) -> int:
+def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool) -> int:
     """List runs, newest first, from any directory."""
     from .. import runs
 
@@ -86,6 +87,8 @@ def runs_cmd(exp: Optional[str], limit: int, as_json: bool) -> int:
                 "run_dir": rec["run_dir"],
             }
         )
+    if state:
+        rows = [row for row in rows if str(row["state"]).upper() == state.upper()]
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -141,6 +144,23 @@ def status_cmd(run: str, as_json: bool) -> int:
 def _ranks(record: dict[str, Any]) -> str:
     nodes, tasks = record.get("nodes"), record.get("tasks_per_node")
     return f"{nodes} node(s) x {tasks}" if nodes and tasks else ""
+
+
+@click.command("show", epilog=RUN_ARG_HELP)
+@click.argument("run")
+def show_cmd(run: str) -> int:
+    """Print a run's whole record: run.json, the resolved spec.json and the batch script."""
+    from .. import runs
+
+    run_dir = Path(runs.find(run)["run_dir"])
+    record = _refresh(runs.read_record(run_dir), run_dir)
+    click.echo(json.dumps(record, indent=2, sort_keys=True))
+    for name in ("spec.json", "job.sh"):
+        path = run_dir / name
+        if path.is_file():
+            click.echo(f"\n# {path}")
+            click.echo(path.read_text(encoding="utf-8", errors="replace").rstrip("\n"))
+    return 0
 
 
 @click.command("logs", epilog=RUN_ARG_HELP)
