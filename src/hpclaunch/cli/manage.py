@@ -68,20 +68,20 @@ def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool
     live = _live_states(records)
     rows = []
     for rec in records:
-        state = live.get(str(rec.get("job_id")))
-        if state is None:
+        current = live.get(str(rec.get("job_id")))
+        if current is None:
             # Not in the queue any more: bring its record up to date once (scontrol/sacct).
             rec = {
                 **rec,
                 **_refresh(runs.read_record(Path(rec["run_dir"])), Path(rec["run_dir"]), 0),
             }
-            state = rec.get("state", "?")
+            current = rec.get("state", "?")
         rows.append(
             {
                 "run_id": rec["run_id"],
                 "job_id": rec.get("job_id"),
                 "cluster": rec.get("cluster"),
-                "state": state,
+                "state": current,
                 "exit_code": rec.get("exit_code"),
                 "exp": rec.get("exp"),
                 "run_dir": rec["run_dir"],
