@@ -56,7 +56,11 @@ def _refresh(record: dict[str, Any], run_dir: Path, retries: int = 1) -> dict[st
 
 @click.command("runs")
 @click.option("--exp", default=None, help="Only runs of this experiment.")
-@click.option("--state", default=None, help="Only runs in this state (e.g. RUNNING, FAILED).")
+@click.option(
+    "--state",
+    default=None,
+    help="Only runs in this state (e.g. RUNNING, FAILED), among the newest --limit.",
+)
 @click.option("-n", "--limit", default=20, show_default=True, help="How many runs to show.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool) -> int:
