@@ -196,3 +196,18 @@ def test_record_masks_secret_env_and_show_prints_it(tmp_path: Path, env: dict[st
     assert failed.returncode == 1
     rows = hpclaunch(["runs", "--json", "--state", "failed"], tmp_path, env).stdout.splitlines()
     assert [json.loads(r)["exit_code"] for r in rows] == [1]
+
+
+def test_public_api_is_curated_and_lazy() -> None:
+    import hpclaunch
+
+    assert set(hpclaunch.__all__) >= {"execute", "RunRequest", "UserError", "JobSpec"}
+    for name in hpclaunch.__all__:
+        assert getattr(hpclaunch, name) is not None
+    probe = subprocess.run(
+        [sys.executable, "-c", "import hpclaunch, sys; print('hpclaunch.run' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "False"  # importing the package loads nothing heavy
