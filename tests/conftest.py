@@ -52,6 +52,14 @@ class Hpc:
             check=False,
         )
 
+    def folder(self, name: str) -> Path:
+        """A new folder under cwd that the test user owns (the ranks write into it)."""
+        path = self.cwd / name
+        path.mkdir(parents=True)
+        info = self.cwd.stat()
+        os.chown(path, info.st_uid, info.st_gid)
+        return path
+
     def runs(self) -> list[dict[str, Any]]:
         index = Path(self.env["XDG_DATA_HOME"]) / "hpclaunch" / "runs.jsonl"
         if not index.exists():

@@ -5,7 +5,6 @@ PyTorch Lightning (which detects Slurm, or torchrun under --launcher torchrun) a
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,6 @@ import pytest
 from conftest import PROGRAMS, Hpc
 
 pytestmark = pytest.mark.testbed
-
-
-def _out(hpc: Hpc, name: str) -> Path:
-    out = hpc.cwd / name
-    out.mkdir()
-    os.chown(out, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
-    return out
 
 
 def _records(out: Path, pattern: str) -> list[dict[str, Any]]:
@@ -37,7 +29,7 @@ def _records(out: Path, pattern: str) -> list[dict[str, Any]]:
 )
 def test_lightning_ddp(hpc: Hpc, cluster: str, launcher: str, environment: str) -> None:
     pytest.importorskip("lightning")
-    out = _out(hpc, "lt")
+    out = hpc.folder("lt")
     proc = hpc.run(
         "run",
         "--cluster",
@@ -69,7 +61,7 @@ def test_lightning_ddp(hpc: Hpc, cluster: str, launcher: str, environment: str) 
 @pytest.mark.parametrize("cluster", ["slurm", "local"])
 def test_jax_distributed_initialize(hpc: Hpc, cluster: str) -> None:
     pytest.importorskip("jax")
-    out = _out(hpc, "jx")
+    out = hpc.folder("jx")
     proc = hpc.run(
         "run",
         "--cluster",

@@ -4,7 +4,6 @@ testbed's fake GPUs (two per node), and torchrun hiding Slurm's per-task variabl
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,7 @@ pytestmark = pytest.mark.testbed
 
 
 def _dumps(hpc: Hpc, *args: str) -> list[dict[str, Any]]:
-    out = hpc.cwd / "dump"
-    out.mkdir(exist_ok=True)
-    os.chown(out, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
+    out = hpc.folder(f"dump-{len(list(hpc.cwd.glob('dump-*')))}")
     proc = hpc.run("run", *args, "--wait", "--", "python3", str(PROGRAMS / "env_dump.py"), str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sorted(

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import uuid
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -91,9 +90,7 @@ def _expected(arg: str, env: dict[str, str]) -> str:
 
 
 def _check_batch(hpc: Hpc, lists: list[list[str]], cluster: list[str]) -> None:
-    out = hpc.cwd / f"o-{uuid.uuid4().hex[:8]}"
-    out.mkdir()
-    os.chown(out, *_owner(hpc.cwd))
+    out = hpc.folder(f"o-{uuid.uuid4().hex[:8]}")
     marker = out / "EXECUTED"
     sep = f"--sep-{uuid.uuid4().hex}--"
     lists = [[a.replace(MARK, str(marker)) for a in args] for args in lists]
@@ -125,11 +122,6 @@ def _check_batch(hpc: Hpc, lists: list[list[str]], cluster: list[str]) -> None:
             expected += [_expected(a, dump["env"]) for a in args] + [sep]
         assert got == expected
     assert not marker.exists(), "an argument was executed"
-
-
-def _owner(path: Path) -> tuple[int, int]:
-    st_ = path.stat()
-    return st_.st_uid, st_.st_gid
 
 
 LISTS = st.lists(st.lists(ARG, max_size=6), min_size=15, max_size=25)

@@ -114,14 +114,10 @@ def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
     equal modulo 10,000, both initialise gloo on the same master node."""
     base = random.randint(200_000, 800_000)
     job_ids = [base, base + 10_000]
-    out = hpc.cwd / "gloo"
-    out.mkdir()
-    os.chown(out, *_owner(hpc.cwd))
+    out = hpc.folder("gloo")
     runs = []
     for job_id in job_ids:
-        sub = out / str(job_id)
-        sub.mkdir()
-        os.chown(sub, *_owner(hpc.cwd))
+        sub = hpc.folder(f"gloo/{job_id}")
         with testbed.first_job_id(job_id):
             proc = hpc.run(
                 "run",
@@ -154,11 +150,6 @@ def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
     assert first[0]["addr"] == second[0]["addr"]  # same master node
     # They really overlapped: each was initialised before the other finished.
     assert first[0]["ready"] < second[0]["end"] and second[0]["ready"] < first[0]["end"]
-
-
-def _owner(path: Path) -> tuple[int, int]:
-    info = path.stat()
-    return info.st_uid, info.st_gid
 
 
 def _wait_done(hpc: Hpc, run_id: str, timeout: float = 240) -> str:
