@@ -48,6 +48,8 @@ def test_lumi_dry_run_prints_the_golden_script_and_writes_nothing(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
     """The acceptance command; the golden file is checked against LUMI.md elsewhere."""
+    work = tmp_path / CWD.name  # the project is named after the folder, as in the golden file
+    work.mkdir()
     proc = hpclaunch(
         [
             "run",
@@ -68,15 +70,16 @@ def test_lumi_dry_run_prints_the_golden_script_and_writes_nothing(
             "python",
             "train.py",
         ],
-        tmp_path,
+        work,
         env,
     )
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout.split("\n\n# submit with:")[0] + "\n"
-    script = ID.sub(RUN_ID, script).replace(str(tmp_path), str(CWD))
+    script = ID.sub(RUN_ID, script).replace(str(work), str(CWD))
     assert script == GOLDEN.read_text()
     assert "sbatch --parsable /scratch/project_465000000/alice/hpclaunch/default/" in proc.stdout
-    assert list(tmp_path.iterdir()) == []  # no run directory, no index
+    # No run directory, no index.
+    assert list(work.iterdir()) == [] and list(tmp_path.iterdir()) == [work]
 
 
 def test_dry_run_shows_sbatch_environment(tmp_path: Path, env: dict[str, str]) -> None:

@@ -124,3 +124,25 @@ def test_default_job_name_is_the_script(tmp_path: Path) -> None:
     assert default_job_name(("python", "-u", "src/train.py", "--lr", "1")) == "train.py"
     assert default_job_name(("python3", "-m", "pkg.main")) == "pkg.main"
     assert default_job_name(("./run.sh",)) == "run.sh"
+
+
+def test_slurm_runs_go_to_scratch_per_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generic clusters: $SCRATCH/<git top-level folder name> when SCRATCH is set."""
+    from hpclaunch import discover
+    from hpclaunch.profiles import Partition
+
+    monkeypatch.setattr(discover, "slurm_config", lambda: {"ClusterName": "site"})
+    monkeypatch.setattr(discover, "partitions", lambda: {"cpu": Partition(default=True)})
+    monkeypatch.setattr(discover, "in_allocation", lambda: False)
+    repo = tmp_path / "myproject"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "src").mkdir()
+    spec = _resolve(repo / "src", {"cluster": "slurm"}, {"SCRATCH": "/scratch/me"}).spec
+    assert (spec.run_root, spec.project) == ("/scratch/me/myproject", "myproject")
+    assert _resolve(repo / "src", {"cluster": "slurm"}).spec.run_root == "runs"
+    assert (
+        _resolve(repo, {"cluster": "slurm", "run_root": "/x"}, {"SCRATCH": "/s"}).spec.run_root
+        == "/x"
+    )

@@ -40,6 +40,8 @@ def test_contract_variables_on_two_nodes(hpc: Hpc) -> None:
     assert {d["PYTHONNOUSERSITE"] for d in dumps} == {"1"}
     assert {d["PYTHONUNBUFFERED"] for d in dumps} == {"1"}
     assert {d["OMP_NUM_THREADS"] for d in dumps} == {"1"}
+    assert {d["HPCLAUNCH_EXP"] for d in dumps} == {"default"}
+    assert {d["HPCLAUNCH_PROJECT"] for d in dumps} == {hpc.cwd.name}
 
 
 def test_gpu_visibility_all_and_per_task(hpc: Hpc) -> None:

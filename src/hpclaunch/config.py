@@ -167,7 +167,7 @@ def resolve(
         profile = _with_discovered(profile)
 
     allocation = profile.kind == "slurm" and discover.in_allocation()
-    spec = validate(profile, values, sources, program, environ, allocation)
+    spec = validate(profile, values, sources, program, environ, allocation, project_name(cwd))
     return Resolved(spec=spec, profile=profile, project_file=project_path, in_allocation=allocation)
 
 
@@ -185,6 +185,14 @@ def _with_discovered(profile: Profile) -> Profile:
     return profile.model_copy(
         update={"partitions": merged, "cluster_name": discover.cluster_name()}
     )
+
+
+def project_name(cwd: Path) -> str:
+    """The git top-level folder's name (found without running git), else cwd's name."""
+    for folder in (cwd, *cwd.parents):
+        if (folder / ".git").exists():
+            return folder.name
+    return cwd.name or "project"
 
 
 def git_state(cwd: Path) -> dict[str, str]:

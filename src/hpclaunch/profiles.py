@@ -73,6 +73,8 @@ class Profile(BaseModel):
     account_required: bool = False
     account_pattern: str = ""
     run_root: str = "runs"
+    # Used instead of run_root when $SCRATCH is set (generic clusters: "{scratch}/{project}").
+    scratch_run_root: str = ""
     checkpoint_root: str = ""
     default_partition: str = ""
     python: str = "python3"

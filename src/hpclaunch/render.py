@@ -82,6 +82,8 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
         ("HPCLAUNCH_CHECKPOINT_DIR", str(paths.checkpoint_dir)),
         ("HPCLAUNCH_LOG_DIR", str(paths.logs)),
         ("HPCLAUNCH_RUN_ID", paths.run_id),
+        ("HPCLAUNCH_PROJECT", spec.project),
+        ("HPCLAUNCH_EXP", spec.exp),
         ("HPCLAUNCH_GPU_VISIBILITY", spec.gpu_visibility),
         ("PYTHONUNBUFFERED", "1"),
     ]

@@ -41,6 +41,7 @@ class JobSpec:
     launcher: Launcher = "srun"
     gpu_visibility: Visibility = "all"
     exp: str = "default"
+    project: str = ""  # the git top-level folder's name (else the working folder's)
     env: tuple[tuple[str, str], ...] = ()
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()

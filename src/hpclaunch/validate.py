@@ -167,6 +167,7 @@ def validate(
     program: tuple[str, ...],
     environ: Mapping[str, str],
     in_allocation: bool,
+    project: str = "",
 ) -> JobSpec:
     program = _program(program)
     local = profile.kind == "local"
@@ -320,8 +321,14 @@ def validate(
             else map_cpu_bind(topo, verbose)
         )
 
-    fmt = {"account": account or "noaccount", "user": environ.get("USER", "user")}
-    run_root = str(v.get("run_root") or profile.run_root.format(**fmt))
+    fmt = {
+        "account": account or "noaccount",
+        "user": environ.get("USER", "user"),
+        "project": project,
+        "scratch": environ.get("SCRATCH", ""),
+    }
+    root = profile.scratch_run_root if fmt["scratch"] and profile.scratch_run_root else ""
+    run_root = str(v.get("run_root") or (root or profile.run_root).format(**fmt))
     ckpt_root = profile.checkpoint_root.format(**fmt) if profile.checkpoint_root else ""
 
     return JobSpec(
@@ -342,6 +349,7 @@ def validate(
         launcher=launcher,
         gpu_visibility=v.get("gpu_visibility", profile.gpu_visibility),
         exp=exp,
+        project=project,
         env=_env(v.get("env", ())),
         setup=setup,
         sbatch_args=_sbatch_args(v.get("sbatch_arg", ())),

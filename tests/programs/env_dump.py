@@ -23,6 +23,8 @@ NAMES = (
     "OMP_NUM_THREADS",
     "CUDA_VISIBLE_DEVICES",
     "TORCHELASTIC_RUN_ID",
+    "HPCLAUNCH_PROJECT",
+    "HPCLAUNCH_EXP",
 )
 data = {name: os.environ.get(name) for name in NAMES}
 path = os.path.join(sys.argv[1], f"env-{os.environ['RANK']}.json")
