@@ -135,8 +135,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "run-root",
         "str",
-        "Folder that holds the run directories (default ./runs; "
-        "LUMI: /scratch/<account>/$USER/hpclaunch).",
+        "Folder that holds the run directories (default ./runs; on Slurm sites "
+        "with $SCRATCH: $SCRATCH/<project>; LUMI: /scratch/<account>/$USER/hpclaunch).",
         "--run-root /scratch/p/runs",
         metavar="DIR",
     ),
