@@ -667,3 +667,19 @@ def test_overhead_information(capsys: pytest.CaptureFixture[str]) -> None:
             f"\n[bootstrap overhead] true: {direct:.1f} ms, python -I -S: {interp:.1f} ms, "
             f"bootstrap true: {boot:.1f} ms (+{boot - direct:.1f} ms per rank)"
         )
+
+
+def test_program_line_from_hpclaunch_argv(tmp_path: Path) -> None:
+    """srun splits at a lone ':'; hpclaunch then sends the program line hex-encoded."""
+    program = [
+        sys.executable,
+        "-c",
+        "import sys, os; print(sys.argv[1:], 'HPCLAUNCH_ARGV' in os.environ)",
+        ":",
+        "",
+        "a b",
+    ]
+    encoded = ",".join(os.fsencode(a).hex() for a in program)
+    proc = run_boot(env=base_env(HPCLAUNCH_ARGV=encoded))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"[':', '', 'a b'] False\n"

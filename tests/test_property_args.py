@@ -64,6 +64,9 @@ HOSTILE = [
     "\r\n",
     "%s %n",
     "#",
+    ":",
+    "::",
+    "-:-",
 ]
 ARG = st.one_of(
     st.sampled_from(HOSTILE),

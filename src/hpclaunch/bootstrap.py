@@ -350,10 +350,15 @@ def die_like(returncode: int) -> None:
 
 def run(argv: List[str]) -> int:
     """Everything but the final exit; returns the program's returncode (negative: signal)."""
+    env = os.environ
+    encoded = env.pop("HPCLAUNCH_ARGV", None)
+    if encoded is not None and len(argv) < 2:
+        # srun splits its command line at an argument that is exactly ":" (heterogeneous
+        # steps), so such a program line travels here hex-encoded, comma-separated.
+        argv = argv[:1] + [os.fsdecode(bytes.fromhex(h)) for h in encoded.split(",")]
     if len(argv) < 2:
         os.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
-    env = os.environ
     install_signal_handlers(env.get("HPCLAUNCH_FORWARD_SIGNALS") == "1")
     set_rank_env(env)
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages

@@ -8,6 +8,8 @@ backend, by shell.expand with the values the local backend chose.
 
 from __future__ import annotations
 
+import os
+
 from .shell import Template, Var, Word
 from .spec import JobSpec
 
@@ -18,8 +20,19 @@ def bootstrap_argv(python: str, bootstrap: str, program: tuple[str, ...]) -> lis
     return [python, *BOOTSTRAP_FLAGS, bootstrap, *program]
 
 
+def via_environment(program: tuple[str, ...]) -> bool:
+    """srun cuts its command line at an argument that is exactly ":" (heterogeneous
+    steps); such a program line reaches the bootstrap through HPCLAUNCH_ARGV instead."""
+    return ":" in program
+
+
+def encode_argv(program: tuple[str, ...]) -> str:
+    return ",".join(os.fsencode(arg).hex() for arg in program)
+
+
 def task_argv(spec: JobSpec, python: str, bootstrap: str) -> list[Word]:
-    inner = bootstrap_argv(python, bootstrap, spec.program)
+    program = () if via_environment(spec.program) else spec.program
+    inner = bootstrap_argv(python, bootstrap, program)
     if spec.launcher == "srun":
         return inner
     head: list[Word] = ["torchrun"]
@@ -41,6 +54,8 @@ def task_argv(spec: JobSpec, python: str, bootstrap: str) -> list[Word]:
 def launcher_env(spec: JobSpec) -> dict[str, str]:
     """Variables the bootstrap reads to know how it was started."""
     env: dict[str, str] = {"HPCLAUNCH_LAUNCHER": spec.launcher}
+    if via_environment(spec.program):
+        env["HPCLAUNCH_ARGV"] = encode_argv(spec.program)
     if spec.launcher == "torchrun":
         # torchrun signals only its direct child (the bootstrap), which must pass it on.
         env["HPCLAUNCH_FORWARD_SIGNALS"] = "1"

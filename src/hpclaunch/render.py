@@ -151,6 +151,13 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
     if secrets:
         names = ", ".join(k for k, _ in secrets)
         body.append(shell.comment(f"From the submitting environment only (secret): {names}"))
+    if "HPCLAUNCH_ARGV" in dict(env):
+        body.append(
+            shell.comment(
+                "The program line holds a lone ':' (srun's step separator), so it reaches the "
+                "bootstrap hex-encoded in HPCLAUNCH_ARGV: " + shell.command(list(spec.program))
+            )
+        )
     body += ["", shell.join_multiline(srun[: len(srun) - len(argv)], argv)]
     return BatchPlan(
         script=shell.lines(body),
