@@ -209,10 +209,19 @@ class first_job_id:
     def __enter__(self) -> first_job_id:
         conf = conf_path()
         self.saved = conf.read_text()
-        conf.write_text(self.saved.rstrip("\n") + f"\nFirstJobId={self.job_id}\n")
+        _replace(conf, self.saved.rstrip("\n") + f"\nFirstJobId={self.job_id}\n")
         _slurm(["scontrol", "reconfigure"], timeout=30)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        conf_path().write_text(self.saved)
+        _replace(conf_path(), self.saved)
         _slurm(["scontrol", "reconfigure"], timeout=30)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write a file atomically: slurmd re-reads slurm.conf on reconfigure at a moment of
+    its own choosing, and a truncated file makes it exit ("slurm.conf is empty")."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, path.stat().st_mode)
+    os.replace(tmp, path)
