@@ -76,7 +76,7 @@ def partitions() -> dict[str, Partition]:
     out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%G|%m|%s"])
     if out is None:
         return {}
-    found: dict[str, dict[str, object]] = {}
+    found: dict[str, dict[str, int]] = {}  # sinfo prints one row per node shape
     for line in out.splitlines():
         fields = line.split("|")
         if len(fields) != 7:
@@ -85,15 +85,18 @@ def partitions() -> dict[str, Partition]:
         default = name.endswith("*")
         name = name.rstrip("*")
         entry = found.setdefault(
-            name, {"nodes": 0, "cpus": 0, "gpus": 0, "memory_mb": 0, "default": default}
+            name, {"nodes": 0, "cpus": 0, "gpus": 0, "memory_mb": 0, "default": int(default)}
         )
-        entry["nodes"] = int(entry["nodes"]) + (_int(count) or 0)  # type: ignore[call-overload]
-        entry["cpus"] = max(int(entry["cpus"]), _int(cpus) or 0)  # type: ignore[call-overload]
-        entry["gpus"] = max(int(entry["gpus"]), _gpus(gres))  # type: ignore[call-overload]
-        entry["memory_mb"] = max(int(entry["memory_mb"]), _int(mem) or 0)  # type: ignore[call-overload]
+        entry["nodes"] += _int(count) or 0
+        entry["cpus"] = max(entry["cpus"], _int(cpus) or 0)
+        entry["gpus"] = max(entry["gpus"], _gpus(gres))
+        entry["memory_mb"] = max(entry["memory_mb"], _int(mem) or 0)
         if limit.lower() not in ("infinite", "unlimited", "n/a"):
             entry["max_time"] = parse_time(limit, "sinfo time limit")
         job_max = _int(max_nodes.rpartition("-")[2])  # "1-infinite", "1-4"
         if job_max:
             entry["max_nodes"] = job_max
-    return {name: Partition.model_validate(data) for name, data in found.items()}
+    return {
+        name: Partition.model_validate({**data, "default": bool(data["default"])})
+        for name, data in found.items()
+    }
