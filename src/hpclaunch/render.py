@@ -180,3 +180,16 @@ def preview(plan_: BatchPlan, environ: Mapping[str, str]) -> str:
         out.append("# secret variables passed through the environment only:")
         out += [f"#   {k}={MASK}" for k, _ in plan_.secret_env]
     return "\n".join(out) + "\n"
+
+
+def task_env_values(plan_: BatchPlan, spec: JobSpec, known: Mapping[str, str]) -> dict[str, str]:
+    """The exports of the batch script as values, for backends that start the tasks
+    without that script (local processes, a step of the current allocation): expanded in
+    order like bash would, OMP_NUM_THREADS only when `known` lacks it, secrets added."""
+    env: dict[str, str] = {}
+    if "OMP_NUM_THREADS" not in known:
+        env["OMP_NUM_THREADS"] = str(spec.cpus_per_task)
+    for name, word in plan_.task_env:
+        env[name] = shell.expand(word, {**known, **env})
+    env.update(dict(spec.secret_env()))
+    return env

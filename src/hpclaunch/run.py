@@ -175,24 +175,25 @@ def announce(
     job_id: str,
     as_json: bool,
     waiting: bool,
+    kind: str = "job",
+    **extra: object,
 ) -> None:
+    """The run id and job id: one JSON object on stdout with --json, else one line (on
+    stderr while the output of the job follows on stdout)."""
+    stream = err if waiting and not as_json else out
     if as_json:
-        out.write(
-            json.dumps(
-                {
-                    "run_id": paths.run_id,
-                    "job_id": job_id,
-                    "run_dir": str(paths.run_dir),
-                    "cluster": spec.cluster,
-                    "exp": spec.exp,
-                }
-            )
-            + "\n"
-        )
+        record = {
+            "run_id": paths.run_id,
+            "job_id": job_id,
+            "run_dir": str(paths.run_dir),
+            "cluster": spec.cluster,
+            "exp": spec.exp,
+            **extra,
+        }
+        stream.write(json.dumps(record) + "\n")
     else:
-        stream = err if waiting else out
-        stream.write(f"run {paths.run_id}  job {job_id}  {paths.run_dir}\n")
-    (err if waiting else out).flush()
+        stream.write(f"run {paths.run_id}  {kind} {job_id}  {paths.run_dir}\n")
+    stream.flush()
 
 
 def follow(job_id: str, run_dir: Path, out: TextIO, err: TextIO) -> int:

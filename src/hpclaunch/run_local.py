@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from . import runs, shell
+from . import render, runs, shell
 from .backends.local import LocalPlan, free_port, local_job_id, run_local
 from .render import BatchPlan
 from .spec import JobSpec
@@ -28,19 +27,6 @@ def local_values(spec: JobSpec, job_id: int, environ: Mapping[str, str]) -> dict
     return values
 
 
-def expanded_env(plan: BatchPlan, spec: JobSpec, values: Mapping[str, str]) -> dict[str, str]:
-    env = {
-        "MASTER_ADDR": values["MASTER_ADDR"],
-        "MASTER_PORT": values["MASTER_PORT"],
-    }
-    if "OMP_NUM_THREADS" not in values:
-        env["OMP_NUM_THREADS"] = str(spec.cpus_per_task)
-    for name, word in plan.task_env:
-        env[name] = shell.expand(word, {**values, **env})
-    env.update(dict(spec.secret_env()))
-    return env
-
-
 def run_local_job(
     spec: JobSpec,
     plan: BatchPlan,
@@ -51,11 +37,12 @@ def run_local_job(
     err: TextIO,
     as_json: bool,
 ) -> int:
-    from .run import index
+    from .run import announce, index
 
     job_id = local_job_id()
     values = local_values(spec, job_id, environ)
-    env = expanded_env(plan, spec, values)
+    env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
+    env.update(render.task_env_values(plan, spec, values))
     argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
     tasks = 1 if spec.launcher == "torchrun" else spec.tasks_per_node
     local = LocalPlan(
@@ -71,21 +58,7 @@ def run_local_job(
     )
     runs.update_record(paths.run_dir, job_id=str(job_id), state="RUNNING")
     index(paths, spec, str(job_id))
-    if as_json:
-        out.write(
-            json.dumps(
-                {
-                    "run_id": paths.run_id,
-                    "job_id": str(job_id),
-                    "run_dir": str(paths.run_dir),
-                    "cluster": spec.cluster,
-                }
-            )
-            + "\n"
-        )
-        out.flush()
-    else:
-        err.write(f"run {paths.run_id}  local job {job_id}  {paths.run_dir}\n")
+    announce(out, err, paths, spec, str(job_id), as_json, waiting=True, kind="local job")
     code = run_local(local, out, err)
     state = "COMPLETED" if code == 0 else ("CANCELLED" if code == 130 else "FAILED")
     runs.update_record(paths.run_dir, state=state, exit_code=code, ended_at=time.time())

@@ -3,14 +3,13 @@ in the foreground, streaming the ranks' output like --wait does."""
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
 from collections.abc import Mapping
 from typing import TextIO
 
-from . import runs, shell
+from . import render, runs, shell
 from .backends import slurm
 from .logs import LogFollower
 from .monitor import exit_code_of, first_failure
@@ -29,7 +28,7 @@ def run_step_job(
     err: TextIO,
     as_json: bool,
 ) -> int:
-    from .run import index
+    from .run import announce, index
 
     job_id = environ["SLURM_JOB_ID"]
     values = dict(environ)
@@ -40,26 +39,12 @@ def run_step_job(
     env = dict(environ)
     env.pop("MASTER_ADDR", None)
     env["MASTER_PORT"] = values["MASTER_PORT"]
-    env.setdefault("OMP_NUM_THREADS", str(spec.cpus_per_task))
-    for name, word in plan.task_env:
-        env[name] = shell.expand(word, values)
-    env.update(dict(spec.secret_env()))
+    env.update(render.task_env_values(plan, spec, values))
     argv = [shell.expand(w, env) for w in plan.srun_argv]
 
     runs.update_record(paths.run_dir, job_id=job_id, state="RUNNING", step=True)
     index(paths, spec, job_id)
-    line = {
-        "run_id": paths.run_id,
-        "job_id": job_id,
-        "run_dir": str(paths.run_dir),
-        "cluster": spec.cluster,
-        "step": True,
-    }
-    if as_json:
-        out.write(json.dumps(line) + "\n")
-        out.flush()
-    else:
-        err.write(f"run {paths.run_id}  step of job {job_id}  {paths.run_dir}\n")
+    announce(out, err, paths, spec, job_id, as_json, waiting=True, kind="step of job", step=True)
 
     follower = LogFollower(paths.logs, out, err)
     proc = slurm.run_step(argv, env)
