@@ -27,6 +27,7 @@ from ..logs import LogFollower
 from ..monitor import exit_code_of, first_failure
 
 _TICK_S = 0.1  # how often task states and logs are looked at
+_SETTLE_S = 1.0  # how long SIGKILLed groups may take to disappear
 
 # Each task starts as this tiny program, which learns its own pid (SLURM_TASK_PID must be
 # set before exec, when Popen cannot know the pid yet) and replaces itself with the task:
@@ -207,7 +208,15 @@ def _stop(procs: list[subprocess.Popen[bytes]], grace: float, follower: LogFollo
                 groups = _alive(procs)
         except (KeyboardInterrupt, _Terminated):
             pass  # impatience: a second Ctrl-C skips the grace period
-        _signal_groups(_alive(procs), signal.SIGKILL)
+        killed = _alive(procs)
+        _signal_groups(killed, signal.SIGKILL)
+        # SIGKILL lands asynchronously and only the task leaders are ours to reap: give
+        # the rest of each group a moment to be gone before saying the run has ended
+        # (bounded: an init that never reaps keeps zombies in a group for good).
+        settle = time.monotonic() + _SETTLE_S
+        while killed and time.monotonic() < settle:
+            time.sleep(0.02)
+            killed = _alive(procs)
     for p in procs:
         p.wait()
 
