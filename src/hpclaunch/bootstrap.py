@@ -348,9 +348,74 @@ def die_like(returncode: int) -> None:
     os._exit(128 + signum)  # only when that signal does not end a process (SIGCHLD, ...)
 
 
+ENV_FD_FLAG = "--hpclaunch-env-fd="
+EXEC_FLAG = "--hpclaunch-exec"
+
+
+def receive_env(fd: int, env: Env) -> None:
+    """Take the task's variables from ``fd`` (NAME=VALUE, NUL-separated): a container
+    runtime started with a clean environment sits between the task and this process.
+    Only names matching HPCLAUNCH_CONTAINER_PASS (NAME or PREFIX*) are kept."""
+    chunks = []
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    passed = {}
+    for item in b"".join(chunks).split(b"\0"):
+        key, sep, raw = item.partition(b"=")
+        if sep and key:
+            passed[os.fsdecode(key)] = os.fsdecode(raw)
+    if "HPCLAUNCH_CONTAINER_PASS" not in passed:
+        raise OSError("no HPCLAUNCH_CONTAINER_PASS among the variables received")
+    patterns = passed["HPCLAUNCH_CONTAINER_PASS"].split()
+    exact = set(p for p in patterns if not p.endswith("*"))
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+    for name, value in passed.items():
+        if name in exact or name.startswith(prefixes) or name == "HPCLAUNCH_CONTAINER_PASS":
+            env[name] = value
+    # ch-run leaves PATH unset once the environment is cleaned; programs (and
+    # sys.executable) need one. Apptainer sets the image's own.
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def activate_venv(env: Env) -> None:
+    """What `source VENV/bin/activate` does, for HPCLAUNCH_VENV (no shell needed)."""
+    venv = env.get("HPCLAUNCH_VENV")
+    if venv and env.get("VIRTUAL_ENV") != venv:
+        env["VIRTUAL_ENV"] = venv
+        env["PATH"] = venv + "/bin:" + env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.pop("PYTHONHOME", None)
+
+
+def enter(argv: List[str], env: Env) -> List[str]:
+    """Handle the bootstrap's own leading options; returns argv without them."""
+    if len(argv) > 1 and argv[1].startswith(ENV_FD_FLAG):
+        fd = _int(argv[1][len(ENV_FD_FLAG) :], -1)
+        try:
+            receive_env(fd, env)
+        except (OSError, ValueError) as exc:
+            _say("the job's environment did not reach the container (fd %d): %s" % (fd, exc))
+            os._exit(125)
+        argv = argv[:1] + argv[2:]
+    activate_venv(env)
+    if len(argv) > 1 and argv[1] == EXEC_FLAG:
+        # In front of torchrun: set the environment up, then become the agent.
+        env["PYTHONNOUSERSITE"] = "1"
+        try:
+            os.execvp(argv[2], argv[2:])
+        except (OSError, IndexError) as exc:
+            _say("cannot start %s: %s" % (argv[2:3], exc))
+            os._exit(127)
+    return argv
+
+
 def run(argv: List[str]) -> int:
     """Everything but the final exit; returns the program's returncode (negative: signal)."""
     env = os.environ
+    argv = enter(argv, env)
     encoded = env.pop("HPCLAUNCH_ARGV", None)
     if encoded is not None and len(argv) < 2:
         # srun splits its command line at an argument that is exactly ":" (heterogeneous

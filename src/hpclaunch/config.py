@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import discover
+from . import containers, discover, runs, venvs
 from .errors import UserError, show
 from .options import BY_NAME
 from .profiles import Profile, load_profile, read_toml
@@ -36,6 +36,7 @@ class Resolved:
     profile: Profile
     project_file: Optional[Path]
     in_allocation: bool
+    warnings: tuple[str, ...] = ()  # printed before anything is submitted
 
 
 def find_project_file(cwd: Path, environ: Mapping[str, str]) -> Optional[Path]:
@@ -168,7 +169,51 @@ def resolve(
 
     allocation = profile.kind == "slurm" and discover.in_allocation()
     spec = validate(profile, values, sources, program, environ, allocation, project_name(cwd))
-    return Resolved(spec=spec, profile=profile, project_file=project_path, in_allocation=allocation)
+    spec, warnings = _with_container(spec, profile, values, environ, cwd)
+    return Resolved(
+        spec=spec,
+        profile=profile,
+        project_file=project_path,
+        in_allocation=allocation,
+        warnings=tuple(warnings),
+    )
+
+
+def profile_for(cluster: Optional[str], cwd: Path, environ: Mapping[str, str]) -> Profile:
+    """The profile a command other than `run` works with (--cluster, else the default)."""
+    project_run, project_clusters = _project(find_project_file(cwd, environ))
+    name = cluster or default_cluster(project_run, environ)[0]
+    return load_profile(name, project_clusters)
+
+
+def _with_container(
+    spec: JobSpec,
+    profile: Profile,
+    values: Mapping[str, Any],
+    environ: Mapping[str, str],
+    cwd: Path,
+) -> tuple[JobSpec, list[str]]:
+    """--container, --bind, --venv: the image, its binds and the venv, all checked."""
+    venv = str(runs.absolute(str(values["venv"]), cwd)) if values.get("venv") else ""
+    ckpt = spec.checkpoint_root
+    own = [
+        ("run", str(runs.absolute(spec.run_root, cwd))),
+        ("checkpoints", str(runs.absolute(ckpt, cwd)) if ckpt else ""),
+        ("project", str(project_root(cwd))),
+        ("cwd", str(cwd)),
+        ("venv", venv),
+    ]
+    job = containers.resolve(
+        profile, values, environ, cwd, nodes=spec.nodes, gpus=spec.gpus_per_node, own=own
+    )
+    warnings: list[str] = []
+    if venv:
+        venv, warnings = venvs.check_venv(venv, cwd, job)
+    if job is not None:
+        line = venvs.shadow_warning(job, venv, profile.python, environ)
+        if line:
+            warnings.append(line)
+    return replace(spec, container=job, venv=venv), warnings
 
 
 def _with_discovered(profile: Profile) -> Profile:
@@ -187,12 +232,17 @@ def _with_discovered(profile: Profile) -> Profile:
     )
 
 
-def project_name(cwd: Path) -> str:
-    """The git top-level folder's name (found without running git), else cwd's name."""
+def project_root(cwd: Path) -> Path:
+    """The git top-level folder (found without running git), else cwd."""
     for folder in (cwd, *cwd.parents):
         if (folder / ".git").exists():
-            return folder.name
-    return cwd.name or "project"
+            return folder
+    return cwd
+
+
+def project_name(cwd: Path) -> str:
+    """The git top-level folder's name, else cwd's name."""
+    return project_root(cwd).name or "project"
 
 
 def git_state(cwd: Path) -> dict[str, str]:

@@ -14,6 +14,10 @@ from .shell import Template, Var, Word
 from .spec import JobSpec
 
 BOOTSTRAP_FLAGS = ("-I", "-S")  # isolated, no site: the bootstrap needs only the stdlib
+# Bootstrap options (never a program's first word): read the task's environment from a
+# file descriptor (containers), and only exec what follows (in front of torchrun).
+ENV_FD_FLAG = "--hpclaunch-env-fd="
+EXEC_FLAG = "--hpclaunch-exec"
 
 
 def bootstrap_argv(python: str, bootstrap: str, program: tuple[str, ...]) -> list[Word]:
@@ -30,11 +34,15 @@ def encode_argv(program: tuple[str, ...]) -> str:
     return ",".join(os.fsencode(arg).hex() for arg in program)
 
 
-def task_argv(spec: JobSpec, python: str, bootstrap: str) -> list[Word]:
+def task_argv(spec: JobSpec, python: str, bootstrap: str, env_fd: int = 0) -> list[Word]:
+    """With env_fd (a container), the first Python in the task reads the environment
+    from that descriptor: the rank's bootstrap under srun, an exec-only bootstrap in
+    front of the torchrun agent (whose workers inherit what it set)."""
     program = () if via_environment(spec.program) else spec.program
     inner = bootstrap_argv(python, bootstrap, program)
+    enter: list[Word] = [python, *BOOTSTRAP_FLAGS, bootstrap, f"{ENV_FD_FLAG}{env_fd}"]
     if spec.launcher == "srun":
-        return inner
+        return [*enter, *program] if env_fd else inner
     head: list[Word] = ["torchrun"]
     if spec.nodes == 1:
         head += ["--standalone", "--nnodes=1"]
@@ -48,7 +56,8 @@ def task_argv(spec: JobSpec, python: str, bootstrap: str) -> list[Word]:
         ]
     if spec.nodes == 1:
         head.append(f"--nproc-per-node={spec.tasks_per_node}")
-    return [*head, "--no-python", *inner]
+    agent = [*head, "--no-python", *inner]
+    return [*enter, EXEC_FLAG, *agent] if env_fd else agent
 
 
 def launcher_env(spec: JobSpec) -> dict[str, str]:

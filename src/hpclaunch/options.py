@@ -163,6 +163,37 @@ OPTIONS: tuple[Option, ...] = (
         metavar="ARG",
     ),
     Option(
+        "container",
+        "str",
+        "Run every task inside this image: a path (SIF, SquashFS, directory), a name in the "
+        "profile's image folders (LUMI: /appl/local/containers/sif-images), or $SIF as set "
+        "by a container module.",
+        "--container lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif",
+        metavar="IMAGE",
+    ),
+    Option(
+        "container-runtime",
+        "choice",
+        "Container runtime (default: the profile's; LUMI: apptainer, found as singularity).",
+        "--container-runtime charliecloud",
+        choices=("apptainer", "charliecloud"),
+    ),
+    Option(
+        "bind",
+        "list",
+        "Bind a host path into the container, SRC[:DST[:ro]] (repeatable). The run "
+        "directory, the project and the profile's binds are added for you.",
+        "--bind /scratch/project_465000000/data:/data:ro",
+        metavar="SRC[:DST[:ro]]",
+    ),
+    Option(
+        "venv",
+        "str",
+        "Activate this venv in every task (made by `hpclaunch env create` for the same image).",
+        "--venv /project/project_465000000/venvs/torch",
+        metavar="PATH",
+    ),
+    Option(
         "nccl-debug",
         "flag",
         "Add the profile's NCCL/RCCL debug variables "

@@ -62,6 +62,74 @@ class NodeShape(BaseModel):
         return parse_memory(value, "node.memory") if isinstance(value, str) else value
 
 
+class ContainerBind(BaseModel):
+    """One bind a profile adds to every container job (LUMI: the multi-node set)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str  # on the host; also the destination unless `dst` is given
+    dst: str = ""
+    ro: bool = False
+    multi_node: bool = False  # only for jobs on more than one node
+    # Exists only on compute nodes (LUMI's /opt/cray, libcxi): never checked on the
+    # submitting host, where it may well be missing.
+    node_local: bool = False
+    # Only when a path of the job (run dir, project, checkpoints, a bind) lies under one
+    # of these (LUMI: /scratch and /flash are symlinks into /pfs).
+    when_under: tuple[str, ...] = ()
+
+
+class ContainerSettings(BaseModel):
+    """How a site runs containers: the runtime, where images live, what every job binds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: Literal["apptainer", "charliecloud"] = "apptainer"
+    # The runtime's program; "" = apptainer, else singularity, whichever is on PATH.
+    command: str = ""
+    image_dirs: tuple[str, ...] = ()  # where a bare image name is looked up
+    image_vars: tuple[str, ...] = ("SIF",)  # variables container modules set to an image
+    flags: tuple[str, ...] = ()  # always given to the runtime
+    gpu_flags: tuple[str, ...] = ()  # given when the job asks for GPUs (--nv on NVIDIA)
+    # Shell text run inside the container before Python starts (LUMI: "$WITH_CONDA").
+    activate: str = ""
+    binds: tuple[ContainerBind, ...] = ()
+    # Host variables that cross into the container besides the job's own (NAME or PREFIX*):
+    # the ones ML programs and their libraries read. --env adds any other.
+    pass_env: tuple[str, ...] = (
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LC_*",
+        "TZ",
+        "TERM",
+        "WANDB_*",
+        "HF_*",
+        "HUGGING_FACE_*",
+        "MLFLOW_*",
+        "COMET_*",
+        "NEPTUNE_*",
+        "TORCH_*",
+        "TORCHINDUCTOR_*",
+        "TRITON_*",
+        "JAX_*",
+        "XLA_*",
+        "TF_*",
+        "NCCL_*",
+        "RCCL_*",
+        "MIOPEN_*",
+        "FI_*",
+        "CXI_*",
+        "CUDA_*",
+        "ROCR_*",
+        "HIP_*",
+        "HSA_*",
+        "OMP_*",
+        "MKL_*",
+        "OPENBLAS_*",
+    )
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -94,6 +162,7 @@ class Profile(BaseModel):
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
     partitions: dict[str, Partition] = {}
+    container: ContainerSettings = ContainerSettings()
     cluster_name: str = ""  # filled by discovery
 
     def partition(self, name: str) -> Optional[Partition]:

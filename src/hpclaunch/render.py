@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import shell
+from . import containers, shell
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
 from .runs import RunPaths
@@ -86,7 +86,11 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
         ("HPCLAUNCH_EXP", spec.exp),
         ("HPCLAUNCH_GPU_VISIBILITY", spec.gpu_visibility),
         ("PYTHONUNBUFFERED", "1"),
+        # ~/.local packages shadow a container's or a venv's (and are bound into images).
+        ("PYTHONNOUSERSITE", "1"),
     ]
+    if spec.venv:
+        env.append(("HPCLAUNCH_VENV", spec.venv))
     env += sorted(launcher_env(spec).items())
     if spec.gpu_visibility == "per-task":
         env.append(("HPCLAUNCH_GPU_VARS", ",".join(profile.gpu_vars)))
@@ -98,6 +102,10 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     if spec.nccl_debug:
         env += [(k, Template(v)) for k, v in profile.debug_env.items()]
     env += [(k, v) for k, v in spec.public_env()]
+    if spec.container:
+        names = [k for k, _ in env] + [k for k, _ in spec.secret_env()]
+        names += [*profile.gpu_vars, *profile.gpu_unset]
+        env.append(("HPCLAUNCH_CONTAINER_PASS", containers.pass_list(spec.container, names)))
     return env
 
 
@@ -116,7 +124,10 @@ def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
 
 
 def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
-    argv = task_argv(spec, profile.python, str(paths.bootstrap))
+    fd = containers.ENV_FD if spec.container else 0
+    argv = task_argv(spec, profile.python, str(paths.bootstrap), fd)
+    if spec.container:
+        argv = containers.wrap(spec.container, argv)
     env = task_env(spec, profile, paths)
     srun = srun_argv(spec, argv)
     body: list[str] = ["#!/bin/bash", *directives(spec, paths, cwd)]
@@ -158,6 +169,8 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
                 "bootstrap hex-encoded in HPCLAUNCH_ARGV: " + shell.command(list(spec.program))
             )
         )
+    if spec.container:
+        body += container_comment(spec, argv)
     body += ["", shell.join_multiline(srun[: len(srun) - len(argv)], argv)]
     return BatchPlan(
         script=shell.lines(body),
@@ -167,6 +180,22 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         task_env=tuple(env),
         srun_argv=tuple(srun),
     )
+
+
+def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
+    """What one rank runs inside its task, readable, above the srun line."""
+    job = spec.container
+    assert job is not None
+    inner = argv[4:]  # after: bash -c WRAPPER hpclaunch-task
+    return [
+        "",
+        shell.comment(f"Each task enters the image with {job.command} ({job.runtime}), which"),
+        "# cleans the environment; the variables HPCLAUNCH_CONTAINER_PASS names reach the",
+        f"# program through file descriptor {containers.ENV_FD}, a pipe (never a command line "
+        "or a file).",
+        "# What one rank runs, after the runtime's bash -c wrapper opened that pipe:",
+        shell.comment("  " + shell.command(inner)),
+    ]
 
 
 def preview(plan_: BatchPlan, environ: Mapping[str, str]) -> str:

@@ -37,12 +37,19 @@ def execute(req: RunRequest) -> int:
     environ = dict(os.environ if req.environ is None else req.environ)
     resolved = config.resolve(req.options, req.program, cwd, environ)
     spec, profile = resolved.spec, resolved.profile
+    for line in resolved.warnings:
+        req.err.write(line if line.startswith("hpclaunch:") else f"hpclaunch: warning: {line}")
+        req.err.write("\n")
     paths = runs.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, cwd)
     plan = render.plan(spec, profile, paths, cwd)
 
     if req.dry_run:
         return _dry_run(req, spec, plan, paths, resolved, environ)
 
+    if spec.container and spec.container.mount_points:
+        from .containers import make_mount_points
+
+        make_mount_points(spec.container)
     paths = runs.create(paths)
     if paths.run_id not in str(plan.sbatch_argv):  # the id changed on a collision: re-plan
         plan = render.plan(spec, profile, paths, cwd)

@@ -53,15 +53,18 @@ def new_run_id(now: Optional[float] = None) -> str:
     return f"{when:%Y%m%d-%H%M%S}-{int(stamp * 1000) % 1000:03d}-{secrets.token_hex(2)}"
 
 
+def absolute(path: str, cwd: Path) -> Path:
+    """A configured folder ($VARS and ~ expanded, relative to cwd)."""
+    full = Path(os.path.expandvars(path)).expanduser()
+    return full if full.is_absolute() else cwd / full
+
+
 def plan_paths(run_root: str, exp: str, checkpoint_root: str, cwd: Path) -> RunPaths:
     """Paths for a new run, not yet created (what --dry-run shows)."""
-    root = Path(os.path.expandvars(run_root)).expanduser()
-    if not root.is_absolute():
-        root = cwd / root
     run_id = new_run_id()
-    run_dir = root / exp / run_id
+    run_dir = absolute(run_root, cwd) / exp / run_id
     ckpt = (
-        Path(os.path.expandvars(checkpoint_root)).expanduser() / exp / run_id / "checkpoints"
+        absolute(checkpoint_root, cwd) / exp / run_id / "checkpoints"
         if checkpoint_root
         else run_dir / "checkpoints"
     )

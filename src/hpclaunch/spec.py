@@ -23,6 +23,38 @@ def is_secret(name: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Bind:
+    """One host path made visible inside the container."""
+
+    src: str
+    dst: str
+    ro: bool = False
+    origin: str = "you"  # you | profile | run | project | cwd | venv
+
+    def spec(self) -> str:
+        """Apptainer's -B item: the bare path when it lands at the same place (LUMI's form)."""
+        if self.src == self.dst and not self.ro:
+            return self.src
+        return f"{self.src}:{self.dst}" + (":ro" if self.ro else "")
+
+
+@dataclass(frozen=True)
+class ContainerJob:
+    """A job's container, resolved and checked on the submitting host (containers.py)."""
+
+    runtime: str  # apptainer | charliecloud
+    command: str  # apptainer, singularity or ch-run
+    image: str  # absolute path
+    binds: tuple[Bind, ...] = ()
+    flags: tuple[str, ...] = ()
+    activate: str = ""
+    cwd: str = ""
+    pass_env: tuple[str, ...] = ()
+    # Destinations missing in a directory image the user may write: made before submitting.
+    mount_points: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class JobSpec:
     cluster: str
     program: tuple[str, ...]
@@ -49,6 +81,8 @@ class JobSpec:
     checkpoint_root: str = ""
     nccl_debug: bool = False
     cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
+    container: Optional[ContainerJob] = None
+    venv: str = ""  # absolute path of a venv every task activates
     # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

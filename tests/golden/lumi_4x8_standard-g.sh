@@ -33,6 +33,7 @@ export HPCLAUNCH_PROJECT=llm
 export HPCLAUNCH_EXP=default
 export HPCLAUNCH_GPU_VISIBILITY=all
 export PYTHONUNBUFFERED=1
+export PYTHONNOUSERSITE=1
 export HPCLAUNCH_LAUNCHER=srun
 export HPCLAUNCH_CACHE_DIRS="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"

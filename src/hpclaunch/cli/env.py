@@ -1,0 +1,83 @@
+"""`hpclaunch env create`: a venv inside a container image that never replaces the
+image's own packages (torch, jax, ...)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+CREATE_HELP = """Make a venv at PATH for IMAGE, with the image's Python.
+
+\b
+The venv sees the image's packages (--system-site-packages) and pins every one of
+them at its exact version (PATH/hpclaunch-constraints.txt), so `-r requirements.txt`
+installs beside torch/jax or fails naming the package it would have replaced.
+The venv remembers its image; `hpclaunch run --container IMAGE --venv PATH` activates
+it in every task and refuses it for another image. Without --container the venv is
+made with the cluster's Python (the profile's `python`).
+
+\b
+Example:
+  hpclaunch env create --container lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif \\
+      -r requirements.txt /project/project_465000000/venvs/torch
+"""
+
+
+@click.group("env")
+def env_group() -> None:
+    """Python environments for container jobs."""
+
+
+@env_group.command("create", help=CREATE_HELP)
+@click.option("--container", metavar="IMAGE", help="Image path, name or $SIF.")
+@click.option(
+    "--container-runtime",
+    type=click.Choice(("apptainer", "charliecloud")),
+    help="Runtime (default: the profile's).",
+)
+@click.option("--cluster", metavar="NAME", help="Cluster profile (default as for run).")
+@click.option(
+    "-r", "--requirements", metavar="FILE", help="pip requirements to install into the venv."
+)
+@click.option("--bind", multiple=True, metavar="SRC[:DST[:ro]]", help="Extra bind (repeatable).")
+@click.argument("path")
+def create_cmd(
+    path: str,
+    container: Optional[str],
+    container_runtime: Optional[str],
+    cluster: Optional[str],
+    requirements: Optional[str],
+    bind: tuple[str, ...],
+) -> int:
+    from .. import config, containers, runs, venvs
+    from ..errors import UserError
+
+    cwd = Path.cwd()
+    environ = dict(os.environ)
+    profile = config.profile_for(cluster, cwd, environ)
+    venv = runs.absolute(path, cwd)
+    req = runs.absolute(requirements, cwd) if requirements else None
+    if req is not None and not req.is_file():
+        raise UserError("--requirements", f"{req} is not a file", "", "Check the path")
+    if not venv.parent.is_dir():
+        raise UserError("PATH", f"{venv.parent} does not exist", "", "Create the folder first")
+    own = [
+        ("venv", str(venv.parent)),
+        ("requirements", str(req.parent) if req else ""),
+        ("project", str(config.project_root(cwd))),
+        ("cwd", str(cwd)),
+    ]
+    values = {"container": container, "container_runtime": container_runtime, "bind": bind}
+    job = containers.resolve(profile, values, environ, cwd, nodes=1, gpus=0, own=own)
+    if job is not None:
+        containers.make_mount_points(job)
+    venvs.create(venv, job, profile.python, req, out=sys.stderr)
+    where = f" for {job.image}" if job else ""
+    use = f"--container {job.image} " if job else ""
+    click.echo(f"hpclaunch: venv ready at {venv}{where}", err=True)
+    click.echo(f"  use it: hpclaunch run {use}--venv {venv} -- python train.py", err=True)
+    return 0
