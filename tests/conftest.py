@@ -110,3 +110,64 @@ def hpc(slurm_conf: Path) -> Iterator[Hpc]:
 
 def load_json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fail_or_skip(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def base_image(slurm_conf: Path) -> Path:
+    """The Debian + python3 directory image testbed/image.sh builds (root's: read-only
+    for the test user, as a site's shared image would be)."""
+    if not shutil.which("ch-run"):
+        _fail_or_skip("Charliecloud (ch-run) is not installed: run testbed/up.sh")
+    done = subprocess.run(
+        ["bash", str(REPO / "testbed" / "image.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if done.returncode != 0:
+        _fail_or_skip(f"testbed/image.sh failed: {done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def wheel_dir(slurm_conf: Path) -> Iterator[Path]:
+    """Hand-made wheels: pkga 1.0 and 2.0, pkgb (needs pkga>=2), pkgc (needs pkgb),
+    pkgd (needs any pkga)."""
+    from wheels import build_wheel
+
+    folder = testbed.work_dir() / f"wheels-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
+    build_wheel(folder, "pkga", "1.0")
+    build_wheel(folder, "pkga", "2.0")
+    build_wheel(folder, "pkgb", "1.0", ("pkga>=2.0",))
+    build_wheel(folder, "pkgc", "1.0", ("pkgb",))
+    build_wheel(folder, "pkgd", "1.0", ("pkga",))
+    for path in (folder, *folder.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def user_image(base_image: Path, wheel_dir: Path) -> Iterator[Path]:
+    """A copy of the image that the test user owns (hpclaunch can make mount points in
+    it), shipping pkga 1.0 as a container ships its framework, plus a marker file."""
+    from wheels import install_into
+
+    dest = testbed.work_dir() / f"image-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["cp", "-a", str(base_image), str(dest)], check=True, timeout=300)
+    python = sorted(p.name for p in (dest / "usr" / "lib").glob("python3.*"))[-1]
+    install_into(
+        wheel_dir / "pkga-1.0-py3-none-any.whl", dest / f"usr/local/lib/{python}/dist-packages"
+    )
+    (dest / "hpclaunch-test-image").write_text("yes\n")
+    subprocess.run(["chown", "-R", f"{testbed.USER}:{testbed.USER}", str(dest)], check=True)
+    yield dest
+    shutil.rmtree(dest, ignore_errors=True)

@@ -210,6 +210,7 @@ def _with_container(
     if venv:
         venv, warnings = venvs.check_venv(venv, cwd, job)
     if job is not None:
+        job = containers.check_mount_points(job, profile.container)
         line = venvs.shadow_warning(job, venv, profile.python, environ)
         if line:
             warnings.append(line)

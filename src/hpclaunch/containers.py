@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -257,17 +258,6 @@ def resolve(
     binds = job_binds(settings, nodes, own, user)
     for bind in binds:
         _bad_path("--container", bind.src)
-    makeable: list[str] = []
-    if runtime == "charliecloud":
-        makeable, impossible = missing_mount_points(image, kind, binds, settings)
-        if impossible:
-            raise UserError(
-                "--bind",
-                f"{impossible[0]} does not exist in the image {image}",
-                "ch-run mounts it read-only and cannot make mount points",
-                "Bind to a folder the image has (e.g. /mnt), make the folder in the image, "
-                "or use a directory image you can write",
-            )
     flags = list(settings.flags)
     if runtime == "apptainer" and gpus:
         flags += settings.gpu_flags
@@ -280,8 +270,27 @@ def resolve(
         activate=settings.activate,
         cwd=str(cwd),
         pass_env=settings.pass_env,
-        mount_points=tuple(makeable),
     )
+
+
+def check_mount_points(job: ContainerJob, settings: ContainerSettings) -> ContainerJob:
+    """Charliecloud cannot make a bind's missing destination in a read-only image:
+    refuse naming them; in a directory image the user may write, note them for
+    make_mount_points (Apptainer makes mount points itself)."""
+    if job.runtime != "charliecloud":
+        return job
+    image = Path(job.image)
+    makeable, impossible = missing_mount_points(image, image_kind(image), list(job.binds), settings)
+    if impossible:
+        more = f" and {len(impossible) - 3} more" if len(impossible) > 3 else ""
+        raise UserError(
+            "--bind",
+            f"{', '.join(impossible[:3])}{more} not in the image {image}",
+            "ch-run mounts it read-only and cannot make mount points",
+            "Bind to a folder the image has (e.g. /mnt), make the folder in the image, "
+            "or use a directory image you can write",
+        )
+    return replace(job, mount_points=tuple(makeable))
 
 
 def make_mount_points(job: ContainerJob) -> None:

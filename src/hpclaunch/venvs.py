@@ -83,6 +83,25 @@ def check_venv(path: str, cwd: Path, container: Optional[ContainerJob]) -> tuple
     return str(venv), []
 
 
+def local_paths(requirements: Path) -> list[str]:
+    """Folders a requirements file points pip at (--find-links/-f, local wheels, -r/-c
+    files beside it): bound into the container so pip sees them there too."""
+    found: list[str] = []
+    try:
+        lines = requirements.read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        words = line.split("#")[0].replace("=", " ", 1).split() if line.startswith("-") else []
+        words = words or line.split("#")[0].split()
+        for word in words[1:] if words and words[0].startswith("-") else words[:1]:
+            path = Path(word).expanduser()
+            path = path if path.is_absolute() else requirements.parent / path
+            if path.exists():
+                found.append(str(path if path.is_dir() else path.parent))
+    return found
+
+
 def _inside_code() -> str:
     return resources.files("hpclaunch").joinpath("venv_inside.py").read_text("utf-8")
 
@@ -194,7 +213,7 @@ def image_packages(
         pass
     if not shutil.which(container.command):
         return None
-    bare = replace(container, binds=(), activate=container.activate)
+    bare = replace(container, binds=(), cwd="/")  # nothing of the host is needed
     argv = _command(bare, python, ["-", "-", json.dumps({"list_only": True})])
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)

@@ -68,12 +68,14 @@ def create_cmd(
     own = [
         ("venv", str(venv.parent)),
         ("requirements", str(req.parent) if req else ""),
+        *(("requirements", path) for path in (venvs.local_paths(req) if req else [])),
         ("project", str(config.project_root(cwd))),
         ("cwd", str(cwd)),
     ]
     values = {"container": container, "container_runtime": container_runtime, "bind": bind}
     job = containers.resolve(profile, values, environ, cwd, nodes=1, gpus=0, own=own)
     if job is not None:
+        job = containers.check_mount_points(job, profile.container)
         containers.make_mount_points(job)
     venvs.create(venv, job, profile.python, req, out=sys.stderr)
     where = f" for {job.image}" if job else ""
