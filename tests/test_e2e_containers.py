@@ -99,10 +99,25 @@ def test_two_nodes_in_a_container_see_the_contract(
         f"written-by-{n}" for n in range(4)
     ]
     assert {r["cwd"] for r in reports} == {str(hpc.cwd)}
-    # The secret never reached a file or the batch script.
+    # The secret never reached a command line, a file or the batch script.
+    assert {tuple(r["secret_in_cmdlines"]) for r in reports} == {()}
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert b"s3cr3t-value-42" not in path.read_bytes(), path
+
+
+def test_local_cluster_runs_the_same_container_task(hpc: Hpc, user_image: Path) -> None:
+    """--cluster local: the same task line, as local processes."""
+    proc = hpc.run(
+        "run", "--cluster", "local", "--tasks-per-node", "2", "--container", str(user_image),
+        "--container-runtime", "charliecloud", "--", "python3", "-c",
+        "import os; print('IN', os.environ['RANK'], os.path.exists('/hpclaunch-test-image'))",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert sorted(x.split("IN ")[1] for x in proc.stdout.splitlines() if "IN " in x) == [
+        "0 True",
+        "1 True",
+    ]
 
 
 def test_dry_run_shows_the_container_command_line(hpc: Hpc, user_image: Path) -> None:

@@ -17,7 +17,7 @@ def _digest(data: bytes) -> str:
 def build_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
     """folder/<name>-<version>-py3-none-any.whl: module `name` with __version__."""
     info = f"{name}-{version}.dist-info"
-    meta = "Metadata-Version: 2.1\n" f"Name: {name}\n" f"Version: {version}\n"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     meta += "".join(f"Requires-Dist: {req}\n" for req in requires)
     files = {
         f"{name}/__init__.py": f"__version__ = {version!r}\n".encode(),

@@ -77,6 +77,20 @@ def _read(path: str) -> str:
         return handle.read()
 
 
+def cmdlines_holding(secret: str) -> list[str]:
+    """Command lines on this node (the container shares the host's PIDs) holding secret."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    if secret.encode() in handle.read():
+                        found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
 def main() -> None:
     out, bind_file, mapped_file = sys.argv[1:4]
     env = os.environ
@@ -93,6 +107,7 @@ def main() -> None:
         "image_marker": os.path.exists("/hpclaunch-test-image"),
         "executable": sys.executable,
         "cwd": os.getcwd(),
+        "secret_in_cmdlines": cmdlines_holding(env.get("WANDB_API_KEY") or "unset"),
     }
     with open(os.path.join(out, f"probe-{rank}.json"), "w") as handle:
         json.dump(report, handle)
