@@ -70,6 +70,7 @@ missing=()
 # command:package pairs; the commands are what this script and the tests call.
 for pair in slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client munged:munge \
     ip:iproute2 ss:iproute2 nsenter:util-linux unshare:util-linux setpriv:util-linux \
+    ch-run:charliecloud-runtime debootstrap:debootstrap mksquashfs:squashfs-tools squashfuse:squashfuse \
     runuser:util-linux ps:procps python3:python3; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done

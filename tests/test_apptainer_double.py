@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -52,7 +53,7 @@ def run(
     return subprocess.run(
         [*prefix, str(program), *args],
         env={**_base_env(), **(env or {})},
-        cwd=cwd or REPO,
+        cwd=cwd or tempfile.gettempdir(),  # shared with the container
         capture_output=True,
         text=True,
         timeout=60,
@@ -228,6 +229,11 @@ def test_bind_to_a_new_destination_in_a_writable_image(
     # The mount points were made in the copy, never in the shared image.
     assert (writable_image / "hpclaunch-double" / "deeper" / "data").is_dir()
     assert not (IMAGE / "hpclaunch-double").exists()
+    # Only for explicit binds: a current directory the image lacks is not made (warned).
+    proc = run("exec", str(writable_image), "pwd", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert f"not mounting the current directory {REPO}" in proc.stderr
+    assert not (writable_image / REPO.relative_to("/")).exists()
 
 
 def test_bind_to_a_new_destination_in_a_read_only_image_is_fatal(image: Path) -> None:
