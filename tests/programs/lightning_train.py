@@ -50,6 +50,13 @@ def main() -> None:
     }
     with open(os.path.join(out, f"lightning-{trainer.global_rank}.json"), "w") as handle:
         json.dump(record, handle)
+    # Leave together: torch 2.13's gloo group, left for interpreter exit, can abort a rank
+    # ("terminate called without an active exception") once rank 0 and its store are gone.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
