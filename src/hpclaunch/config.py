@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import containers, discover, runs, venvs
+from . import containers, discover, runs, stage, venvs
 from .errors import UserError, show
 from .options import BY_NAME
 from .profiles import Profile, load_profile, read_toml
@@ -139,6 +139,7 @@ def resolve(
     program: tuple[str, ...],
     cwd: Path,
     environ: Mapping[str, str],
+    write: bool = True,
 ) -> Resolved:
     """All layers -> a validated JobSpec. `cli` holds only options given on the command line."""
     project_path = find_project_file(cwd, environ)
@@ -169,6 +170,12 @@ def resolve(
 
     allocation = profile.kind == "slurm" and discover.in_allocation()
     spec = validate(profile, values, sources, program, environ, allocation, project_name(cwd))
+    spec = replace(
+        spec,
+        snapshot=profile.kind == "slurm" and not values.get("no_snapshot"),
+        snapshot_limit_mb=values.get("snapshot_limit") or 200,
+    )
+    spec = _with_staging(spec, profile, values, cwd, write)
     spec, warnings = _with_container(spec, profile, values, environ, cwd)
     return Resolved(
         spec=spec,
@@ -184,6 +191,44 @@ def profile_for(cluster: Optional[str], cwd: Path, environ: Mapping[str, str]) -
     project_run, project_clusters = _project(find_project_file(cwd, environ))
     name = cluster or default_cluster(project_run, environ)[0]
     return load_profile(name, project_clusters)
+
+
+def _with_staging(
+    spec: JobSpec, profile: Profile, values: Mapping[str, Any], cwd: Path, write: bool
+) -> JobSpec:
+    """--stage / --stage-out: planned, checked against the node-local space, then packed
+    (only when `write`: a dry-run writes nothing)."""
+    if not values.get("stage") and not values.get("stage_out"):
+        return spec
+    if profile.kind == "slurm" and discover.in_allocation():
+        raise UserError(
+            "--stage",
+            "staging inside an salloc allocation is not supported yet",
+            "",
+            "Submit the job from outside the allocation (hpclaunch run submits with sbatch)",
+        )
+    items = stage.plan(values.get("stage", ()), cwd, runs.absolute(spec.run_root, cwd))
+    part = profile.partition(spec.partition)
+    space = (part.local_disk_mb if part else None) or profile.node.local_disk_mb
+    node_mem = (part.memory_mb if part and part.memory_mb else None) or profile.node.memory_mb
+    ram: Optional[int] = None
+    if profile.local_is_ram:
+        if spec.mem_mb:
+            ram = spec.mem_mb
+        elif spec.mem_per_gpu_mb and spec.gpus_per_node:
+            ram = spec.mem_per_gpu_mb * spec.gpus_per_node
+        else:
+            ram = node_mem
+    where = f"nodes of {spec.partition}" if part else f"{profile.name} nodes"
+    stage.check_capacity(items, space, ram, where)
+    if write:
+        stage.pack_all(items)
+    return replace(
+        spec,
+        stage=items,
+        stage_out=stage.parse_stage_out(values.get("stage_out", ()), cwd),
+        local_dir=profile.local_dir,
+    )
 
 
 def _with_container(

@@ -73,15 +73,15 @@ def _int(text: str) -> Optional[int]:
 def partitions() -> dict[str, Partition]:
     """Every partition with its limits; node shape = the largest node in it, so that a
     request is refused only when no node of the partition could ever hold it."""
-    out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%G|%m|%s"])
+    out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%G|%m|%s|%d"])
     if out is None:
         return {}
     found: dict[str, dict[str, int]] = {}  # sinfo prints one row per node shape
     for line in out.splitlines():
         fields = line.split("|")
-        if len(fields) != 7:
+        if len(fields) != 8:
             continue
-        name, limit, count, cpus, gres, mem, max_nodes = fields
+        name, limit, count, cpus, gres, mem, max_nodes, tmp_disk = fields
         default = name.endswith("*")
         name = name.rstrip("*")
         entry = found.setdefault(
@@ -91,6 +91,8 @@ def partitions() -> dict[str, Partition]:
         entry["cpus"] = max(entry["cpus"], _int(cpus) or 0)
         entry["gpus"] = max(entry["gpus"], _gpus(gres))
         entry["memory_mb"] = max(entry["memory_mb"], _int(mem) or 0)
+        if _int(tmp_disk):  # 0 = not configured
+            entry["local_disk_mb"] = max(entry.get("local_disk_mb", 0), _int(tmp_disk) or 0)
         if limit.lower() not in ("infinite", "unlimited", "n/a"):
             entry["max_time"] = parse_time(limit, "sinfo time limit")
         job_max = _int(max_nodes.rpartition("-")[2])  # "1-infinite", "1-4"

@@ -194,6 +194,38 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
     ),
     Option(
+        "stage",
+        "list",
+        "Put data on every node before the ranks start (repeatable): a folder (packed once "
+        "into a cached tar), a file, an archive (.tar, .tar.gz, .tar.zst) or a SquashFS "
+        "image. Ranks find it at $HPCLAUNCH_DATA_<NAME> (NAME: SRC's base name, upper-cased) "
+        "in the node-local $HPCLAUNCH_LOCAL, removed when the job ends.",
+        "--stage ./imagenet-subset:DATA",
+        metavar="SRC[:NAME]",
+    ),
+    Option(
+        "stage-out",
+        "list",
+        "Copy SRC (relative to $HPCLAUNCH_LOCAL) to DEST when the job ends, also after a "
+        "failure or the time limit; DEST/<node>/ per node on more than one node.",
+        "--stage-out out:results",
+        metavar="SRC:DEST",
+    ),
+    Option(
+        "no-snapshot",
+        "flag",
+        "Do not copy the project's code into the run directory (on clusters the job "
+        "otherwise runs from that snapshot, so later edits never change it).",
+        "--no-snapshot",
+    ),
+    Option(
+        "snapshot-limit",
+        "mem",
+        "Largest code snapshot (default 200M); bigger ones are refused, naming the largest files.",
+        "--snapshot-limit 500M",
+        metavar="SIZE",
+    ),
+    Option(
         "nccl-debug",
         "flag",
         "Add the profile's NCCL/RCCL debug variables "

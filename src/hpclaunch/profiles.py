@@ -39,6 +39,7 @@ class Partition(BaseModel):
     cpus: Optional[int] = None  # per node, overriding the profile's node shape
     gpus: Optional[int] = None
     memory_mb: Optional[int] = None
+    local_disk_mb: Optional[int] = None  # sinfo's TmpDisk
     default: bool = False
 
     @field_validator("max_time", mode="before")
@@ -55,8 +56,10 @@ class NodeShape(BaseModel):
     gpus: int = 0
     memory_mb: Optional[int] = Field(default=None, alias="memory")
     cpus_per_gpu: Optional[int] = None
+    # Node-local space for staged data (--stage); None = unknown (not checked).
+    local_disk_mb: Optional[int] = Field(default=None, alias="local_disk")
 
-    @field_validator("memory_mb", mode="before")
+    @field_validator("memory_mb", "local_disk_mb", mode="before")
     @classmethod
     def _mem(cls, value: Any) -> Any:
         return parse_memory(value, "node.memory") if isinstance(value, str) else value
@@ -155,6 +158,10 @@ class Profile(BaseModel):
     one_task_per_gpu: bool = False
     mem_per_gpu: Optional[str] = None
     cache_dirs: tuple[str, ...] = ()
+    # The job's node-local folder ($HPCLAUNCH_LOCAL), shell text evaluated on each node:
+    # the site's per-job $SLURM_TMPDIR when it sets one, else a folder in /tmp.
+    local_dir: str = "${SLURM_TMPDIR:-/tmp/$USER-hpclaunch-$SLURM_JOB_ID}"
+    local_is_ram: bool = False  # /tmp in memory (LUMI): staged data counts against --mem
     node: NodeShape = NodeShape()
     topology: Optional[Topology] = None
     env: dict[str, str] = {}

@@ -12,8 +12,8 @@ from . import containers, shell
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
 from .runs import RunPaths
-from .shell import Template, Word
-from .spec import MASK, JobSpec
+from .shell import Join, Template, Var, Word
+from .spec import MASK, JobSpec, StageItem
 from .units import format_memory, format_time
 
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768+)
@@ -102,11 +102,102 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     if spec.nccl_debug:
         env += [(k, Template(v)) for k, v in profile.debug_env.items()]
     env += [(k, v) for k, v in spec.public_env()]
+    env += data_env(spec)
     if spec.container:
         names = [k for k, _ in env] + [k for k, _ in spec.secret_env()]
         names += [*profile.gpu_vars, *profile.gpu_unset]
         env.append(("HPCLAUNCH_CONTAINER_PASS", containers.pass_list(spec.container, names)))
     return env
+
+
+SQUASHFS_MOUNTS = "/hpclaunch-data"
+
+
+def squashfs_bound(spec: JobSpec, item: StageItem) -> bool:
+    """A SquashFS item the container runtime mounts itself (Apptainer) instead of unpacking."""
+    return (
+        item.kind == "squashfs"
+        and spec.container is not None
+        and (spec.container.runtime == "apptainer")
+    )
+
+
+def data_env(spec: JobSpec) -> list[tuple[str, Word]]:
+    """HPCLAUNCH_DATA_<NAME> for every staged item, HPCLAUNCH_DATA when there is one."""
+    env: list[tuple[str, Word]] = []
+    for item in spec.stage:
+        if squashfs_bound(spec, item):
+            value: Word = f"{SQUASHFS_MOUNTS}/{item.name}"
+        else:
+            tail = f"/data/{item.name}" + (f"/{item.file}" if item.file else "")
+            value = Join((Var("HPCLAUNCH_LOCAL"), tail))
+        env.append((f"HPCLAUNCH_DATA_{item.name}", value))
+    if len(spec.stage) == 1:
+        env.append(("HPCLAUNCH_DATA", env[0][1]))
+    return env
+
+
+def _stage_note(spec: JobSpec, item: StageItem) -> str:
+    size = f"{item.size / 2**20:.1f} MiB"
+    if item.kind == "directory":
+        return f"${{HPCLAUNCH_DATA_{item.name}}}: {item.src} ({size}), packed as {item.archive}"
+    how = "mounted by the container" if squashfs_bound(spec, item) else "unpacked on each node"
+    return f"${{HPCLAUNCH_DATA_{item.name}}}: {item.src} ({item.kind}, {size}), {how}"
+
+
+def stage_json(spec: JobSpec, paths: RunPaths) -> dict[str, object]:
+    """What stage_node.py does on every node (no secrets: paths and names only)."""
+    return {
+        "run_dir": str(paths.run_dir),
+        "nodes": spec.nodes,
+        "items": [
+            {
+                "name": i.name,
+                "kind": i.kind,
+                "archive": i.archive,
+                "file": i.file,
+                "bound": squashfs_bound(spec, i),
+            }
+            for i in spec.stage
+        ],
+        "stage_out": [list(pair) for pair in spec.stage_out],
+    }
+
+
+def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
+    """The staging guard: one task per node, beside the ranks (--overlap), that unpacks
+    before they start and, on their end, scancel or the time limit (Slurm sends every
+    step SIGTERM), copies --stage-out results back and removes $HPCLAUNCH_LOCAL."""
+    guard = [
+        "srun", "--overlap", f"--nodes={spec.nodes}", "--ntasks-per-node=1",
+        "--cpus-per-task=1", "--kill-on-bad-exit=0",
+        profile.python, "-I", "-S", str(paths.run_dir / "stage_node.py"), "run",
+        str(paths.run_dir / "stage.json"),
+    ]  # fmt: skip
+    marks = shell.quote(str(paths.run_dir / "stage"))
+    return [
+        "",
+        "# --stage/--stage-out: a guard task per node unpacks into the node-local folder",
+        "# before any rank starts, stays beside the ranks, and when they end (or on scancel",
+        "# or the time limit, when Slurm sends every step SIGTERM) copies the --stage-out",
+        "# results back and removes the folder.",
+        *(shell.comment(_stage_note(spec, item)) for item in spec.stage),
+        *(shell.comment(f"--stage-out {src} -> {dest}") for src, dest in spec.stage_out),
+        shell.command(guard) + " &",
+        "HPCLAUNCH_STAGE_PID=$!",
+        "shopt -s nullglob",
+        "while :; do  # until every node is ready; bash builtins but sleep",
+        f"    ready=({marks}/ready-*) failed=({marks}/failed-*)",
+        '    if (( ${#failed[@]} )) || ! kill -0 "$HPCLAUNCH_STAGE_PID" 2>/dev/null; then',
+        '        echo "hpclaunch: staging failed; the ranks are not started" >&2',
+        '        kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null; wait "$HPCLAUNCH_STAGE_PID"',
+        "        exit 1",
+        "    fi",
+        f"    (( ${{#ready[@]}} >= {spec.nodes} )) && break",
+        "    sleep 0.1",
+        "done",
+        "shopt -u nullglob",
+    ]
 
 
 def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
@@ -157,6 +248,12 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         "export MASTER_PORT",
         shell.export_default("OMP_NUM_THREADS", str(spec.cpus_per_task)),
     ]
+    if spec.stage or spec.stage_out:
+        body += [
+            "# The job's node-local folder (the profile's choice), on every node the same path.",
+            f"HPCLAUNCH_LOCAL={profile.local_dir}",
+            "export HPCLAUNCH_LOCAL",
+        ]
     body += [shell.export(k, v) for k, v in env]
     secrets = spec.secret_env()
     if secrets:
@@ -171,7 +268,19 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         )
     if spec.container:
         body += container_comment(spec, argv)
+    staging = bool(spec.stage or spec.stage_out)
+    if staging:
+        body += stage_lines(spec, profile, paths)
     body += ["", shell.join_multiline(srun[: len(srun) - len(argv)], argv)]
+    if staging:
+        body += [
+            "HPCLAUNCH_RC=$?",
+            "# The ranks are done: the guards copy --stage-out results back and clean up",
+            "# (srun forwards SIGUSR1 to them; SIGTERM would make srun kill the step).",
+            'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
+            'wait "$HPCLAUNCH_STAGE_PID"',
+            'exit "$HPCLAUNCH_RC"',
+        ]
     return BatchPlan(
         script=shell.lines(body),
         sbatch_argv=("sbatch", "--parsable", str(paths.job_sh)),

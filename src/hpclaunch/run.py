@@ -9,12 +9,12 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from . import __version__, config, render, runs, shell
+from . import __version__, config, render, run_code, runs, shell
 from .errors import HpclaunchError
 from .spec import MASK, JobSpec, is_secret
 
@@ -28,6 +28,7 @@ class RunRequest:
     as_json: bool = False
     cwd: Optional[Path] = None
     environ: Optional[Mapping[str, str]] = None
+    reuse_code: Optional[Path] = None  # rerun: start in this earlier snapshot
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
 
@@ -35,13 +36,16 @@ class RunRequest:
 def execute(req: RunRequest) -> int:
     cwd = req.cwd or Path.cwd()
     environ = dict(os.environ if req.environ is None else req.environ)
-    resolved = config.resolve(req.options, req.program, cwd, environ)
+    resolved = config.resolve(req.options, req.program, cwd, environ, write=not req.dry_run)
     spec, profile = resolved.spec, resolved.profile
     for line in resolved.warnings:
         req.err.write(line if line.startswith("hpclaunch:") else f"hpclaunch: warning: {line}")
         req.err.write("\n")
     paths = runs.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, cwd)
-    plan = render.plan(spec, profile, paths, cwd)
+    code = run_code.plan_code(spec, cwd, paths, req.reuse_code)
+    spec, plan = _plan(spec, profile, paths, code.cwd)
+    if code.note:
+        req.err.write(code.note + "\n")
 
     if req.dry_run:
         return _dry_run(req, spec, plan, paths, resolved, environ)
@@ -52,23 +56,37 @@ def execute(req: RunRequest) -> int:
         make_mount_points(spec.container)
     paths = runs.create(paths)
     if paths.run_id not in str(plan.sbatch_argv):  # the id changed on a collision: re-plan
-        plan = render.plan(spec, profile, paths, cwd)
+        code = run_code.plan_code(spec, cwd, paths, req.reuse_code)
+        spec, plan = _plan(spec, profile, paths, code.cwd)
     backend = "local" if profile.kind == "local" else "slurm"
     try:
-        _write_run_files(paths, spec, plan, backend, req.program, cwd)
+        entry = run_code.write_code(code, paths, runs.absolute(spec.run_root, cwd))
+        _write_run_files(paths, spec, plan, backend, req, cwd, entry)
     except OSError as exc:
         runs.remove(paths)
         raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
+    except HpclaunchError:
+        runs.remove(paths)
+        raise
 
     if backend == "local":
         from .run_local import run_local_job
 
-        return run_local_job(spec, plan, paths, cwd, environ, req.out, req.err, req.as_json)
+        return run_local_job(spec, plan, paths, code.cwd, environ, req.out, req.err, req.as_json)
     if resolved.in_allocation:
         from .run_step import run_step_job
 
         return run_step_job(spec, plan, paths, environ, req.out, req.err, req.as_json)
     return _submit(req, spec, plan, paths, environ)
+
+
+def _plan(
+    spec: JobSpec, profile: Any, paths: runs.RunPaths, job_cwd: Path
+) -> tuple[JobSpec, render.BatchPlan]:
+    """The batch plan for a job that starts in job_cwd (the snapshot, when there is one)."""
+    if spec.container and spec.container.cwd != str(job_cwd):
+        spec = replace(spec, container=replace(spec.container, cwd=str(job_cwd)))
+    return spec, render.plan(spec, profile, paths, job_cwd)
 
 
 def _dry_run(
@@ -107,14 +125,17 @@ def _write_run_files(
     spec: JobSpec,
     plan: render.BatchPlan,
     backend: str,
-    program: tuple[str, ...],
+    req: RunRequest,
     cwd: Path,
+    code: dict[str, Any],
 ) -> None:
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
     paths.job_sh.write_bytes(plan.script.encode("utf-8", "surrogateescape"))
-    source = resources.files("hpclaunch").joinpath("bootstrap.py")
-    with resources.as_file(source) as src:
-        shutil.copyfile(src, paths.bootstrap)
+    for name in ("bootstrap.py", *(("stage_node.py",) if spec.stage or spec.stage_out else ())):
+        with resources.as_file(resources.files("hpclaunch").joinpath(name)) as src:
+            shutil.copyfile(src, paths.run_dir / name)
+    if spec.stage or spec.stage_out:
+        runs.write_json(paths.run_dir / "stage.json", render.stage_json(spec, paths))
     runs.write_json(paths.run_dir / "spec.json", spec.to_record())
     record = {
         "run_id": paths.run_id,
@@ -127,8 +148,12 @@ def _write_run_files(
         "submitted_at": time.time(),
         "state": "CREATED",
         "exit_code": None,
-        "command": list(program),
+        "command": list(req.program),
         "argv": masked_argv(sys.argv),
+        # What `rerun` needs: the options as given (secret values masked) and the folder.
+        "options": masked_options(req.options),
+        "cwd": str(cwd),
+        "code": code,
         "hpclaunch_version": __version__,
         "nodes": spec.nodes,
         "tasks_per_node": spec.tasks_per_node,
@@ -224,6 +249,18 @@ def follow(job_id: str, run_dir: Path, out: TextIO, err: TextIO) -> int:
     if code != 0:
         err.write(f"hpclaunch: job {job_id} ended {state}, exit code {code}\n")
     return code
+
+
+def masked_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "env" and isinstance(value, (list, tuple)):
+            value = [
+                f"{item.partition('=')[0]}={MASK}" if is_secret(item.partition("=")[0]) else item
+                for item in value
+            ]
+        out[key] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def masked_argv(argv: list[str]) -> list[str]:

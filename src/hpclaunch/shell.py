@@ -74,7 +74,14 @@ class Template:
     text: str
 
 
-Word = Union[str, Var, Template]
+@dataclass(frozen=True)
+class Join:
+    """One shell word made of parts side by side: "${HPCLAUNCH_LOCAL}"'/data/my file'."""
+
+    parts: tuple[Union[str, Var, Template], ...]
+
+
+Word = Union[str, Var, Template, Join]
 
 
 def template(text: str) -> str:
@@ -97,6 +104,8 @@ def expand(item: Word, values: Mapping[str, str]) -> str:
         return values.get(item.name, "")
     if isinstance(item, Template):
         return _REF.sub(lambda m: values.get(m.group(1) or m.group(2), ""), item.text)
+    if isinstance(item, Join):
+        return "".join(expand(part, values) for part in item.parts)
     return item
 
 
@@ -112,6 +121,8 @@ def word(item: Word) -> str:
         return '"${' + check_name(item.name, "variable") + '}"'
     if isinstance(item, Template):
         return template(item.text)
+    if isinstance(item, Join):
+        return "".join(word(part) for part in item.parts) or "''"
     return quote(item)
 
 

@@ -29,10 +29,13 @@ class Bind:
     src: str
     dst: str
     ro: bool = False
-    origin: str = "you"  # you | profile | run | project | cwd | venv
+    origin: str = "you"  # you | profile | run | project | cwd | venv | stage
+    image: bool = False  # a SquashFS file mounted as a folder (Apptainer's image-src=/)
 
     def spec(self) -> str:
         """Apptainer's -B item: the bare path when it lands at the same place (LUMI's form)."""
+        if self.image:
+            return f"{self.src}:{self.dst}:image-src=/"
         if self.src == self.dst and not self.ro:
             return self.src
         return f"{self.src}:{self.dst}" + (":ro" if self.ro else "")
@@ -52,6 +55,18 @@ class ContainerJob:
     pass_env: tuple[str, ...] = ()
     # Destinations missing in a directory image the user may write: made before submitting.
     mount_points: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageItem:
+    """One --stage source, packed (or used as is) on the submitting side."""
+
+    name: str  # NAME in HPCLAUNCH_DATA_<NAME>
+    src: str  # absolute source path
+    kind: str  # directory | file | archive | squashfs
+    archive: str  # what each node unpacks: the cached tar, or the source archive itself
+    size: int  # bytes once unpacked on a node (an estimate for compressed archives)
+    file: str = ""  # for a single file: its name inside the unpacked folder
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,12 @@ class JobSpec:
     cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
     container: Optional[ContainerJob] = None
     venv: str = ""  # absolute path of a venv every task activates
+    stage: tuple[StageItem, ...] = ()
+    stage_out: tuple[tuple[str, str], ...] = ()  # (SRC relative to HPCLAUNCH_LOCAL, absolute DEST)
+    # The folder every node's tasks use for staged data ($HPCLAUNCH_LOCAL), as shell text.
+    local_dir: str = ""
+    snapshot: bool = False  # run from a copy of the project's code made at submission
+    snapshot_limit_mb: int = 200
     # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

@@ -13,6 +13,7 @@ from typing import Optional
 import click
 
 from ..errors import USER_ERROR_EXIT, HpclaunchError, UserError, _one_line
+from .again import clean_cmd, rerun_cmd
 from .env import env_group
 from .manage import cancel_cmd, logs_cmd, runs_cmd, show_cmd, status_cmd
 from .run import run_cmd
@@ -47,6 +48,8 @@ cli.add_command(show_cmd)
 cli.add_command(logs_cmd)
 cli.add_command(cancel_cmd)
 cli.add_command(env_group)
+cli.add_command(rerun_cmd)
+cli.add_command(clean_cmd)
 
 
 def _usage_line(exc: click.UsageError) -> str:

@@ -153,13 +153,13 @@ def _ranks(record: dict[str, Any]) -> str:
 @click.command("show", epilog=RUN_ARG_HELP)
 @click.argument("run")
 def show_cmd(run: str) -> int:
-    """Print a run's whole record: run.json, the resolved spec.json and the batch script."""
+    """Print a run's whole record: run.json, spec.json, the batch script and the diff."""
     from .. import runs
 
     run_dir = Path(runs.find(run)["run_dir"])
     record = _refresh(runs.read_record(run_dir), run_dir)
     click.echo(json.dumps(record, indent=2, sort_keys=True))
-    for name in ("spec.json", "job.sh"):
+    for name in ("spec.json", "job.sh", "git.diff"):
         path = run_dir / name
         if path.is_file():
             click.echo(f"\n# {path}")

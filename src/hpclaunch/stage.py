@@ -1,0 +1,245 @@
+"""--stage and --stage-out on the submitting side: parse, pack once (cached), check the
+node-local capacity, and describe the job's staging for the nodes (stage.json).
+
+A directory is packed into one tar kept under the run root (.stage-cache/), keyed by a
+manifest of its paths, sizes and mtimes: an unchanged dataset reuses the same file, a
+touched one packs again. Each node then unpacks that one file (stage_node.py), which is
+what makes many small files cheap on a parallel file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Optional, TextIO
+
+from .errors import UserError, show
+from .snapshot import human
+from .spec import StageItem
+from .units import format_memory
+
+ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".tar.bz2")
+SQUASHFS_MAGIC = b"hsqs"
+CACHE = ".stage-cache"
+_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def default_name(src: str) -> str:
+    base = os.path.basename(os.path.normpath(src)) or "DATA"
+    return re.sub(r"[^A-Z0-9]", "_", base.upper())
+
+
+def parse(text: str, cwd: Path) -> tuple[str, str]:
+    """SRC[:NAME] -> (absolute SRC, NAME); the source must exist."""
+    src, name = text, ""
+    head, sep, tail = text.rpartition(":")
+    if sep and head and _NAME.match(tail):
+        src, name = head, tail.upper()
+    full = Path(os.path.expandvars(src)).expanduser()
+    path = os.path.normpath(str(full if full.is_absolute() else cwd / full))
+    if not os.path.exists(path):
+        raise UserError("--stage", f"{path} does not exist", "", "Fix the path")
+    return path, name or default_name(path)
+
+
+def kind_of(path: str) -> str:
+    if os.path.isdir(path):
+        return "directory"
+    if path.endswith(ARCHIVES):
+        return "archive"
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) == SQUASHFS_MAGIC:
+                return "squashfs"
+    except OSError as exc:
+        raise UserError("--stage", f"cannot read {path}: {exc.strerror}", "", "Check it") from None
+    return "file"
+
+
+def manifest(root: str) -> list[tuple[str, int, int, bool]]:
+    """(relative path, size, mtime_ns, is_dir) of everything under root, sorted."""
+    out: list[tuple[str, int, int, bool]] = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel) if rel else root) as entries:
+            for entry in entries:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                info = entry.stat(follow_symlinks=False)
+                is_dir = stat.S_ISDIR(info.st_mode)
+                out.append((path, 0 if is_dir else info.st_size, info.st_mtime_ns, is_dir))
+                if is_dir:
+                    stack.append(path)
+    out.sort()
+    return out
+
+
+def archive_size(path: str) -> int:
+    """Bytes once unpacked: exact for .tar, gzip's own record for small .tar.gz, else
+    the archive's size (a lower bound)."""
+    size = os.path.getsize(path)
+    if path.endswith((".tar.gz", ".tgz")) and size < 1 << 32:
+        with open(path, "rb") as handle:
+            handle.seek(-4, os.SEEK_END)
+            return max(size, int.from_bytes(handle.read(4), "little"))
+    return size
+
+
+def _progress(
+    total: int, path: Path, label: str, err: TextIO
+) -> tuple[threading.Event, threading.Thread]:
+    """Watch the growing tar and draw a progress bar on a terminal (a line otherwise)."""
+    stop = threading.Event()
+
+    def draw() -> None:
+        if not err.isatty():
+            err.write(f"hpclaunch: packing {label} ({human(total)}) once\n")
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=err),
+            transient=True,
+        ) as bar:
+            task = bar.add_task(f"packing {label}", total=total)
+            while not stop.wait(0.1):
+                with contextlib.suppress(OSError):  # not created yet
+                    bar.update(task, completed=path.stat().st_size)
+
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def cache_key(src: str, items: list[tuple[str, int, int, bool]]) -> str:
+    digest = hashlib.sha256(os.path.realpath(src).encode("utf-8", "surrogateescape"))
+    for rel, size, mtime, is_dir in items:
+        digest.update(f"{rel}\0{size}\0{mtime}\0{int(is_dir)}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:20]
+
+
+def pack(src: str, tar: Path, items: list[tuple[str, int, int, bool]], err: TextIO) -> None:
+    """Write the tar of a directory from its manifest (atomically: a reader never sees
+    half a tar), with a progress bar."""
+    if tar.exists():
+        return  # unchanged since it was packed: reuse the same file
+    tar.parent.mkdir(parents=True, exist_ok=True)
+    fd, listing = tempfile.mkstemp(prefix=".list-", dir=tar.parent)
+    with os.fdopen(fd, "wb") as handle:
+        for rel, _, _, _ in items:
+            handle.write(os.fsencode(rel) + b"\0")
+    tmp = tar.parent / f".{tar.name}.{os.getpid()}"
+    total = sum(size for _, size, _, _ in items)
+    stop, thread = _progress(total + 512 * len(items), tmp, os.path.basename(src), err)
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            ["tar", "-cf", str(tmp), "-C", src, "--no-recursion", "--null", "-T", listing],
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+    finally:
+        stop.set()
+        thread.join()
+        os.unlink(listing)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            "--stage",
+            f"packing {src} failed: {done.stderr.decode(errors='replace').strip()}",
+            "",
+            "Check the folder is readable",
+        )
+    os.replace(tmp, tar)
+    err.write(
+        f"hpclaunch: packed {src}: {len(items)} entries, {human(total)} in "
+        f"{time.monotonic() - started:.1f} s -> {tar}\n"
+    )
+
+
+def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, ...]:
+    """Every --stage item with its size on a node and the file each node unpacks (for a
+    directory, the cached tar: pack_all() writes it when it is missing)."""
+    items: list[StageItem] = []
+    for text in values:
+        src, name = parse(text, cwd)
+        if any(i.name == name for i in items):
+            raise UserError(
+                "--stage", f"two sources are named {name}", "", "Name them: --stage SRC:NAME"
+            )
+        kind = kind_of(src)
+        if kind == "directory":
+            listing = manifest(src)
+            tar = run_root / CACHE / f"{name}-{cache_key(src, listing)}.tar"
+            size = sum(size for _, size, _, _ in listing)
+            items.append(StageItem(name=name, src=src, kind=kind, archive=str(tar), size=size))
+        elif kind == "archive":
+            items.append(StageItem(name, src, kind, src, archive_size(src)))
+        else:
+            file = os.path.basename(src) if kind == "file" else ""
+            items.append(StageItem(name, src, kind, src, os.path.getsize(src), file))
+    return tuple(items)
+
+
+def pack_all(items: tuple[StageItem, ...], err: TextIO = sys.stderr) -> None:
+    for item in items:
+        if item.kind == "directory" and not os.path.exists(item.archive):
+            pack(item.src, Path(item.archive), manifest(item.src), err)
+
+
+def check_capacity(
+    items: tuple[StageItem, ...], space_mb: Optional[int], ram_mb: Optional[int], where: str
+) -> None:
+    """Refuse before submission what cannot fit on a node (both numbers in the line)."""
+    need = sum(i.size for i in items)
+    need_mb = -(-need // 2**20)
+    if space_mb and need_mb > space_mb:
+        raise UserError(
+            "--stage",
+            f"{format_memory(need_mb)} to stage on every node",
+            f"{where} have {format_memory(space_mb)} of node-local space",
+            "Stage less (or a compressed archive), or use nodes with more space",
+        )
+    if ram_mb is not None and need_mb > ram_mb:
+        raise UserError(
+            "--stage",
+            f"{format_memory(need_mb)} to stage into memory-backed /tmp",
+            f"the job asks for {format_memory(ram_mb)} of memory per node",
+            "Ask for more memory (--mem, --mem 0 for all of it) or stage less",
+        )
+
+
+def parse_stage_out(values: Iterable[str], cwd: Path) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for text in values:
+        src, sep, dest = text.partition(":")
+        if not sep or not src or not dest:
+            raise UserError(
+                "--stage-out", f"{show(text)} is not SRC:DEST", "", "Give e.g. out:results"
+            )
+        if os.path.isabs(src) or ".." in Path(src).parts:
+            raise UserError(
+                "--stage-out",
+                f"{show(src)} leaves $HPCLAUNCH_LOCAL",
+                "SRC is relative to the node-local folder",
+                "Give a path inside it, e.g. out",
+            )
+        full = Path(os.path.expandvars(dest)).expanduser()
+        dest_path = full if full.is_absolute() else cwd / full
+        out.append((os.path.normpath(src), os.path.normpath(str(dest_path))))
+    return tuple(out)

@@ -1,0 +1,250 @@
+"""hpclaunch stage guard: puts staged data on a node and takes it away again.
+
+Runs on every node of a job, one task per node, as a background step beside the ranks
+(``srun --overlap ... python3 -I -S <run_dir>/stage_node.py run <run_dir>/stage.json``),
+and in-process for the local backend. It is a copy in the run directory and runs with
+the nodes' own python3, so: standard library only, Python >= 3.6 (LUMI's compute nodes
+run SLES's 3.6), never imports the hpclaunch package. Per node it:
+
+1. removes this user's node-local folders of jobs that no longer run (a node crash left
+   them; nobody else's files are touched);
+2. makes ``$HPCLAUNCH_LOCAL`` (mode 700) and unpacks every staged item into
+   ``$HPCLAUNCH_LOCAL/data/<NAME>`` (``tar -xf``; a single file is copied; a SquashFS
+   image is unpacked with unsquashfs unless the container binds it);
+3. writes ``<run_dir>/stage/ready-<node>`` (or ``failed-<node>`` with the reason): the
+   batch script starts the ranks once every node is ready;
+4. waits for SIGUSR1 (sent by the batch script when the ranks are done) or SIGTERM (sent
+   by Slurm on scancel and at the time limit), then copies the ``--stage-out`` results back to
+   shared storage and removes ``$HPCLAUNCH_LOCAL``.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+# typing's generics, not the builtin ones: Python 3.6 runs this file.
+from typing import Any, List, Mapping, Optional, Set
+
+PREFIX = "hpclaunch-stage: "
+LEFTOVER = re.compile(r"^(?P<user>.+)-hpclaunch-(?P<job>\d+)$")
+
+
+def say(text: str) -> None:
+    sys.stderr.write(PREFIX + text + "\n")
+    sys.stderr.flush()
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    return env.get("SLURMD_NODENAME") or os.uname().nodename
+
+
+def live_jobs(user: str) -> Optional[Set[str]]:
+    """Job ids of `user` that Slurm still knows (None when squeue cannot tell)."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-u", user, "-o", "%i"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    ids = set()
+    for line in done.stdout.decode().split():
+        ids.add(line.split("_")[0].split("+")[0])  # array / het job suffixes
+    return ids
+
+
+def leftovers(folder: str, user: str, current: str) -> List[str]:
+    """This user's node-local folders (``<user>-hpclaunch-<jobid>``) of other jobs."""
+    found = []  # type: List[str]
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    uid = os.getuid()
+    for name in names:
+        match = LEFTOVER.match(name)
+        if not match or match.group("user") != user or match.group("job") == current:
+            continue
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == uid and not os.path.islink(path):
+            found.append(path)
+    return found
+
+
+def clean_leftovers(folder: str, user: str, current: str, dry_run: bool = False) -> List[str]:
+    """Remove leftovers of jobs that no longer run; returns what was (or would be) removed."""
+    candidates = leftovers(folder, user, current)
+    if not candidates:
+        return []
+    live = live_jobs(user)
+    if live is None:
+        return []  # cannot tell which jobs still run: touch nothing
+    removed = []
+    for path in candidates:
+        if LEFTOVER.match(os.path.basename(path)).group("job") in live:  # type: ignore[union-attr]
+            continue
+        if not dry_run:
+            shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def unpack(item: Mapping[str, Any], local: str) -> None:
+    target = os.path.join(local, "data", item["name"])
+    os.makedirs(target, exist_ok=True)
+    kind, archive = item["kind"], item["archive"]
+    if kind == "file":
+        shutil.copy2(archive, os.path.join(target, item["file"]))
+        return
+    if kind == "squashfs":
+        if item.get("bound"):
+            return  # the container runtime mounts the image itself
+        argv = ["unsquashfs", "-q", "-f", "-n", "-d", target, archive]
+    else:
+        # GNU tar finds gzip/zstd/xz compression by itself when reading a file.
+        argv = ["tar", "-xf", archive, "-C", target]
+    done = subprocess.run(argv, stderr=subprocess.PIPE, check=False)
+    if done.returncode != 0:
+        raise OSError("%s failed: %s" % (argv[0], done.stderr.decode(errors="replace").strip()))
+
+
+def merge_tree(src: str, dest: str) -> None:
+    """copytree into a folder that may exist (dirs_exist_ok needs Python 3.8)."""
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(src):
+        path, target = os.path.join(src, name), os.path.join(dest, name)
+        if os.path.islink(path):
+            if os.path.lexists(target):
+                os.unlink(target)
+            os.symlink(os.readlink(path), target)
+        elif os.path.isdir(path):
+            merge_tree(path, target)
+        else:
+            shutil.copy2(path, target)
+
+
+def stage_out(spec: Mapping[str, Any], local: str, node: str) -> None:
+    """Copy each --stage-out SRC (relative to $HPCLAUNCH_LOCAL) to DEST, per node when
+    the job has more than one node. Errors are reported, never fatal: cleanup follows."""
+    for src, dest in spec.get("stage_out", []):
+        path = os.path.join(local, src)
+        if spec.get("nodes", 1) > 1:
+            dest = os.path.join(dest, node)
+        try:
+            if os.path.isdir(path):
+                merge_tree(path, dest)
+            elif os.path.exists(path):
+                os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+                shutil.copy2(path, dest)
+            else:
+                say("--stage-out: %s does not exist on %s; nothing copied" % (path, node))
+                continue
+            say("--stage-out: %s -> %s" % (path, dest))
+        except OSError as exc:
+            say("--stage-out: copying %s to %s failed on %s: %s" % (path, dest, node, exc))
+
+
+def prepare(spec: Mapping[str, Any], local: str, env: Mapping[str, str]) -> None:
+    """Steps 1 and 2: leftovers, then the unpacked data."""
+    user = env.get("USER") or ""
+    job = env.get("SLURM_JOB_ID") or ""
+    parent = os.path.dirname(local.rstrip("/"))
+    if user and LEFTOVER.match(os.path.basename(local.rstrip("/"))):
+        for path in clean_leftovers(parent, user, job):
+            say("removed %s (a job that no longer runs)" % path)
+    os.makedirs(local, mode=0o700, exist_ok=True)
+    for item in spec.get("items", []):
+        unpack(item, local)
+
+
+def finish(spec: Mapping[str, Any], local: str, node: str) -> None:
+    """Step 4: --stage-out, then the node-local folder goes."""
+    stage_out(spec, local, node)
+    shutil.rmtree(local, ignore_errors=True)
+
+
+class _Stop:
+    asked = False
+    waiting = False
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _on_term(signum: int, frame: object) -> None:
+    _Stop.asked = True
+    if _Stop.waiting:  # break out of pause(), also between the check and the call
+        raise _Stopped()
+
+
+def _mark(run_dir: str, what: str, node: str, text: str = "") -> None:
+    folder = os.path.join(run_dir, "stage")
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, ".%s-%s.%d" % (what, node, os.getpid()))
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.rename(tmp, os.path.join(folder, "%s-%s" % (what, node)))
+
+
+def run(spec_path: str) -> int:
+    # SIGUSR1: the batch script's "the ranks are done" (srun forwards it to the tasks;
+    # SIGTERM to srun would make it kill the step outright). SIGTERM: scancel or the time
+    # limit, from Slurm to every step. Both end the same way: stage-out, then cleanup.
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _on_term)
+    signal.signal(signal.SIGCONT, signal.SIG_IGN)
+    with open(spec_path) as handle:
+        spec = json.load(handle)
+    env = os.environ
+    local = env["HPCLAUNCH_LOCAL"]
+    node = node_name(env)
+    started = time.time()
+    try:
+        prepare(spec, local, env)
+    except OSError as exc:
+        say("staging failed on %s: %s" % (node, exc))
+        _mark(spec["run_dir"], "failed", node, str(exc))
+        shutil.rmtree(local, ignore_errors=True)
+        return 1
+    _mark(spec["run_dir"], "ready", node, "%.3f" % (time.time() - started))
+    try:
+        _Stop.waiting = True
+        while not _Stop.asked:
+            signal.pause()  # until SIGTERM: the ranks are done, cancelled or out of time
+    except _Stopped:
+        pass
+    _Stop.waiting = False
+    finish(spec, local, node)
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) == 3 and argv[1] == "run":
+        return run(argv[2])
+    if len(argv) >= 2 and argv[1] == "clean":
+        folder = argv[2] if len(argv) > 2 else "/tmp"
+        dry = "--dry-run" in argv
+        for path in clean_leftovers(folder, os.environ.get("USER", ""), "", dry):
+            print(("would remove " if dry else "removed ") + path)
+        return 0
+    sys.stderr.write("usage: stage_node.py run STAGE_JSON | clean [FOLDER] [--dry-run]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,112 @@
+"""Staging pieces without Slurm: names, kinds, the pack cache, capacity, stage-out
+parsing, and the node-side unpack / stage-out / cleanup run in-process."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from hpclaunch import render, stage, stage_node
+from hpclaunch.errors import UserError
+from hpclaunch.spec import JobSpec, StageItem
+
+
+def _tree(root: Path) -> None:
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "x.txt").write_text("x")
+    (root / "top.txt").write_text("top")
+    (root / "empty").mkdir()
+
+
+def test_names_default_to_the_base_name_upper_cased(tmp_path: Path) -> None:
+    (tmp_path / "my-data.v2").mkdir()
+    assert stage.parse("my-data.v2", tmp_path) == (str(tmp_path / "my-data.v2"), "MY_DATA_V2")
+    assert stage.parse(f"{tmp_path}/my-data.v2:train", tmp_path)[1] == "TRAIN"
+    with pytest.raises(UserError, match="does not exist"):
+        stage.parse("nope", tmp_path)
+
+
+def test_kinds(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f.bin").write_bytes(b"data")
+    (tmp_path / "a.tar.gz").write_bytes(b"")
+    (tmp_path / "img.sqfs").write_bytes(b"hsqs" + b"\0" * 60)
+    kinds = {n: stage.kind_of(str(tmp_path / n)) for n in ("d", "f.bin", "a.tar.gz", "img.sqfs")}
+    assert kinds == {
+        "d": "directory",
+        "f.bin": "file",
+        "a.tar.gz": "archive",
+        "img.sqfs": "squashfs",
+    }
+
+
+def test_pack_is_reused_until_a_file_changes(tmp_path: Path) -> None:
+    src = tmp_path / "data"
+    _tree(src)
+    root = tmp_path / "runs"
+    [item] = stage.plan(["data"], tmp_path, root)
+    assert item.size == 4 and not Path(item.archive).exists()
+    stage.pack_all((item,), io.StringIO())
+    inode = os.stat(item.archive).st_ino
+    with tarfile.open(item.archive) as tar:
+        assert sorted(tar.getnames()) == ["a", "a/b", "a/b/x.txt", "empty", "top.txt"]
+    [again] = stage.plan(["data"], tmp_path, root)
+    assert again.archive == item.archive
+    stage.pack_all((again,), io.StringIO())
+    assert os.stat(item.archive).st_ino == inode
+    os.utime(src / "a" / "b" / "x.txt", ns=(1, 1))
+    [touched] = stage.plan(["data"], tmp_path, root)
+    assert touched.archive != item.archive
+
+
+def test_capacity_is_checked_with_both_numbers() -> None:
+    items = (StageItem("D", "/d", "directory", "/t.tar", 3 * 2**20),)
+    stage.check_capacity(items, 4, None, "nodes")
+    with pytest.raises(UserError, match=r"3M to stage on every node \(nodes have 2M"):
+        stage.check_capacity(items, 2, None, "nodes")
+    with pytest.raises(UserError, match=r"memory-backed /tmp \(the job asks for 2M"):
+        stage.check_capacity(items, None, 2, "nodes")
+
+
+def test_stage_out_parsing(tmp_path: Path) -> None:
+    assert stage.parse_stage_out(["out:res"], tmp_path) == (("out", str(tmp_path / "res")),)
+    for bad in ("out", "/abs:res", "../up:res"):
+        with pytest.raises(UserError):
+            stage.parse_stage_out([bad], tmp_path)
+
+
+def test_node_side_unpacks_copies_back_and_cleans(tmp_path: Path) -> None:
+    src = tmp_path / "data"
+    _tree(src)
+    (tmp_path / "one.bin").write_bytes(b"1")
+    items = stage.plan(["data", "one.bin:ONE"], tmp_path, tmp_path / "runs")
+    stage.pack_all(items, io.StringIO())
+    spec = JobSpec(cluster="local", program=("x",), nodes=2, stage=items,
+                   stage_out=(("out", str(tmp_path / "res")),))  # fmt: skip
+    paths_json = render.stage_json(spec, _paths(tmp_path))
+    local = tmp_path / "node-local"
+    stage_node.prepare(paths_json, str(local), {"USER": "u"})
+    assert (local / "data" / "DATA" / "a" / "b" / "x.txt").read_text() == "x"
+    assert (local / "data" / "ONE" / "one.bin").read_bytes() == b"1"
+    (local / "out" / "sub").mkdir(parents=True)
+    (local / "out" / "sub" / "r.txt").write_text("r")
+    stage_node.finish(paths_json, str(local), "nodeA")
+    assert (tmp_path / "res" / "nodeA" / "sub" / "r.txt").read_text() == "r"
+    assert not local.exists()
+    env = dict(render.data_env(spec))
+    assert set(env) == {"HPCLAUNCH_DATA_DATA", "HPCLAUNCH_DATA_ONE"}
+
+
+def _paths(tmp_path: Path) -> render.RunPaths:
+    return render.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
+
+
+def test_leftovers_are_only_this_users(tmp_path: Path) -> None:
+    for name in ("u-hpclaunch-1", "u-hpclaunch-2", "v-hpclaunch-3", "u-other-4"):
+        (tmp_path / name).mkdir()
+    found = sorted(os.path.basename(p) for p in stage_node.leftovers(str(tmp_path), "u", "2"))
+    assert found == ["u-hpclaunch-1"]
