@@ -143,7 +143,7 @@ def _results(hpc: Hpc, name: str) -> dict[str, list[str]]:
 def test_cleanup_and_stage_out_after_success_failure_and_time_limit(hpc: Hpc) -> None:
     proc = _job(hpc, "ok", "exit 0")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    proc = _job(hpc, "fail", "exit 3")
+    proc = _job(hpc, "fail", "sleep 1; exit 3")  # both ranks write first
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     proc = _job(hpc, "timeout", "sleep 300", "-p", "short", "-t", "1")
     assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]
