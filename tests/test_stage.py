@@ -110,3 +110,34 @@ def test_leftovers_are_only_this_users(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
     found = sorted(os.path.basename(p) for p in stage_node.leftovers(str(tmp_path), "u", "2"))
     assert found == ["u-hpclaunch-1"]
+
+
+def test_squashfs_is_mounted_by_apptainer_and_ram_backed_tmp_counts_against_mem(
+    tmp_path: Path,
+) -> None:
+    """LUMI: a staged SquashFS image is bound with image-src=/ (not unpacked), and /tmp in
+    memory means the staged size must fit in the memory the job asks for. The image is a
+    stand-in file with a SquashFS header (no LUMI here)."""
+    from hpclaunch import config
+
+    image = tmp_path / "data.sqfs"
+    image.write_bytes(b"hsqs" + b"\0" * 1000)
+    sif = tmp_path / "t.sif"
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\nSIF_MAGIC")
+    cli = {
+        "cluster": "lumi", "account": "project_465000000", "partition": "small-g",
+        "gpus_per_node": "1", "container": str(sif), "stage": (str(image),),
+    }  # fmt: skip
+    env = {"USER": "alice", "HOME": str(tmp_path)}
+    spec = config.resolve(cli, ("python", "t.py"), tmp_path, env, write=False).spec
+    assert spec.container is not None
+    assert f"{image}:/hpclaunch-data/DATA_SQFS:image-src=/" in [
+        b.spec() for b in spec.container.binds
+    ]
+    assert dict(render.data_env(spec))["HPCLAUNCH_DATA_DATA_SQFS"] == "/hpclaunch-data/DATA_SQFS"
+    image.write_bytes(b"hsqs" + b"\0" * (70 * 2**20))  # 70M on a 60G-per-GPU job: fine
+    config.resolve(cli, ("python", "t.py"), tmp_path, env, write=False)
+    with pytest.raises(UserError, match="memory-backed /tmp"):
+        config.resolve(
+            {**cli, "mem_per_gpu": "64M"}, ("python", "t.py"), tmp_path, env, write=False
+        )

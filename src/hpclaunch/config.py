@@ -256,6 +256,7 @@ def _with_container(
         venv, warnings = venvs.check_venv(venv, cwd, job)
     if job is not None:
         job = containers.check_mount_points(job, profile.container)
+        job = containers.with_staged_images(job, spec.stage)
         line = venvs.shadow_warning(job, venv, profile.python, environ)
         if line:
             warnings.append(line)

@@ -25,7 +25,7 @@ from typing import Optional
 from .errors import UserError, show
 from .profiles import ContainerSettings, Profile
 from .shell import Word
-from .spec import Bind, ContainerJob
+from .spec import Bind, ContainerJob, StageItem
 
 ENV_FD = 3
 # Static text (no user value in it): export the task's whole environment into fd 3, then
@@ -291,6 +291,21 @@ def check_mount_points(job: ContainerJob, settings: ContainerSettings) -> Contai
             "or use a directory image you can write",
         )
     return replace(job, mount_points=tuple(makeable))
+
+
+STAGED_IMAGES = "/hpclaunch-data"  # where Apptainer mounts --stage'd SquashFS images
+
+
+def with_staged_images(job: ContainerJob, items: tuple[StageItem, ...]) -> ContainerJob:
+    """Apptainer mounts a staged SquashFS image itself (no unpacking on the nodes)."""
+    if job.runtime != "apptainer":
+        return job
+    extra = tuple(
+        Bind(src=i.archive, dst=f"{STAGED_IMAGES}/{i.name}", ro=True, origin="stage", image=True)
+        for i in items
+        if i.kind == "squashfs"
+    )
+    return replace(job, binds=job.binds + extra) if extra else job
 
 
 def make_mount_points(job: ContainerJob) -> None:

@@ -110,7 +110,7 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     return env
 
 
-SQUASHFS_MOUNTS = "/hpclaunch-data"
+SQUASHFS_MOUNTS = containers.STAGED_IMAGES
 
 
 def squashfs_bound(spec: JobSpec, item: StageItem) -> bool:
