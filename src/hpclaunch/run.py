@@ -16,6 +16,7 @@ from typing import Any, Optional, TextIO
 
 from . import __version__, config, render, run_code, runs, shell
 from .errors import HpclaunchError
+from .snapshot import human
 from .spec import MASK, JobSpec, is_secret
 
 
@@ -46,6 +47,11 @@ def execute(req: RunRequest) -> int:
     spec, plan = _plan(spec, profile, paths, code.cwd)
     if code.note:
         req.err.write(code.note + "\n")
+    if req.dry_run and code.plan is not None:
+        req.err.write(
+            f"hpclaunch: the job would run a code snapshot: {len(code.plan.files)} entries "
+            f"({human(code.plan.total_bytes)}) copied to {code.cwd}\n"
+        )
 
     if req.dry_run:
         return _dry_run(req, spec, plan, paths, resolved, environ)
