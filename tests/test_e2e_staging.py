@@ -88,6 +88,9 @@ def test_dataset_reaches_every_rank_from_its_own_node(hpc: Hpc) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("sums-*.json"))]
     assert len(reports) == 4
+    # One guard per node, not one per rank (srun would take the job's SLURM_NTASKS).
+    batch = (hpc.run_dirs()[0] / "logs" / "batch.out").read_text()
+    assert "Ignoring --ntasks-per-node" not in batch, batch
     for report in reports:
         assert report["sums"] == sums, report["node"]
         assert report["root"] == f"{report['local']}/data/DATASET" == report["data"]

@@ -169,7 +169,9 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
     before they start and, on their end, scancel or the time limit (Slurm sends every
     step SIGTERM), copies --stage-out results back and removes $HPCLAUNCH_LOCAL."""
     guard = [
-        "srun", "--overlap", f"--nodes={spec.nodes}", "--ntasks-per-node=1",
+        # --ntasks too: srun would take the job's SLURM_NTASKS and start a guard per rank.
+        "srun", "--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
+        "--ntasks-per-node=1",
         "--cpus-per-task=1", "--kill-on-bad-exit=0",
         profile.python, "-I", "-S", str(paths.run_dir / "stage_node.py"), "run",
         str(paths.run_dir / "stage.json"),
