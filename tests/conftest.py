@@ -68,7 +68,12 @@ class Hpc:
 
     def run_dirs(self) -> list[Path]:
         root = self.cwd / "runs"
-        return sorted(p for p in root.glob("*/*") if p.is_dir()) if root.exists() else []
+        if not root.exists():
+            return []
+        # Not .stage-cache/<pack>: run dirs are <exp>/<run-id>, neither hidden.
+        return sorted(
+            p for p in root.glob("*/*") if p.is_dir() and not p.parent.name.startswith(".")
+        )
 
 
 @pytest.fixture(scope="session")

@@ -51,16 +51,28 @@ def test_pack_is_reused_until_a_file_changes(tmp_path: Path) -> None:
     [item] = stage.plan(["data"], tmp_path, root)
     assert item.size == 4 and not Path(item.archive).exists()
     stage.pack_all((item,), io.StringIO())
-    inode = os.stat(item.archive).st_ino
-    with tarfile.open(item.archive) as tar:
-        assert sorted(tar.getnames()) == ["a", "a/b", "a/b/x.txt", "empty", "top.txt"]
+    inodes = [os.stat(p).st_ino for p in stage.parts(item.archive)]
+    names: list[str] = []
+    for part in stage.parts(item.archive):
+        with tarfile.open(part) as tar:
+            names += tar.getnames()
+    assert sorted(names) == ["a", "a/b", "a/b/x.txt", "empty", "top.txt"]
     [again] = stage.plan(["data"], tmp_path, root)
     assert again.archive == item.archive
     stage.pack_all((again,), io.StringIO())
-    assert os.stat(item.archive).st_ino == inode
+    assert [os.stat(p).st_ino for p in stage.parts(item.archive)] == inodes
     os.utime(src / "a" / "b" / "x.txt", ns=(1, 1))
     [touched] = stage.plan(["data"], tmp_path, root)
     assert touched.archive != item.archive
+
+
+def test_big_folders_are_packed_in_balanced_parts_with_the_folders_last() -> None:
+    items = [("d", 0, 0, True)] + [(f"d/f{i:05d}", 100 + i % 7, 0, False) for i in range(9000)]
+    parts = stage.split(items)
+    assert parts[0] == ["d"] and len(parts) == 1 + 4  # 9000 files: 4 file parts
+    sizes = [sum(100 + int(name[-5:]) % 7 for name in part) for part in parts[1:]]
+    assert max(sizes) - min(sizes) <= 107
+    assert sorted(n for part in parts[1:] for n in part) == [n for n, _, _, d in items if not d]
 
 
 def test_capacity_is_checked_with_both_numbers() -> None:

@@ -172,7 +172,10 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         # --ntasks too: srun would take the job's SLURM_NTASKS and start a guard per rank.
         "srun", "--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
         "--ntasks-per-node=1",
-        "--cpus-per-task=1", "--kill-on-bad-exit=0",
+        # Every CPU the job has on the node: the ranks wait for the unpack, which runs
+        # one tar per CPU; afterwards the guard only sleeps (--overlap shares them).
+        f"--cpus-per-task={_slurm_cpus(spec) * (spec.ntasks // spec.nodes)}",
+        "--kill-on-bad-exit=0",
         profile.python, "-I", "-S", str(paths.run_dir / "stage_node.py"), "run",
         str(paths.run_dir / "stage.json"),
     ]  # fmt: skip

@@ -1,10 +1,11 @@
 """--stage and --stage-out on the submitting side: parse, pack once (cached), check the
 node-local capacity, and describe the job's staging for the nodes (stage.json).
 
-A directory is packed into one tar kept under the run root (.stage-cache/), keyed by a
-manifest of its paths, sizes and mtimes: an unchanged dataset reuses the same file, a
-touched one packs again. Each node then unpacks that one file (stage_node.py), which is
-what makes many small files cheap on a parallel file system.
+A directory is packed into a few tars (one folder of them) kept under the run root
+(.stage-cache/<NAME>-<key>/), keyed by a manifest of its paths, sizes and mtimes: an
+unchanged dataset reuses the same files, a touched one packs again. Each node then reads
+those few big files instead of every small one (stage_node.py), the tars side by side,
+which is what makes many small files cheap on a parallel file system.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -118,8 +120,9 @@ def _progress(
         ) as bar:
             task = bar.add_task(f"packing {label}", total=total)
             while not stop.wait(0.1):
-                with contextlib.suppress(OSError):  # not created yet
-                    bar.update(task, completed=path.stat().st_size)
+                with contextlib.suppress(OSError):  # a part may vanish between list and stat
+                    size = sum(f.stat().st_size for f in path.iterdir())
+                    bar.update(task, completed=size)
 
     thread = threading.Thread(target=draw, daemon=True)
     thread.start()
@@ -133,48 +136,74 @@ def cache_key(src: str, items: list[tuple[str, int, int, bool]]) -> str:
     return digest.hexdigest()[:20]
 
 
-def pack(src: str, tar: Path, items: list[tuple[str, int, int, bool]], err: TextIO) -> None:
-    """Write the tar of a directory from its manifest (atomically: a reader never sees
-    half a tar), with a progress bar."""
-    if tar.exists():
-        return  # unchanged since it was packed: reuse the same file
-    tar.parent.mkdir(parents=True, exist_ok=True)
-    fd, listing = tempfile.mkstemp(prefix=".list-", dir=tar.parent)
-    with os.fdopen(fd, "wb") as handle:
-        for rel, _, _, _ in items:
-            handle.write(os.fsencode(rel) + b"\0")
-    tmp = tar.parent / f".{tar.name}.{os.getpid()}"
+MAX_PARTS = 8  # tars a folder is packed into, unpacked side by side on a node
+FILES_PER_PART = 2000  # fewer files than this per part are not worth a second process
+
+
+def split(items: list[tuple[str, int, int, bool]]) -> list[list[str]]:
+    """Folders in part 0 (unpacked last, so a read-only folder's mode never blocks the
+    files going into it), files spread over the other parts, balanced by bytes."""
+    files = [(rel, size) for rel, size, _, is_dir in items if not is_dir]
+    count = max(1, min(MAX_PARTS, len(files) // FILES_PER_PART))
+    parts: list[list[str]] = [[rel for rel, _, _, is_dir in items if is_dir]]
+    parts += [[] for _ in range(count)]
+    load = [0] * count
+    for rel, size in files:  # sorted by path: neighbours land in the same part
+        i = min(range(count), key=load.__getitem__) if count > 1 else 0
+        parts[i + 1].append(rel)
+        load[i] += size + 512
+    return parts
+
+
+def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: TextIO) -> None:
+    """Write the parts of a directory's pack (atomically: the folder appears complete or
+    not at all), with a progress bar."""
+    if folder.is_dir():
+        return  # unchanged since it was packed: reuse the same files
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     total = sum(size for _, size, _, _ in items)
     stop, thread = _progress(total + 512 * len(items), tmp, os.path.basename(src), err)
     started = time.monotonic()
     try:
-        done = subprocess.run(
-            ["tar", "-cf", str(tmp), "-C", src, "--no-recursion", "--null", "-T", listing],
-            stderr=subprocess.PIPE,
-            check=False,
-        )
+        for index, names in enumerate(split(items)):
+            listing = tmp / f".list-{index}"
+            listing.write_bytes(b"".join(os.fsencode(rel) + b"\0" for rel in names))
+            done = subprocess.run(
+                ["tar", "-cf", str(tmp / f"part-{index:02d}.tar"), "-C", src,
+                 "--no-recursion", "--null", "-T", str(listing)],
+                stderr=subprocess.PIPE,
+                check=False,
+            )  # fmt: skip
+            listing.unlink()
+            if done.returncode != 0:
+                raise UserError(
+                    "--stage",
+                    f"packing {src} failed: {done.stderr.decode(errors='replace').strip()}",
+                    "",
+                    "Check the folder is readable",
+                )
+        os.replace(tmp, folder)
     finally:
         stop.set()
         thread.join()
-        os.unlink(listing)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise UserError(
-            "--stage",
-            f"packing {src} failed: {done.stderr.decode(errors='replace').strip()}",
-            "",
-            "Check the folder is readable",
-        )
-    os.replace(tmp, tar)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     err.write(
         f"hpclaunch: packed {src}: {len(items)} entries, {human(total)} in "
-        f"{time.monotonic() - started:.1f} s -> {tar}\n"
+        f"{time.monotonic() - started:.1f} s -> {folder}\n"
     )
 
 
+def parts(folder: str) -> list[str]:
+    """A pack's tars in unpack order: the file parts, then part 0 (the folders)."""
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".tar"))
+    return [os.path.join(folder, n) for n in names[1:] + names[:1]]
+
+
 def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, ...]:
-    """Every --stage item with its size on a node and the file each node unpacks (for a
-    directory, the cached tar: pack_all() writes it when it is missing)."""
+    """Every --stage item with its size on a node and what each node unpacks (for a
+    directory, the cached pack, a folder of tars: pack_all() writes it when missing)."""
     items: list[StageItem] = []
     for text in values:
         src, name = parse(text, cwd)
@@ -185,9 +214,9 @@ def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, .
         kind = kind_of(src)
         if kind == "directory":
             listing = manifest(src)
-            tar = run_root / CACHE / f"{name}-{cache_key(src, listing)}.tar"
+            pack_dir = run_root / CACHE / f"{name}-{cache_key(src, listing)}"
             size = sum(size for _, size, _, _ in listing)
-            items.append(StageItem(name=name, src=src, kind=kind, archive=str(tar), size=size))
+            items.append(StageItem(name, src, kind, str(pack_dir), size))
         elif kind == "archive":
             items.append(StageItem(name, src, kind, src, archive_size(src)))
         else:
@@ -198,7 +227,7 @@ def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, .
 
 def pack_all(items: tuple[StageItem, ...], err: TextIO = sys.stderr) -> None:
     for item in items:
-        if item.kind == "directory" and not os.path.exists(item.archive):
+        if item.kind == "directory" and not os.path.isdir(item.archive):
             pack(item.src, Path(item.archive), manifest(item.src), err)
 
 

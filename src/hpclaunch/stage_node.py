@@ -28,7 +28,7 @@ import sys
 import time
 
 # typing's generics, not the builtin ones: Python 3.6 runs this file.
-from typing import Any, List, Mapping, Optional, Set
+from typing import Any, List, Mapping, Optional, Set, Tuple  # noqa: F401 - Tuple: a type comment
 
 PREFIX = "hpclaunch-stage: "
 LEFTOVER = re.compile(r"^(?P<user>.+)-hpclaunch-(?P<job>\d+)$")
@@ -113,13 +113,43 @@ def unpack(item: Mapping[str, Any], local: str) -> None:
     if kind == "squashfs":
         if item.get("bound"):
             return  # the container runtime mounts the image itself
-        argv = ["unsquashfs", "-q", "-f", "-n", "-d", target, archive]
+        run_all([["unsquashfs", "-q", "-f", "-n", "-d", target, archive]], 1)
+    elif kind == "directory":
+        # A folder's pack is a few tars: the file parts side by side, one per CPU this
+        # task may use (the ranks have not started yet), then part 00, the folders.
+        names = sorted(n for n in os.listdir(archive) if n.endswith(".tar"))
+        tars = [["tar", "-xf", os.path.join(archive, n), "-C", target] for n in names]
+        run_all(tars[1:], cpus())
+        run_all(tars[:1], 1)
     else:
         # GNU tar finds gzip/zstd/xz compression by itself when reading a file.
-        argv = ["tar", "-xf", archive, "-C", target]
-    done = subprocess.run(argv, stderr=subprocess.PIPE, check=False)
-    if done.returncode != 0:
-        raise OSError("%s failed: %s" % (argv[0], done.stderr.decode(errors="replace").strip()))
+        run_all([["tar", "-xf", archive, "-C", target]], 1)
+
+
+def cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return 1
+
+
+def run_all(commands: List[List[str]], width: int) -> None:
+    """Run the commands, at most `width` at a time; raise OSError on the first failure."""
+    pending = list(commands)
+    running = []  # type: List[Tuple[str, subprocess.Popen[bytes]]]
+    failure = ""
+    while pending or running:
+        while pending and len(running) < width and not failure:
+            argv = pending.pop(0)
+            running.append((argv[0], subprocess.Popen(argv, stderr=subprocess.PIPE)))
+        if not running:
+            break
+        name, proc = running.pop(0)
+        _, err = proc.communicate()
+        if proc.returncode != 0 and not failure:
+            failure = "%s failed: %s" % (name, err.decode(errors="replace").strip())
+    if failure:
+        raise OSError(failure)
 
 
 def merge_tree(src: str, dest: str) -> None:
