@@ -153,3 +153,33 @@ def test_squashfs_is_mounted_by_apptainer_and_ram_backed_tmp_counts_against_mem(
         config.resolve(
             {**cli, "mem_per_gpu": "64M"}, ("python", "t.py"), tmp_path, env, write=False
         )
+
+
+def test_parts_unpack_side_by_side_into_read_only_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many parts (a small FILES_PER_PART), a read-only folder in the source: every file
+    arrives, and the folder's mode is the source's in the end. (Run as root, as in CI,
+    the read-only mode cannot block a write; the testbed tests unpack as a user.)"""
+    monkeypatch.setattr(stage, "FILES_PER_PART", 5)
+    src = tmp_path / "data"
+    for d in range(6):
+        (src / f"d{d}" / "deep").mkdir(parents=True)
+        for f in range(8):
+            (src / f"d{d}" / "deep" / f"f{f}").write_text(f"{d}-{f}")
+    (src / "d3").chmod(0o555)
+    try:
+        [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+        stage.pack_all((item,), io.StringIO())
+        assert len(stage.parts(item.archive)) == 1 + 8
+        local = tmp_path / "local"
+        spec = JobSpec(cluster="local", program=("x",), stage=(item,))
+        stage_node.prepare(render.stage_json(spec, _paths(tmp_path)), str(local), {})
+        got = local / "data" / "DATA"
+        assert sorted(str(p.relative_to(got)) for p in got.rglob("f*")) == sorted(
+            f"d{d}/deep/f{f}" for d in range(6) for f in range(8)
+        )
+        assert (got / "d3").stat().st_mode & 0o777 == 0o555
+        (got / "d3").chmod(0o755)
+    finally:
+        (src / "d3").chmod(0o755)

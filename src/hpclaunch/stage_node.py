@@ -115,10 +115,17 @@ def unpack(item: Mapping[str, Any], local: str) -> None:
             return  # the container runtime mounts the image itself
         run_all([["unsquashfs", "-q", "-f", "-n", "-d", target, archive]], 1)
     elif kind == "directory":
-        # A folder's pack is a few tars: the file parts side by side, one per CPU this
-        # task may use (the ranks have not started yet), then part 00, the folders.
+        # A folder's pack is a few tars: part 00 holds the folders, the others the files,
+        # unpacked side by side, one per CPU this task may use (the ranks wait for it).
         names = sorted(n for n in os.listdir(archive) if n.endswith(".tar"))
         tars = [["tar", "-xf", os.path.join(archive, n), "-C", target] for n in names]
+        # Folders first, so that parallel tars never race to create the same parent, and
+        # writable meanwhile; part 00 again at the end restores their modes and times.
+        run_all(tars[:1], 1)
+        for top, _dirs, _files in os.walk(target):
+            mode = os.stat(top).st_mode
+            if mode & 0o700 != 0o700:
+                os.chmod(top, mode | 0o700)
         run_all(tars[1:], cpus())
         run_all(tars[:1], 1)
     else:
