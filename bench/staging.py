@@ -634,11 +634,15 @@ def render(data: dict[str, Any]) -> list[str]:
         "all), in /dev/shm: a node's /tmp (512 MiB tmpfs) holds one copy, not two; every "
         "other row: one copy per node into the node's /tmp, both nodes at once. hpclaunch "
         "rows: the guard task's own seconds from `<run_dir>/stage/ready-<node>` (leftover "
-        "check + `tar -xf` of the cached pack), slowest node; the whole stage adds the "
+        "check + unpacking the cached pack: its file tars side by side, one per CPU the job "
+        "has on the node, then the folders' tar), slowest node; the whole stage adds the "
         "submit-side reuse decision (below) of the same rep. CPUs: the two nodes share this "
-        "machine's two; Slurm binds the one task per node of both nodes to the same CPU, and "
-        "the two ranks of a node to one CPU each, so every copying process gets about half a "
-        "CPU in every row, as each would get a whole one on real nodes.",
+        "machine's two. The job has 2 CPUs per node (2 ranks): `cp -r` per rank and "
+        "hpclaunch's guard both use the node's 2 (2 copiers, 2 tars per node), while the "
+        "single-process rows (`tar -xf`, `rsync`, `cp` per node) run one process per node, "
+        "and Slurm binds both nodes' one task to the same CPU. So hpclaunch's unpack beats a "
+        "plain `tar -xf` here by using the job's cores in parallel, as it would on a real "
+        "node (where each node has its own, and the gap grows with the cores).",
         "",
         "### Parts",
         "",
