@@ -23,8 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchdoc import write_section  # bench/ is on sys.path when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
 
 from hpclaunch.containers import ALWAYS_PASS, wrap  # noqa: E402
 from hpclaunch.spec import Bind, ContainerJob  # noqa: E402
@@ -149,13 +152,7 @@ def section(times: dict[str, list[float]], runs: int) -> str:
 
 
 def write_doc(text: str) -> None:
-    doc = DOC.read_text()
-    if MARK_START in doc and MARK_END in doc:
-        pre, rest = doc.split(MARK_START, 1)
-        doc = pre + text + rest.split(MARK_END, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-    DOC.write_text(doc)
+    write_section(DOC, MARK_START, MARK_END, text)
 
 
 def main() -> None:

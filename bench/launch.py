@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from benchdoc import write_section  # bench/ is on sys.path when run as a script
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RANK_TIME = BENCH / "rank_time.py"
@@ -524,21 +526,7 @@ def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
 
 
 def write_doc(section: str) -> None:
-    text = (
-        DOC.read_text()
-        if DOC.exists()
-        else (
-            "# Benchmarks\n\nMeasured figures of hpclaunch against its targets; each section is "
-            "written by the harness named in it.\n"
-        )
-    )
-    if MARK_START in text and MARK_END in text:
-        pre, rest = text.split(MARK_START, 1)
-        text = pre + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
+    write_section(DOC, MARK_START, MARK_END, section)
 
 
 # ----------------------------------------------------------------------------- main

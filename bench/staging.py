@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchdoc import write_section  # bench/ is on sys.path when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
@@ -711,13 +713,7 @@ def doc_section(body: list[str], data: dict[str, Any]) -> str:
 
 
 def write_doc(section: str) -> None:
-    doc = DOC.read_text()
-    if MARK_START in doc and MARK_END in doc:
-        pre, rest = doc.split(MARK_START, 1)
-        doc = pre + section + rest.split(MARK_END, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + section + "\n"
-    DOC.write_text(doc)
+    write_section(DOC, MARK_START, MARK_END, section)
 
 
 # ----------------------------------------------------------------------------- main
