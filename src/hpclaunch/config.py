@@ -253,7 +253,7 @@ def _with_container(
     )
     warnings: list[str] = []
     if venv:
-        venv, warnings = venvs.check_venv(venv, cwd, job)
+        venv, warnings = venvs.check_venv(venv, job)
     if job is not None:
         job = containers.check_mount_points(job, profile.container)
         job = containers.with_staged_images(job, spec.stage)

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
+from . import runs
 from .errors import UserError, show
 from .profiles import ContainerSettings, Profile
 from .shell import Word
@@ -66,8 +67,7 @@ def _bad_path(field: str, path: str) -> None:
 
 
 def _absolute(path: str, cwd: Path) -> str:
-    full = Path(os.path.expandvars(path)).expanduser()
-    return os.path.normpath(str(full if full.is_absolute() else cwd / full))
+    return os.path.normpath(runs.absolute(path, cwd))
 
 
 def image_kind(path: Path) -> str:
@@ -296,14 +296,16 @@ def check_mount_points(job: ContainerJob, settings: ContainerSettings) -> Contai
 STAGED_IMAGES = "/hpclaunch-data"  # where Apptainer mounts --stage'd SquashFS images
 
 
-def with_staged_images(job: ContainerJob, items: tuple[StageItem, ...]) -> ContainerJob:
+def mounts_image(job: Optional[ContainerJob], item: StageItem) -> bool:
     """Apptainer mounts a staged SquashFS image itself (no unpacking on the nodes)."""
-    if job.runtime != "apptainer":
-        return job
+    return item.kind == "squashfs" and job is not None and job.runtime == "apptainer"
+
+
+def with_staged_images(job: ContainerJob, items: tuple[StageItem, ...]) -> ContainerJob:
     extra = tuple(
         Bind(src=i.archive, dst=f"{STAGED_IMAGES}/{i.name}", ro=True, origin="stage", image=True)
         for i in items
-        if i.kind == "squashfs"
+        if mounts_image(job, i)
     )
     return replace(job, binds=job.binds + extra) if extra else job
 

@@ -110,24 +110,12 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     return env
 
 
-SQUASHFS_MOUNTS = containers.STAGED_IMAGES
-
-
-def squashfs_bound(spec: JobSpec, item: StageItem) -> bool:
-    """A SquashFS item the container runtime mounts itself (Apptainer) instead of unpacking."""
-    return (
-        item.kind == "squashfs"
-        and spec.container is not None
-        and (spec.container.runtime == "apptainer")
-    )
-
-
 def data_env(spec: JobSpec) -> list[tuple[str, Word]]:
     """HPCLAUNCH_DATA_<NAME> for every staged item, HPCLAUNCH_DATA when there is one."""
     env: list[tuple[str, Word]] = []
     for item in spec.stage:
-        if squashfs_bound(spec, item):
-            value: Word = f"{SQUASHFS_MOUNTS}/{item.name}"
+        if containers.mounts_image(spec.container, item):
+            value: Word = f"{containers.STAGED_IMAGES}/{item.name}"
         else:
             tail = f"/data/{item.name}" + (f"/{item.file}" if item.file else "")
             value = Join((Var("HPCLAUNCH_LOCAL"), tail))
@@ -141,7 +129,8 @@ def _stage_note(spec: JobSpec, item: StageItem) -> str:
     size = f"{item.size / 2**20:.1f} MiB"
     if item.kind == "directory":
         return f"${{HPCLAUNCH_DATA_{item.name}}}: {item.src} ({size}), packed as {item.archive}"
-    how = "mounted by the container" if squashfs_bound(spec, item) else "unpacked on each node"
+    mounted = containers.mounts_image(spec.container, item)
+    how = "mounted by the container" if mounted else "unpacked on each node"
     return f"${{HPCLAUNCH_DATA_{item.name}}}: {item.src} ({item.kind}, {size}), {how}"
 
 
@@ -156,7 +145,7 @@ def stage_json(spec: JobSpec, paths: RunPaths) -> dict[str, object]:
                 "kind": i.kind,
                 "archive": i.archive,
                 "file": i.file,
-                "bound": squashfs_bound(spec, i),
+                "bound": containers.mounts_image(spec.container, i),
             }
             for i in spec.stage
         ],

@@ -25,13 +25,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional, TextIO
 
+from .containers import SQUASHFS_MAGIC
 from .errors import UserError, show
+from .runs import absolute
 from .snapshot import human
 from .spec import StageItem
 from .units import format_memory
 
 ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".tar.bz2")
-SQUASHFS_MAGIC = b"hsqs"
 CACHE = ".stage-cache"
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
@@ -47,8 +48,7 @@ def parse(text: str, cwd: Path) -> tuple[str, str]:
     head, sep, tail = text.rpartition(":")
     if sep and head and _NAME.match(tail):
         src, name = head, tail.upper()
-    full = Path(os.path.expandvars(src)).expanduser()
-    path = os.path.normpath(str(full if full.is_absolute() else cwd / full))
+    path = os.path.normpath(absolute(src, cwd))
     if not os.path.exists(path):
         raise UserError("--stage", f"{path} does not exist", "", "Fix the path")
     return path, name or default_name(path)
@@ -268,7 +268,5 @@ def parse_stage_out(values: Iterable[str], cwd: Path) -> tuple[tuple[str, str], 
                 "SRC is relative to the node-local folder",
                 "Give a path inside it, e.g. out",
             )
-        full = Path(os.path.expandvars(dest)).expanduser()
-        dest_path = full if full.is_absolute() else cwd / full
-        out.append((os.path.normpath(src), os.path.normpath(str(dest_path))))
+        out.append((os.path.normpath(src), os.path.normpath(absolute(dest, cwd))))
     return tuple(out)

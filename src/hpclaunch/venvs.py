@@ -51,10 +51,9 @@ def read_record(venv: Path) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def check_venv(path: str, cwd: Path, container: Optional[ContainerJob]) -> tuple[str, list[str]]:
-    """--venv PATH -> (absolute path, warnings); refuses a venv made for another image."""
-    venv = Path(os.path.expandvars(path)).expanduser()
-    venv = venv if venv.is_absolute() else cwd / venv
+def check_venv(path: str, container: Optional[ContainerJob]) -> tuple[str, list[str]]:
+    """--venv (an absolute PATH) -> (PATH, warnings); refuses a venv made for another image."""
+    venv = Path(path)
     if not (venv / "bin" / "python").exists() and not (venv / "bin" / "python3").exists():
         how = "--container IMAGE " if container else ""
         raise UserError(
