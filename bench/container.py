@@ -76,7 +76,7 @@ def measure(runs: int) -> dict[str, list[float]]:
     if WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(parents=True)
-    shutil.copy(REPO / "src" / "hpclaunch" / "bootstrap.py", WORK / "bootstrap.py")
+    shutil.copy(REPO / "src" / "hpclaunch" / "node" / "bootstrap.py", WORK / "bootstrap.py")
     cmds = commands()
     result = WORK / "hyperfine.json"
     hyper = ["hyperfine", "-N", "--warmup", "5", "--runs", str(runs), "--export-json", str(result)]

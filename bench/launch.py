@@ -46,7 +46,7 @@ from benchdoc import write_section  # bench/ is on sys.path when run as a script
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RANK_TIME = BENCH / "rank_time.py"
-BOOTSTRAP = ROOT / "src" / "hpclaunch" / "bootstrap.py"
+BOOTSTRAP = ROOT / "src" / "hpclaunch" / "node" / "bootstrap.py"
 DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = BENCH / "results"
 STATE = Path(os.environ.get("HPCLAUNCH_TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
@@ -392,7 +392,9 @@ def bench_bootstrap(runs: int) -> dict[str, list[float]]:
     logdir = fresh(SCRATCH / "bootstrap-logs")
     with_logs = {"boot+logs true": [*boot, "true"], "boot+logs python -c pass": [*boot, *pyc]}
     times = timed(cmds, runs, {})
-    times.update(timed(with_logs, runs, {"HPCLAUNCH_LOG_DIR": str(logdir)}))
+    # As in a real task: logs and the run's events.jsonl (HPCLAUNCH_RUN_DIR).
+    logs_env = {"HPCLAUNCH_LOG_DIR": str(logdir), "HPCLAUNCH_RUN_DIR": str(logdir)}
+    times.update(timed(with_logs, runs, logs_env))
     return times
 
 
@@ -580,8 +582,9 @@ def render(data: dict[str, Any]) -> list[str]:
         body += ["### Bootstrap per rank (hyperfine -N, warm cache)", "", *bootstrap_table(boot)]
         body += [
             "",
-            "`boot` = `python -I -S src/hpclaunch/bootstrap.py PROG`; `boot+logs` "
-            "adds `HPCLAUNCH_LOG_DIR` (ranks.tsv, per-rank log files, exit record).",
+            "`boot` = `python -I -S src/hpclaunch/node/bootstrap.py PROG`; `boot+logs` "
+            "adds `HPCLAUNCH_LOG_DIR` and `HPCLAUNCH_RUN_DIR` (ranks.tsv, per-rank log "
+            "files, exit record, rank_start/rank_end events).",
         ]
     else:
         body += [f"Bootstrap not measured: {BOOTSTRAP} is missing."]

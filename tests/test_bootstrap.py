@@ -1,4 +1,4 @@
-"""Tests of the per-task bootstrap (src/hpclaunch/bootstrap.py).
+"""Tests of the per-task bootstrap (src/hpclaunch/node/bootstrap.py).
 
 The bootstrap runs as a real subprocess (`python3 -I -S bootstrap.py PROGRAM ...`) with
 synthetic Slurm / torchrun environments, exactly as a task would run it; its pure helpers
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "hpclaunch" / "bootstrap.py"
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "hpclaunch" / "node" / "bootstrap.py"
 PY = sys.executable
 # The interpreter that runs the bootstrap (e.g. BOOTSTRAP_PYTHON=python3.8 for the oldest).
 BOOT_PY = os.environ.get("BOOTSTRAP_PYTHON") or PY

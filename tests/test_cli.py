@@ -208,7 +208,7 @@ def test_public_api_is_curated_and_lazy() -> None:
     for name in hpclaunch.__all__:
         assert getattr(hpclaunch, name) is not None
     probe = subprocess.run(
-        [sys.executable, "-c", "import hpclaunch, sys; print('hpclaunch.run' in sys.modules)"],
+        [sys.executable, "-c", "import hpclaunch, sys; print('hpclaunch.api' in sys.modules)"],
         capture_output=True,
         text=True,
         check=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import config
+from hpclaunch import config, preparing
 from hpclaunch.errors import UserError
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
@@ -19,8 +19,8 @@ def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _resolve(
     tmp: Path, cli: dict[str, object], env: dict[str, str] | None = None
-) -> config.Resolved:
-    return config.resolve(cli, ("python", "train.py"), tmp, {**ENV, **(env or {})})
+) -> preparing.Prepared:
+    return preparing.prepare_spec(cli, ("python", "train.py"), tmp, {**ENV, **(env or {})})
 
 
 def test_project_file_is_found_up_to_the_git_root(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_slurm_runs_go_to_scratch_per_project(
 
     monkeypatch.setattr(discover, "slurm_config", lambda: {"ClusterName": "site"})
     monkeypatch.setattr(discover, "partitions", lambda: {"cpu": Partition(default=True)})
-    monkeypatch.setattr(discover, "in_allocation", lambda: False)
+    monkeypatch.setattr(discover, "in_allocation", lambda environ: False)
     repo = tmp_path / "myproject"
     (repo / ".git").mkdir(parents=True)
     (repo / "src").mkdir()

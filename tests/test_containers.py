@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import bootstrap, containers, venvs
+from hpclaunch import containers, venvs
 from hpclaunch.errors import UserError
 from hpclaunch.launchers import task_argv
+from hpclaunch.node import bootstrap
 from hpclaunch.profiles import ContainerBind, ContainerSettings, load_profile
 from hpclaunch.spec import Bind, ContainerJob, JobSpec
 

@@ -87,7 +87,7 @@ def test_queued_job_runs_the_code_as_submitted(hpc: Hpc) -> None:
     full = json.loads((run_dir / "run.json").read_text())
     assert full["code"]["snapshot"]["files"] == 2 and full["code"]["diff"] == "git.diff"
     assert full["code"]["cwd"] == str(run_dir / "code")
-    assert full["git"]["dirty"] == "true"
+    assert full["git"]["dirty"] is True
     shown = hpc.run("show", job["run_id"])
     assert "+print('version 2'" in shown.stdout
 

@@ -22,7 +22,7 @@ except ImportError:  # not installed: use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import hpclaunch
 
-from hpclaunch.backends.local import (
+from hpclaunch.backends.localtasks import (
     LocalPlan,
     free_port,
     local_job_id,
@@ -32,7 +32,7 @@ from hpclaunch.backends.local import (
 )
 
 SRC = Path(hpclaunch.__file__).resolve().parents[1]
-BOOTSTRAP = SRC / "hpclaunch" / "bootstrap.py"
+BOOTSTRAP = SRC / "hpclaunch" / "node" / "bootstrap.py"
 
 # The user's program. Every rank records its pid; rank FAIL_RANK ends with FAIL_CODE (a
 # negative code: killed by that signal) after FAIL_AFTER seconds; the others do OTHERS.
@@ -125,6 +125,7 @@ class Run:
             cpus_per_task=1,
             cwd=self.run_dir,
             kill_grace_s=grace,
+            base_env=dict(os.environ),
         )
 
     def task_pids(self) -> list[int]:
@@ -161,6 +162,7 @@ def test_step_env_matches_srun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         job_id=777,
         cpus_per_task=4,
         cwd=tmp_path,
+        base_env=dict(os.environ),
     )
     env = step_env(plan, 4, host="h")
     expected = {
@@ -259,13 +261,14 @@ def test_without_bootstrap_task_codes_are_used(tmp_path: Path) -> None:
 
 
 DRIVER = """\
-import json, sys
+import json, os, sys
 from pathlib import Path
-from hpclaunch.backends.local import LocalPlan, run_local
+from hpclaunch.backends.localtasks import LocalPlan, run_local
 argv, logs, pids, cwd = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 plan = LocalPlan(task_argv=tuple(argv), nodes=2, tasks_per_node=2,
                  env={"HPCLAUNCH_LOG_DIR": str(logs), "PIDS_DIR": pids, "OTHERS": "sleep"},
-                 log_dir=logs, job_name="t", job_id=5, cpus_per_task=1, cwd=Path(cwd))
+                 log_dir=logs, job_name="t", job_id=5, cpus_per_task=1, cwd=Path(cwd),
+                 base_env=dict(os.environ))
 sys.exit(run_local(plan, sys.stdout, sys.stderr))
 """
 

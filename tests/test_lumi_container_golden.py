@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import config, render
-from hpclaunch.runs import RunPaths
+from hpclaunch import preparing, render
+from hpclaunch.rundirs import RunPaths
 
 GOLDEN = Path(__file__).parent / "golden"
 LUMI_MD = Path(__file__).resolve().parents[2] / "shared" / "LUMI.md"
@@ -52,7 +52,7 @@ def _script(tmp_path: Path, extra: dict[str, object]) -> str:
     old = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = str(config_home)
     try:
-        resolved = config.resolve(cli, ("python", "train.py"), CWD, environ)
+        resolved = preparing.prepare_spec(cli, ("python", "train.py"), CWD, environ)
     finally:
         if old is None:
             del os.environ["XDG_CONFIG_HOME"]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import config, render
-from hpclaunch.runs import RunPaths
+from hpclaunch import preparing, render
+from hpclaunch.rundirs import RunPaths
 
 GOLDEN = Path(__file__).parent / "golden" / "lumi_4x8_standard-g.sh"
 LUMI_MD = Path(__file__).resolve().parents[2] / "shared" / "LUMI.md"
@@ -43,7 +43,7 @@ def _script(extra: dict[str, object] | None = None) -> str:
         "time": "1:00:00",
     }
     cli.update(extra or {})
-    resolved = config.resolve(cli, ("python", "train.py"), CWD, ENVIRON)
+    resolved = preparing.prepare_spec(cli, ("python", "train.py"), CWD, ENVIRON)
     spec = resolved.spec
     run_dir = Path(spec.run_root) / spec.exp / RUN_ID
     paths = RunPaths(

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import render, stage, stage_node
+from hpclaunch import render, stage
 from hpclaunch.errors import UserError
+from hpclaunch.node import stage_guard
 from hpclaunch.spec import JobSpec, StageItem
 
 
@@ -101,12 +102,12 @@ def test_node_side_unpacks_copies_back_and_cleans(tmp_path: Path) -> None:
                    stage_out=(("out", str(tmp_path / "res")),))  # fmt: skip
     paths_json = render.stage_json(spec, _paths(tmp_path))
     local = tmp_path / "node-local"
-    stage_node.prepare(paths_json, str(local), {"USER": "u"})
+    stage_guard.prepare(paths_json, str(local), {"USER": "u"})
     assert (local / "data" / "DATA" / "a" / "b" / "x.txt").read_text() == "x"
     assert (local / "data" / "ONE" / "one.bin").read_bytes() == b"1"
     (local / "out" / "sub").mkdir(parents=True)
     (local / "out" / "sub" / "r.txt").write_text("r")
-    stage_node.finish(paths_json, str(local), "nodeA")
+    stage_guard.finish(paths_json, str(local), "nodeA")
     assert (tmp_path / "res" / "nodeA" / "sub" / "r.txt").read_text() == "r"
     assert not local.exists()
     env = dict(render.data_env(spec))
@@ -120,7 +121,7 @@ def _paths(tmp_path: Path) -> render.RunPaths:
 def test_leftovers_are_only_this_users(tmp_path: Path) -> None:
     for name in ("u-hpclaunch-1", "u-hpclaunch-2", "v-hpclaunch-3", "u-other-4"):
         (tmp_path / name).mkdir()
-    found = sorted(os.path.basename(p) for p in stage_node.leftovers(str(tmp_path), "u", "2"))
+    found = sorted(os.path.basename(p) for p in stage_guard.leftovers(str(tmp_path), "u", "2"))
     assert found == ["u-hpclaunch-1"]
 
 
@@ -130,7 +131,7 @@ def test_squashfs_is_mounted_by_apptainer_and_ram_backed_tmp_counts_against_mem(
     """LUMI: a staged SquashFS image is bound with image-src=/ (not unpacked), and /tmp in
     memory means the staged size must fit in the memory the job asks for. The image is a
     stand-in file with a SquashFS header (no LUMI here)."""
-    from hpclaunch import config
+    from hpclaunch import preparing
 
     image = tmp_path / "data.sqfs"
     image.write_bytes(b"hsqs" + b"\0" * 1000)
@@ -141,18 +142,16 @@ def test_squashfs_is_mounted_by_apptainer_and_ram_backed_tmp_counts_against_mem(
         "gpus_per_node": "1", "container": str(sif), "stage": (str(image),),
     }  # fmt: skip
     env = {"USER": "alice", "HOME": str(tmp_path)}
-    spec = config.resolve(cli, ("python", "t.py"), tmp_path, env, write=False).spec
+    spec = preparing.prepare_spec(cli, ("python", "t.py"), tmp_path, env).spec
     assert spec.container is not None
     assert f"{image}:/hpclaunch-data/DATA_SQFS:image-src=/" in [
         b.spec() for b in spec.container.binds
     ]
     assert dict(render.data_env(spec))["HPCLAUNCH_DATA_DATA_SQFS"] == "/hpclaunch-data/DATA_SQFS"
     image.write_bytes(b"hsqs" + b"\0" * (70 * 2**20))  # 70M on a 60G-per-GPU job: fine
-    config.resolve(cli, ("python", "t.py"), tmp_path, env, write=False)
+    preparing.prepare_spec(cli, ("python", "t.py"), tmp_path, env)
     with pytest.raises(UserError, match="memory-backed /tmp"):
-        config.resolve(
-            {**cli, "mem_per_gpu": "64M"}, ("python", "t.py"), tmp_path, env, write=False
-        )
+        preparing.prepare_spec({**cli, "mem_per_gpu": "64M"}, ("python", "t.py"), tmp_path, env)
 
 
 def test_parts_unpack_side_by_side_into_read_only_folders(
@@ -174,7 +173,7 @@ def test_parts_unpack_side_by_side_into_read_only_folders(
         assert len(stage.parts(item.archive)) == 1 + 8
         local = tmp_path / "local"
         spec = JobSpec(cluster="local", program=("x",), stage=(item,))
-        stage_node.prepare(render.stage_json(spec, _paths(tmp_path)), str(local), {})
+        stage_guard.prepare(render.stage_json(spec, _paths(tmp_path)), str(local), {})
         got = local / "data" / "DATA"
         assert sorted(str(p.relative_to(got)) for p in got.rglob("f*")) == sorted(
             f"d{d}/deep/f{f}" for d in range(6) for f in range(8)

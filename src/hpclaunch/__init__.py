@@ -1,13 +1,16 @@
 """hpclaunch: run a training program unchanged on Slurm clusters or locally.
 
-The public API (imported lazily, so that `hpclaunch run` starts fast):
+The public API (imported lazily, so that `hpclaunch run` starts fast; docs/api.md):
 
-    from hpclaunch import RunRequest, execute
-    execute(RunRequest(options={"nodes": "2", "tasks_per_node": "2", "cluster": "local"},
-                       program=("python", "train.py")))
+    import hpclaunch
+    run = hpclaunch.run(["python", "train.py"], nodes=2, tasks_per_node=2, cluster="local")
+    code = run.wait()          # or run.follow() to stream the ranks' output
+    print(run.state, run.result(), run.logs(rank=0))
+    hpclaunch.get("last"), hpclaunch.runs(exp="default", state="FAILED")
 
-`options` takes the long option names of `hpclaunch run` (with `_` for `-`) as strings,
-exactly as the command line would; every user error raises `UserError`.
+Every keyword of `run` is an `hpclaunch run` option (None: not given, so hpclaunch.toml
+and the cluster profile apply). A bad request raises `UserError` (one line) before
+anything is submitted; nothing prints unless asked.
 """
 
 from __future__ import annotations
@@ -18,33 +21,48 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "run": "api",
+    "runs": "api",
+    "get": "api",
+    "Run": "handle",
+    "RunRecord": "records",
     "HpclaunchError": "errors",
     "UserError": "errors",
     "SlurmError": "errors",
+    "State": "states",
     "JobSpec": "spec",
     "Profile": "profiles",
     "load_profile": "profiles",
-    "RunRequest": "run",
-    "execute": "run",
+    "RunRequest": "api",  # deprecated: use run()
+    "execute": "api",  # deprecated: use run()
 }
 
 __all__ = [
     "HpclaunchError",
     "JobSpec",
     "Profile",
+    "Run",
+    "RunRecord",
     "RunRequest",
     "SlurmError",
+    "State",
     "UserError",
     "__version__",
     "execute",
+    "get",
     "load_profile",
+    "run",
+    "runs",
 ]
 
 if TYPE_CHECKING:
+    from .api import RunRequest, execute, get, run, runs
     from .errors import HpclaunchError, SlurmError, UserError
+    from .handle import Run
     from .profiles import Profile, load_profile
-    from .run import RunRequest, execute
+    from .records import RunRecord
     from .spec import JobSpec
+    from .states import State
 
 
 def __getattr__(name: str) -> Any:

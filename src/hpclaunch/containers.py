@@ -22,8 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from . import runs
+from . import rundirs
 from .errors import UserError, show
+from .node import SQUASHFS
 from .profiles import ContainerSettings, Profile
 from .shell import Word
 from .spec import Bind, ContainerJob, StageItem
@@ -67,7 +68,7 @@ def _bad_path(field: str, path: str) -> None:
 
 
 def _absolute(path: str, cwd: Path) -> str:
-    return os.path.normpath(runs.absolute(path, cwd))
+    return os.path.normpath(rundirs.absolute(path, cwd))
 
 
 def image_kind(path: Path) -> str:
@@ -298,7 +299,7 @@ STAGED_IMAGES = "/hpclaunch-data"  # where Apptainer mounts --stage'd SquashFS i
 
 def mounts_image(job: Optional[ContainerJob], item: StageItem) -> bool:
     """Apptainer mounts a staged SquashFS image itself (no unpacking on the nodes)."""
-    return item.kind == "squashfs" and job is not None and job.runtime == "apptainer"
+    return item.kind == SQUASHFS and job is not None and job.runtime == "apptainer"
 
 
 def with_staged_images(job: ContainerJob, items: tuple[StageItem, ...]) -> ContainerJob:

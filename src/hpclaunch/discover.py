@@ -8,12 +8,12 @@ the life of the process (a CLI call), never on disk: limits change.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shutil
-import subprocess
+from collections.abc import Mapping
 from typing import Optional
 
+from . import slurmcmd
 from .profiles import Partition
 from .units import parse_time
 
@@ -22,13 +22,7 @@ _TIMEOUT_S = 15.0
 
 def _run(argv: list[str]) -> Optional[str]:
     """stdout of a Slurm query, or None when the command is missing or fails."""
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    return slurmcmd.query(argv, timeout=_TIMEOUT_S)
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,9 +46,9 @@ def cluster_name() -> str:
     return config.get("ClusterName", "") if config else ""
 
 
-def in_allocation() -> bool:
+def in_allocation(environ: Mapping[str, str]) -> bool:
     """True inside salloc/sbatch, where `run` starts a step instead of a new job."""
-    return bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+    return bool(environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
 
 
 _GRES_GPU = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import os
 
+from .node import (
+    ENV_FD_FLAG,
+    EXEC_FLAG,
+    HPCLAUNCH_ARGV,
+    HPCLAUNCH_FORWARD_SIGNALS,
+    PYTHON_FLAGS,
+)
 from .shell import Template, Var, Word
 from .spec import JobSpec
 
-BOOTSTRAP_FLAGS = ("-I", "-S")  # isolated, no site: the bootstrap needs only the stdlib
-# Bootstrap options (never a program's first word): read the task's environment from a
-# file descriptor (containers), and only exec what follows (in front of torchrun).
-ENV_FD_FLAG = "--hpclaunch-env-fd="
-EXEC_FLAG = "--hpclaunch-exec"
-
 
 def bootstrap_argv(python: str, bootstrap: str, program: tuple[str, ...]) -> list[Word]:
-    return [python, *BOOTSTRAP_FLAGS, bootstrap, *program]
+    return [python, *PYTHON_FLAGS, bootstrap, *program]
 
 
 def via_environment(program: tuple[str, ...]) -> bool:
@@ -40,7 +41,7 @@ def task_argv(spec: JobSpec, python: str, bootstrap: str, env_fd: int = 0) -> li
     front of the torchrun agent (whose workers inherit what it set)."""
     program = () if via_environment(spec.program) else spec.program
     inner = bootstrap_argv(python, bootstrap, program)
-    enter: list[Word] = [python, *BOOTSTRAP_FLAGS, bootstrap, f"{ENV_FD_FLAG}{env_fd}"]
+    enter: list[Word] = [python, *PYTHON_FLAGS, bootstrap, f"{ENV_FD_FLAG}{env_fd}"]
     if spec.launcher == "srun":
         return [*enter, *program] if env_fd else inner
     head: list[Word] = ["torchrun"]
@@ -64,10 +65,10 @@ def launcher_env(spec: JobSpec) -> dict[str, str]:
     """Variables the bootstrap reads to know how it was started."""
     env: dict[str, str] = {"HPCLAUNCH_LAUNCHER": spec.launcher}
     if via_environment(spec.program):
-        env["HPCLAUNCH_ARGV"] = encode_argv(spec.program)
+        env[HPCLAUNCH_ARGV] = encode_argv(spec.program)
     if spec.launcher == "torchrun":
         # torchrun signals only its direct child (the bootstrap), which must pass it on.
-        env["HPCLAUNCH_FORWARD_SIGNALS"] = "1"
+        env[HPCLAUNCH_FORWARD_SIGNALS] = "1"
     return env
 
 

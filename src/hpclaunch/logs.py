@@ -12,7 +12,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
-RANK_FILE = re.compile(r"rank-(\d+)\.(out|err|exit)\Z")
+from .node import ERR, EXIT, OUT, RANKS_TSV
+from .node import RANK_FILE as RANK_NAME
+
+# rank-R.out|err|exit, as node.RANK_FILE names them: group 1 the rank, group 2 the kind.
+RANK_FILE = re.compile(
+    re.escape(RANK_NAME).replace("%d", r"(\d+)").replace("%s", f"({OUT}|{ERR}|{EXIT})") + r"\Z"
+)
 _CHUNK = 1 << 20  # read growth in 1 MiB pieces: a chatty rank must not cost a huge buffer
 _MAX_LINE = 64 << 10  # a line longer than this is printed in pieces (bounds memory per file)
 
@@ -57,7 +63,7 @@ class LogFollower:
         self._tag = tag
         self._tails: dict[str, _Tail] = {}
         self._order: list[_Tail] = []
-        self._ranks_tsv = _Tail(self._dir / "ranks.tsv", None, False)
+        self._ranks_tsv = _Tail(self._dir / RANKS_TSV, None, False)
         self._nodes: dict[int, str] = {}
         self._exited: set[int] = set()
 
@@ -95,8 +101,8 @@ class LogFollower:
     def _discover(self) -> None:
         if self._rank is not None:
             # One rank: its file names are known, no need to list a folder of thousands.
-            names = [f"rank-{self._rank}.{ext}" for ext in ("out", "err")]
-            if (self._dir / f"rank-{self._rank}.exit").exists():
+            names = [RANK_NAME % (self._rank, kind) for kind in (OUT, ERR)]
+            if (self._dir / (RANK_NAME % (self._rank, EXIT))).exists():
                 self._exited.add(self._rank)
         else:
             try:
@@ -116,10 +122,10 @@ class LogFollower:
                 m = RANK_FILE.match(name)
                 if m is None:
                     continue
-                if m.group(2) == "exit":
+                if m.group(2) == EXIT:
                     self._exited.add(int(m.group(1)))
                     continue
-                tail = _Tail(self._dir / name, int(m.group(1)), m.group(2) == "err")
+                tail = _Tail(self._dir / name, int(m.group(1)), m.group(2) == ERR)
             self._tails[name] = tail
             added = True
         if added:

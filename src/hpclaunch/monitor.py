@@ -11,50 +11,15 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
-from typing import Callable, Final, NamedTuple, Protocol, TextIO
+from typing import Callable, NamedTuple, Protocol, TextIO
 
+from . import states
 from .logs import RANK_FILE, LogFollower, safe_write
 
-# Exit codes of `hpclaunch run --wait` for states where no rank reported a failure
-# (docs/internals.md). COMPLETED and FAILED are absent: their code depends on the ranks.
-EXIT_UNKNOWN: Final = 120
-EXIT_OTHER_FAILURE: Final = 125
-EXIT_CODES: Final[Mapping[str, int]] = MappingProxyType(
-    {
-        "CANCELLED": 121,
-        "NODE_FAIL": 122,
-        "OUT_OF_MEMORY": 123,
-        "TIMEOUT": 124,
-        "BOOT_FAIL": EXIT_OTHER_FAILURE,
-        "DEADLINE": EXIT_OTHER_FAILURE,
-        "PREEMPTED": EXIT_OTHER_FAILURE,
-        "REVOKED": EXIT_OTHER_FAILURE,
-        "SPECIAL_EXIT": EXIT_OTHER_FAILURE,
-    }
-)
-
-# States in which the job may still change; anything else is terminal.
-ACTIVE_STATES: Final = frozenset(
-    {
-        "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-        "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
-        "RESV_DEL_HOLD", "POWER_UP_NODE", "UPDATE_DB",
-    }
-)  # fmt: skip
-# Active states in which the tasks may be writing logs (the rest show a status line).
-_STREAMING_STATES: Final = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
-# squeue's compact %t codes, so a source may hand them over unchanged.
-_SHORT_STATES: Final = {
-    "PD": "PENDING", "CF": "CONFIGURING", "R": "RUNNING", "CG": "COMPLETING",
-    "CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT", "NF": "NODE_FAIL",
-    "OOM": "OUT_OF_MEMORY", "BF": "BOOT_FAIL", "DL": "DEADLINE", "PR": "PREEMPTED",
-    "S": "SUSPENDED", "RQ": "REQUEUED", "RS": "RESIZING", "SE": "SPECIAL_EXIT",
-    "SI": "SIGNALING", "SO": "STAGE_OUT", "ST": "STOPPED", "RV": "REVOKED",
-    "RH": "REQUEUE_HOLD", "RF": "REQUEUE_FED",
-}  # fmt: skip
+# Re-exported: callers take these from here.
+from .states import EXIT_OTHER_FAILURE as EXIT_OTHER_FAILURE
+from .states import EXIT_UNKNOWN as EXIT_UNKNOWN
 
 _LOG_POLL_S = 0.2
 _PENDING_FIRST_S, _PENDING_MAX_S = 0.25, 5.0
@@ -63,10 +28,9 @@ _DRAIN_WAIT_S = 2.0
 
 
 def normalize_state(state: str) -> str:
-    """Slurm's state as one word: `CANCELLED by 1000`, `CANCELLED+`, `CA` -> `CANCELLED`."""
-    words = state.split()
-    word = words[0].rstrip("+").upper() if words else ""
-    return _SHORT_STATES.get(word, word) or "UNKNOWN"
+    """Slurm's state as one word: `CANCELLED by 1000`, `CANCELLED+`, `CA` -> `CANCELLED`;
+    one states.py does not know -> `UNKNOWN`."""
+    return states.parse(state).value
 
 
 def exit_code_of(returncode: int) -> int:
@@ -115,17 +79,18 @@ def _slurm_exit(code: str | None) -> int | None:
 
 def job_exit_code(state: str, log_dir: Path, slurm_exit_code: str | None) -> int:
     """The exit code of `hpclaunch run --wait` for a job that ended in `state`."""
-    state = normalize_state(state)
-    if state in EXIT_CODES:
+    parsed = states.parse(state)
+    by_state = states.exit_code_for(parsed)
+    if by_state is not None:
         # The state explains the ranks' deaths (scancel/timeout send SIGTERM, OOM SIGKILL):
         # reporting 143/137 there would hide why the job ended.
-        return EXIT_CODES[state]
+        return by_state
     failure = first_failure(log_dir)
     if failure is not None:
         return failure
-    if state == "COMPLETED":
+    if parsed is states.State.COMPLETED:
         return 0
-    if state == "FAILED":
+    if parsed is states.State.FAILED:
         code = _slurm_exit(slurm_exit_code)
         return code if code is not None else EXIT_UNKNOWN
     return EXIT_UNKNOWN
@@ -188,10 +153,12 @@ def wait_and_stream(
     err: TextIO,
     *,
     is_tty: bool,
+    deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[int, str]:
     """Follow a job until it ends, streaming its logs; return (exit code, final state).
+    TimeoutError once `clock()` passes `deadline` (the job keeps running).
 
     Status calls back off (0.25 s -> 5 s pending, 1 s -> 10 s running) because this runs
     for hours against a shared slurmctld; a new rank-*.exit file brings the next call
@@ -209,12 +176,15 @@ def wait_and_stream(
     try:
         while True:
             now = clock()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(f"job {job_id} still {state}")
             if now >= next_ask:
                 status = source.status(job_id)
-                state = normalize_state(status.state)
-                if state not in ACTIVE_STATES:
+                parsed = states.parse(status.state)
+                state = parsed.value
+                if not states.is_active(parsed):
                     break
-                if state in _STREAMING_STATES:
+                if states.is_streaming(parsed):
                     if not streaming:
                         streaming, run_iv = True, _RUNNING_FIRST_S
                         line.end()

@@ -8,15 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import containers, shell
+from . import containers, node, shell
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
-from .runs import RunPaths
+from .rundirs import RunPaths
 from .shell import Join, Template, Var, Word
 from .spec import MASK, JobSpec, StageItem
 from .units import format_memory, format_time
-
-PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768+)
 
 
 @dataclass(frozen=True)
@@ -29,11 +27,6 @@ class BatchPlan:
     task_argv: tuple[Word, ...]
     task_env: tuple[tuple[str, Word], ...]  # exported before the launch (also for local)
     srun_argv: tuple[Word, ...]
-
-
-def master_port(job_id: int) -> int:
-    """MASTER_PORT from a job id: jobs whose ids differ by less than PORT_SPAN never share it."""
-    return PORT_BASE + job_id % PORT_SPAN
 
 
 def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
@@ -78,26 +71,26 @@ def _slurm_cpus(spec: JobSpec) -> int:
 def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str, Word]]:
     """Everything every task needs, in export order (later entries win)."""
     env: list[tuple[str, Word]] = [
-        ("HPCLAUNCH_RUN_DIR", str(paths.run_dir)),
+        (node.HPCLAUNCH_RUN_DIR, str(paths.run_dir)),
         ("HPCLAUNCH_CHECKPOINT_DIR", str(paths.checkpoint_dir)),
-        ("HPCLAUNCH_LOG_DIR", str(paths.logs)),
+        (node.HPCLAUNCH_LOG_DIR, str(paths.logs)),
         ("HPCLAUNCH_RUN_ID", paths.run_id),
         ("HPCLAUNCH_PROJECT", spec.project),
         ("HPCLAUNCH_EXP", spec.exp),
-        ("HPCLAUNCH_GPU_VISIBILITY", spec.gpu_visibility),
+        (node.HPCLAUNCH_GPU_VISIBILITY, spec.gpu_visibility),
         ("PYTHONUNBUFFERED", "1"),
         # ~/.local packages shadow a container's or a venv's (and are bound into images).
         ("PYTHONNOUSERSITE", "1"),
     ]
     if spec.venv:
-        env.append(("HPCLAUNCH_VENV", spec.venv))
+        env.append((node.HPCLAUNCH_VENV, spec.venv))
     env += sorted(launcher_env(spec).items())
     if spec.gpu_visibility == "per-task":
-        env.append(("HPCLAUNCH_GPU_VARS", ",".join(profile.gpu_vars)))
+        env.append((node.HPCLAUNCH_GPU_VARS, ",".join(profile.gpu_vars)))
         if profile.gpu_unset:
-            env.append(("HPCLAUNCH_GPU_UNSET", ",".join(profile.gpu_unset)))
+            env.append((node.HPCLAUNCH_GPU_UNSET, ",".join(profile.gpu_unset)))
     if profile.cache_dirs:
-        env.append(("HPCLAUNCH_CACHE_DIRS", Template(":".join(profile.cache_dirs))))
+        env.append((node.HPCLAUNCH_CACHE_DIRS, Template(":".join(profile.cache_dirs))))
     env += [(k, Template(v)) for k, v in profile.env.items()]
     if spec.nccl_debug:
         env += [(k, Template(v)) for k, v in profile.debug_env.items()]
@@ -106,7 +99,7 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     if spec.container:
         names = [k for k, _ in env] + [k for k, _ in spec.secret_env()]
         names += [*profile.gpu_vars, *profile.gpu_unset]
-        env.append(("HPCLAUNCH_CONTAINER_PASS", containers.pass_list(spec.container, names)))
+        env.append((node.HPCLAUNCH_CONTAINER_PASS, containers.pass_list(spec.container, names)))
     return env
 
 
@@ -118,7 +111,7 @@ def data_env(spec: JobSpec) -> list[tuple[str, Word]]:
             value: Word = f"{containers.STAGED_IMAGES}/{item.name}"
         else:
             tail = f"/data/{item.name}" + (f"/{item.file}" if item.file else "")
-            value = Join((Var("HPCLAUNCH_LOCAL"), tail))
+            value = Join((Var(node.HPCLAUNCH_LOCAL), tail))
         env.append((f"HPCLAUNCH_DATA_{item.name}", value))
     if len(spec.stage) == 1:
         env.append(("HPCLAUNCH_DATA", env[0][1]))
@@ -127,7 +120,7 @@ def data_env(spec: JobSpec) -> list[tuple[str, Word]]:
 
 def _stage_note(spec: JobSpec, item: StageItem) -> str:
     size = f"{item.size / 2**20:.1f} MiB"
-    if item.kind == "directory":
+    if item.kind == node.DIRECTORY:
         return f"${{HPCLAUNCH_DATA_{item.name}}}: {item.src} ({size}), packed as {item.archive}"
     mounted = containers.mounts_image(spec.container, item)
     how = "mounted by the container" if mounted else "unpacked on each node"
@@ -135,7 +128,7 @@ def _stage_note(spec: JobSpec, item: StageItem) -> str:
 
 
 def stage_json(spec: JobSpec, paths: RunPaths) -> dict[str, object]:
-    """What stage_node.py does on every node (no secrets: paths and names only)."""
+    """What the stage guard does on every node (no secrets: paths and names only)."""
     return {
         "run_dir": str(paths.run_dir),
         "nodes": spec.nodes,
@@ -165,10 +158,11 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         # one tar per CPU; afterwards the guard only sleeps (--overlap shares them).
         f"--cpus-per-task={_slurm_cpus(spec) * (spec.ntasks // spec.nodes)}",
         "--kill-on-bad-exit=0",
-        profile.python, "-I", "-S", str(paths.run_dir / "stage_node.py"), "run",
-        str(paths.run_dir / "stage.json"),
+        profile.python, *node.PYTHON_FLAGS,
+        str(paths.run_dir / node.RUN_DIR_NAME[node.STAGE_GUARD]), "run",
+        str(paths.run_dir / node.STAGE_JSON),
     ]  # fmt: skip
-    marks = shell.quote(str(paths.run_dir / "stage"))
+    marks = shell.quote(str(paths.run_dir / node.STAGE_MARKS))
     return [
         "",
         "# --stage/--stage-out: a guard task per node unpacks into the node-local folder",
@@ -181,7 +175,7 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         "HPCLAUNCH_STAGE_PID=$!",
         "shopt -s nullglob",
         "while :; do  # until every node is ready; bash builtins but sleep",
-        f"    ready=({marks}/ready-*) failed=({marks}/failed-*)",
+        f"    ready=({marks}/{node.READY}*) failed=({marks}/{node.FAILED}*)",
         '    if (( ${#failed[@]} )) || ! kill -0 "$HPCLAUNCH_STAGE_PID" 2>/dev/null; then',
         '        echo "hpclaunch: staging failed; the ranks are not started" >&2',
         '        kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null; wait "$HPCLAUNCH_STAGE_PID"',
@@ -234,7 +228,7 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
         "export MASTER_ADDR",
         "# From the job id, so jobs sharing a node differ; skip a port in use here.",
-        f"MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
+        f"MASTER_PORT=$(( {node.PORT_BASE} + SLURM_JOB_ID % {node.PORT_SPAN} ))",
         "for _ in {1..100}; do  # bash builtins only: no process is started here",
         '    { : 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT"; } 2>/dev/null || break',
         "    MASTER_PORT=$(( MASTER_PORT + 1 ))",
@@ -245,15 +239,15 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
     if spec.stage or spec.stage_out:
         body += [
             "# The job's node-local folder (the profile's choice), on every node the same path.",
-            f"HPCLAUNCH_LOCAL={profile.local_dir}",
-            "export HPCLAUNCH_LOCAL",
+            f"{node.HPCLAUNCH_LOCAL}={profile.local_dir}",
+            f"export {node.HPCLAUNCH_LOCAL}",
         ]
     body += [shell.export(k, v) for k, v in env]
     secrets = spec.secret_env()
     if secrets:
         names = ", ".join(k for k, _ in secrets)
         body.append(shell.comment(f"From the submitting environment only (secret): {names}"))
-    if "HPCLAUNCH_ARGV" in dict(env):
+    if node.HPCLAUNCH_ARGV in dict(env):
         body.append(
             shell.comment(
                 "The program line holds a lone ':' (srun's step separator), so it reaches the "

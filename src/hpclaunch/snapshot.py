@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import UserError
+from .project import GIT_TIMEOUT, git_root
+from .project import git as _git
 
-GIT_TIMEOUT = 60  # seconds; ls-files walks untracked folders, slow on a cold network file system
 FIELD = "code snapshot"
 FIX = "Use --no-snapshot to run the live project folder instead"
 # Never copied out of nested trees (submodules, nested repositories): history is not code,
@@ -45,30 +46,6 @@ class SnapshotStats:
     bytes: int
     links: int
     seconds: float
-
-
-def _git(
-    cwd: Path, args: list[str], timeout: float = GIT_TIMEOUT
-) -> subprocess.CompletedProcess[bytes]:
-    # Bytes, not text: paths may be any bytes. No optional locks: never block the user's git.
-    return subprocess.run(
-        ["git", "-c", "core.quotepath=off", *args],
-        cwd=cwd,
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
-    )
-
-
-def git_root(cwd: Path) -> Optional[Path]:
-    """The git top level holding cwd; None outside git or when git is missing."""
-    try:
-        out = _git(cwd, ["rev-parse", "--show-toplevel"], timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    top = os.fsdecode(out.stdout).rstrip("\n")  # only the newline: a name may end in spaces
-    return Path(top) if out.returncode == 0 and top else None
 
 
 def _ls_files(root: Path, args: list[str]) -> list[str]:

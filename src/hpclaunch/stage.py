@@ -4,7 +4,7 @@ node-local capacity, and describe the job's staging for the nodes (stage.json).
 A directory is packed into a few tars (one folder of them) kept under the run root
 (.stage-cache/<NAME>-<key>/), keyed by a manifest of its paths, sizes and mtimes: an
 unchanged dataset reuses the same files, a touched one packs again. Each node then reads
-those few big files instead of every small one (stage_node.py), the tars side by side,
+those few big files instead of every small one (node/stage_guard.py), side by side,
 which is what makes many small files cheap on a parallel file system.
 """
 
@@ -27,7 +27,8 @@ from typing import Optional, TextIO
 
 from .containers import SQUASHFS_MAGIC
 from .errors import UserError, show
-from .runs import absolute
+from .node import ARCHIVE, DIRECTORY, FILE, PACK_PART, SQUASHFS
+from .rundirs import absolute
 from .snapshot import human
 from .spec import StageItem
 from .units import format_memory
@@ -56,16 +57,16 @@ def parse(text: str, cwd: Path) -> tuple[str, str]:
 
 def kind_of(path: str) -> str:
     if os.path.isdir(path):
-        return "directory"
+        return DIRECTORY
     if path.endswith(ARCHIVES):
-        return "archive"
+        return ARCHIVE
     try:
         with open(path, "rb") as handle:
             if handle.read(4) == SQUASHFS_MAGIC:
-                return "squashfs"
+                return SQUASHFS
     except OSError as exc:
         raise UserError("--stage", f"cannot read {path}: {exc.strerror}", "", "Check it") from None
-    return "file"
+    return FILE
 
 
 def manifest(root: str) -> list[tuple[str, int, int, bool]]:
@@ -170,7 +171,7 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
             listing = tmp / f".list-{index}"
             listing.write_bytes(b"".join(os.fsencode(rel) + b"\0" for rel in names))
             done = subprocess.run(
-                ["tar", "-cf", str(tmp / f"part-{index:02d}.tar"), "-C", src,
+                ["tar", "-cf", str(tmp / (PACK_PART % index)), "-C", src,
                  "--no-recursion", "--null", "-T", str(listing)],
                 stderr=subprocess.PIPE,
                 check=False,
@@ -197,7 +198,8 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
 
 def parts(folder: str) -> list[str]:
     """A pack's tars in unpack order: the file parts, then part 0 (the folders)."""
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".tar"))
+    head, _, tail = PACK_PART.partition("%02d")
+    names = sorted(n for n in os.listdir(folder) if n.startswith(head) and n.endswith(tail))
     return [os.path.join(folder, n) for n in names[1:] + names[:1]]
 
 
@@ -212,22 +214,22 @@ def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, .
                 "--stage", f"two sources are named {name}", "", "Name them: --stage SRC:NAME"
             )
         kind = kind_of(src)
-        if kind == "directory":
+        if kind == DIRECTORY:
             listing = manifest(src)
             pack_dir = run_root / CACHE / f"{name}-{cache_key(src, listing)}"
             size = sum(size for _, size, _, _ in listing)
             items.append(StageItem(name, src, kind, str(pack_dir), size))
-        elif kind == "archive":
+        elif kind == ARCHIVE:
             items.append(StageItem(name, src, kind, src, archive_size(src)))
         else:
-            file = os.path.basename(src) if kind == "file" else ""
+            file = os.path.basename(src) if kind == FILE else ""
             items.append(StageItem(name, src, kind, src, os.path.getsize(src), file))
     return tuple(items)
 
 
 def pack_all(items: tuple[StageItem, ...], err: TextIO = sys.stderr) -> None:
     for item in items:
-        if item.kind == "directory" and not os.path.isdir(item.archive):
+        if item.kind == DIRECTORY and not os.path.isdir(item.archive):
             pack(item.src, Path(item.archive), manifest(item.src), err)
 
 

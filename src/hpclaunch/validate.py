@@ -7,7 +7,6 @@ it and leave it PENDING forever, e.g. a time over the partition's MaxTime).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
@@ -15,12 +14,13 @@ from typing import Any, Optional
 
 from .errors import UserError, show
 from .profiles import Partition, Profile
+from .resources import MAX_LOCAL_RANKS, Request, check_resources
 from .shell import check_name
 from .spec import JobSpec
 from .topology import map_cpu_bind, mask_cpu_bind
-from .units import format_memory, format_time, parse_memory
+from .users import user_name
 
-MAX_LOCAL_RANKS = 256
+__all__ = ["MAX_LOCAL_RANKS", "default_job_name", "validate"]
 _EXP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # sbatch options hpclaunch models itself: passing them raw would contradict the plan.
 _MODELED = {
@@ -76,12 +76,6 @@ def default_job_name(program: tuple[str, ...]) -> str:
         if not arg.startswith("-"):
             return PurePosixPath(arg).name or name
     return name
-
-
-def _positive(field: str, value: int, what: str) -> int:
-    if value < 1:
-        raise UserError(field, f"{value} {what}", "at least 1", f"Ask for 1 or more {what}")
-    return value
 
 
 def _text(field: str, value: str, *, allow_blank: bool = True) -> str:
@@ -160,117 +154,20 @@ def _partition(profile: Profile, name: str) -> Optional[Partition]:
     return part
 
 
-def validate(
-    profile: Profile,
-    values: Mapping[str, Any],
-    sources: Mapping[str, str],
-    program: tuple[str, ...],
-    environ: Mapping[str, str],
-    in_allocation: bool,
-    project: str = "",
-) -> JobSpec:
-    program = _program(program)
-    local = profile.kind == "local"
-    v = dict(values)
+def _choose_partition(
+    profile: Profile, values: Mapping[str, Any], local: bool, in_allocation: bool
+) -> tuple[str, Optional[Partition]]:
+    """The partition's name and facts; none locally, and inside an allocation the
+    allocation already decided (its name is kept only when the user gave one)."""
+    name = _text("--partition", str(values.get("partition") or ""), allow_blank=False)
+    if local or in_allocation:
+        return name, None
+    name = name or profile.default_partition_name()
+    return name, _partition(profile, name)
 
-    partition_name = _text("--partition", str(v.get("partition") or ""), allow_blank=False)
-    if not local and not in_allocation and not partition_name:
-        partition_name = profile.default_partition_name()
-    part = None if local or in_allocation else _partition(profile, partition_name)
 
-    node_cpus = (part.cpus if part and part.cpus else None) or profile.node.cpus
-    usable_cpus = profile.node.usable_cpus or node_cpus
-    node_gpus = part.gpus if part and part.gpus is not None else profile.node.gpus
-    node_mem = (part.memory_mb if part and part.memory_mb else None) or profile.node.memory_mb
-    if local:
-        node_cpus = usable_cpus = os.cpu_count() or 1
-
-    nodes = _positive("--nodes", v.get("nodes", 1), "nodes")
-    if part and part.max_nodes and nodes > part.max_nodes:
-        raise UserError(
-            "--nodes",
-            f"{nodes} nodes on {partition_name}",
-            f"the partition allows {part.max_nodes} per job",
-            f"Ask for {part.max_nodes} or fewer",
-        )
-    if part and part.nodes and nodes > part.nodes:
-        raise UserError(
-            "--nodes",
-            f"{nodes} nodes on {partition_name}",
-            f"the partition has {part.nodes}",
-            f"Ask for {part.nodes} or fewer",
-        )
-
-    whole = bool(part and part.whole_node)
-    default_gpus = node_gpus if (whole and profile.one_task_per_gpu) else 0
-    gpus = v.get("gpus_per_node", default_gpus)
-    if gpus < 0:
-        raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
-    if gpus > node_gpus and not in_allocation:
-        where = f"nodes of {partition_name}" if part else f"{profile.name} nodes"
-        raise UserError(
-            "--gpus-per-node",
-            f"{gpus} GPUs per node",
-            f"{where} have {node_gpus}",
-            f"Ask for {node_gpus} or fewer" if node_gpus else "Drop --gpus-per-node",
-        )
-
-    tasks = _positive(
-        "--tasks-per-node", v.get("tasks_per_node", gpus if gpus else 1), "tasks per node"
-    )
-    if local and nodes * tasks > MAX_LOCAL_RANKS:
-        raise UserError(
-            "--tasks-per-node",
-            f"{nodes * tasks} local ranks",
-            f"at most {MAX_LOCAL_RANKS}",
-            "Use fewer nodes or tasks locally",
-        )
-
-    default_cpt = 1
-    if profile.node.cpus_per_gpu and gpus and tasks == gpus:
-        default_cpt = profile.node.cpus_per_gpu
-    cpt = _positive("--cpus-per-task", v.get("cpus_per_task", default_cpt), "CPUs per task")
-    launcher = v.get("launcher", profile.launcher)
-    slurm_tasks = 1 if launcher == "torchrun" else tasks
-    slurm_cpt = cpt * tasks if launcher == "torchrun" else cpt
-    if not local and not in_allocation and usable_cpus and slurm_tasks * slurm_cpt > usable_cpus:
-        raise UserError(
-            "--cpus-per-task",
-            f"{tasks} tasks x {cpt} CPUs = {tasks * cpt} per node",
-            f"nodes have {usable_cpus} usable cores",
-            f"Use at most {max(1, usable_cpus // tasks)} CPUs per task or fewer tasks",
-        )
-
-    mem, mem_per_gpu = v.get("mem"), v.get("mem_per_gpu")
-    if mem is not None and mem_per_gpu is not None:
-        raise UserError("--mem", "given together with --mem-per-gpu", "", "Give only one of them")
-    if mem is None and mem_per_gpu is None and profile.mem_per_gpu and gpus and not local:
-        mem_per_gpu = parse_memory(profile.mem_per_gpu, "mem_per_gpu")
-    if node_mem and mem and mem > node_mem:
-        raise UserError(
-            "--mem",
-            f"{format_memory(mem)} per node",
-            f"nodes have {format_memory(node_mem)}",
-            "Ask for less, or --mem 0 for all of it",
-        )
-    if node_mem and mem_per_gpu and gpus and mem_per_gpu * gpus > node_mem:
-        raise UserError(
-            "--mem-per-gpu",
-            f"{format_memory(mem_per_gpu)} x {gpus} GPUs",
-            f"nodes have {format_memory(node_mem)}",
-            "Ask for less memory per GPU",
-        )
-
-    time_s = v.get("time")
-    if part and part.max_time and time_s and time_s > part.max_time:
-        raise UserError(
-            "--time",
-            f"{format_time(time_s)} on {partition_name}",
-            f"the partition's limit is {format_time(part.max_time)}",
-            f"Ask for {format_time(part.max_time)} or less, or pick another partition",
-        )
-
-    account = _text("--account", str(v.get("account") or ""), allow_blank=False)
+def _account(profile: Profile, values: Mapping[str, Any], local: bool) -> str:
+    account = _text("--account", str(values.get("account") or ""), allow_blank=False)
     if profile.account_required and not account and not local:
         raise UserError(
             "--account",
@@ -285,77 +182,130 @@ def validate(
             f"pattern {profile.account_pattern}",
             "Give e.g. -A project_465000000",
         )
+    return account
 
-    job_name = _text("--job-name", str(v.get("job_name") or default_job_name(program)))
+
+def _job_name(values: Mapping[str, Any], program: tuple[str, ...]) -> str:
+    job_name = _text("--job-name", str(values.get("job_name") or default_job_name(program)))
     if len(job_name) > 200:
         raise UserError("--job-name", f"{len(job_name)} characters", "at most 200", "Shorten it")
+    # sbatch reads #SBATCH lines raw and a name with blanks gets double quotes: a quote
+    # or backslash inside could not be written there.
     if '"' in job_name or "\\" in job_name:
         raise UserError(
             "--job-name", f"{show(job_name)} holds a quote or backslash", "", "Remove it"
         )
-    exp = str(v.get("exp") or "default")
-    if not _EXP.match(exp):
+    return job_name
+
+
+def _exp(values: Mapping[str, Any]) -> str:
+    exp = str(values.get("exp") or "default")
+    if not _EXP.match(exp):  # it becomes a folder of the run root
         raise UserError(
             "--exp",
             f"{show(exp)} is not a usable folder name",
             "letters, digits, . _ -; at most 100",
             "Rename the experiment",
         )
-    setup = tuple(_text("--setup", line) for line in v.get("setup", ()) + profile.setup)
+    return exp
 
-    cpu_bind = ""
-    exclusive = bool(v.get("exclusive", False))
+
+def _setup(values: Mapping[str, Any], profile: Profile) -> tuple[str, ...]:
+    return tuple(_text("--setup", line) for line in values.get("setup", ()) + profile.setup)
+
+
+def _cpu_bind(
+    profile: Profile, launcher: str, whole_or_exclusive: bool, tasks: int, local: bool
+) -> str:
+    """srun's --cpu-bind value: each task on its GPU's cores, only when the job owns the
+    node and runs one srun task per GPU (else the masks would name cores it lacks)."""
     topo = profile.topology
     if (
-        topo is not None
-        and profile.cpu_bind != "none"
-        and launcher == "srun"
-        and (whole or exclusive)
-        and tasks == topo.gpus
-        and not local
+        topo is None
+        or profile.cpu_bind == "none"
+        or launcher != "srun"
+        or not whole_or_exclusive
+        or tasks != topo.gpus
+        or local
     ):
-        verbose = profile.cpu_bind_verbose
-        cpu_bind = (
-            mask_cpu_bind(topo, verbose)
-            if profile.cpu_bind == "mask"
-            else map_cpu_bind(topo, verbose)
-        )
+        return ""
+    verbose = profile.cpu_bind_verbose
+    if profile.cpu_bind == "mask":
+        return mask_cpu_bind(topo, verbose)
+    return map_cpu_bind(topo, verbose)
 
+
+def _run_roots(
+    profile: Profile,
+    values: Mapping[str, Any],
+    account: str,
+    environ: Mapping[str, str],
+    project: str,
+) -> tuple[str, str]:
+    """Where runs and checkpoints go: --run-root, else the profile's pattern ($SCRATCH's
+    when the site sets it) filled with the account, user, project and scratch."""
     fmt = {
         "account": account or "noaccount",
-        "user": environ.get("USER", "user"),
+        "user": user_name(environ),
         "project": project,
         "scratch": environ.get("SCRATCH", ""),
     }
     root = profile.scratch_run_root if fmt["scratch"] and profile.scratch_run_root else ""
-    run_root = str(v.get("run_root") or (root or profile.run_root).format(**fmt))
+    run_root = str(values.get("run_root") or (root or profile.run_root).format(**fmt))
     ckpt_root = profile.checkpoint_root.format(**fmt) if profile.checkpoint_root else ""
+    return run_root, ckpt_root
 
+
+def validate(
+    profile: Profile,
+    values: Mapping[str, Any],
+    sources: Mapping[str, str],
+    program: tuple[str, ...],
+    environ: Mapping[str, str],
+    in_allocation: bool,
+    project: str = "",
+) -> JobSpec:
+    """Every check, in the order its error is reported; the first broken one raises."""
+    program = _program(program)
+    local = profile.kind == "local"
+    partition_name, part = _choose_partition(profile, values, local, in_allocation)
+    launcher = values.get("launcher", profile.launcher)
+    res = check_resources(
+        Request(profile, part, partition_name, values, sources, local, in_allocation)
+    )
+    account = _account(profile, values, local)
+    job_name = _job_name(values, program)
+    exp = _exp(values)
+    setup = _setup(values, profile)
+    exclusive = bool(values.get("exclusive", False))
+    whole = bool(part and part.whole_node)
+    cpu_bind = _cpu_bind(profile, launcher, whole or exclusive, res.tasks_per_node, local)
+    run_root, ckpt_root = _run_roots(profile, values, account, environ, project)
     return JobSpec(
         cluster=profile.name,
         program=program,
-        nodes=nodes,
-        tasks_per_node=tasks,
-        gpus_per_node=gpus,
-        cpus_per_task=cpt,
-        mem_mb=mem,
-        mem_per_gpu_mb=mem_per_gpu,
-        time_s=time_s,
+        nodes=res.nodes,
+        tasks_per_node=res.tasks_per_node,
+        gpus_per_node=res.gpus_per_node,
+        cpus_per_task=res.cpus_per_task,
+        mem_mb=res.mem_mb,
+        mem_per_gpu_mb=res.mem_per_gpu_mb,
+        time_s=res.time_s,
         partition=partition_name,
         account=account,
-        reservation=_text("--reservation", str(v.get("reservation") or ""), allow_blank=False),
+        reservation=_text("--reservation", str(values.get("reservation") or ""), allow_blank=False),
         exclusive=exclusive,
         job_name=job_name,
         launcher=launcher,
-        gpu_visibility=v.get("gpu_visibility", profile.gpu_visibility),
+        gpu_visibility=values.get("gpu_visibility", profile.gpu_visibility),
         exp=exp,
         project=project,
-        env=_env(v.get("env", ())),
+        env=_env(values.get("env", ())),
         setup=setup,
-        sbatch_args=_sbatch_args(v.get("sbatch_arg", ())),
+        sbatch_args=_sbatch_args(values.get("sbatch_arg", ())),
         run_root=run_root,
         checkpoint_root=ckpt_root,
-        nccl_debug=bool(v.get("nccl_debug", False)),
+        nccl_debug=bool(values.get("nccl_debug", False)),
         cpu_bind=cpu_bind,
         sources=tuple(sorted(sources.items())),
     )

@@ -3,7 +3,7 @@ check that a run's --venv belongs to its image, and the warning about ~/.local.
 
 A venv is made INSIDE the image with --system-site-packages and a constraints file that
 pins every package the image ships, so pip installs beside torch/jax and never replaces
-them (venv_inside.py does that part, with the image's Python). Its record,
+them (node/venv_probe.py does that part, with the image's Python). Its record,
 hpclaunch-venv.json, names the image it was made for.
 """
 
@@ -18,17 +18,15 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from . import __version__
 from .containers import runtime_argv
 from .errors import HpclaunchError, UserError, show
+from .node import LIST_ONLY, VENV_CONSTRAINTS, VENV_PROBE, VENV_RECORD, path
 from .spec import ContainerJob
 
-RECORD = "hpclaunch-venv.json"
-CONSTRAINTS = "hpclaunch-constraints.txt"
 _CONSTRAINT = re.compile(r"The user requested \(constraint\) ([A-Za-z0-9_.\-]+)==(\S+)")
 _CAUSE = re.compile(r"^\s*(\S.* depends on .*|The user requested (?!\(constraint\)).*)$")
 
@@ -45,7 +43,7 @@ def image_identity(image: str) -> str:
 
 def read_record(venv: Path) -> Optional[dict[str, Any]]:
     try:
-        data = json.loads((venv / RECORD).read_text())
+        data = json.loads((venv / VENV_RECORD).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -64,7 +62,7 @@ def check_venv(path: str, container: Optional[ContainerJob]) -> tuple[str, list[
         )
     record = read_record(venv)
     if record is None:
-        return str(venv), [f"--venv {venv} has no {RECORD}: cannot check it fits the image"]
+        return str(venv), [f"--venv {venv} has no {VENV_RECORD}: cannot check it fits the image"]
     made_for = record.get("image_id")
     wanted = image_identity(container.image) if container else None
     if made_for != wanted:
@@ -102,7 +100,7 @@ def local_paths(requirements: Path) -> list[str]:
 
 
 def _inside_code() -> str:
-    return resources.files("hpclaunch").joinpath("venv_inside.py").read_text("utf-8")
+    return path(VENV_PROBE).read_text("utf-8")
 
 
 def _command(container: Optional[ContainerJob], python: str, args: list[str]) -> list[str]:
@@ -123,7 +121,7 @@ def conflict_error(output: str, image: str, field: str = "-r") -> Optional[UserE
     return UserError(
         field,
         f"{what}would replace the image's {name} {version}",
-        f"{image} ships {name}=={version}, pinned in {CONSTRAINTS}",
+        f"{image} ships {name}=={version}, pinned in {VENV_CONSTRAINTS}",
         f"Ask for versions that work with {name} {version}, or use an image that has what you need",
     )
 
@@ -213,7 +211,7 @@ def image_packages(
     if not shutil.which(container.command):
         return None
     bare = replace(container, binds=(), cwd="/")  # nothing of the host is needed
-    argv = _command(bare, python, ["-", "-", json.dumps({"list_only": True})])
+    argv = _command(bare, python, ["-", "-", json.dumps({LIST_ONLY: True})])
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         packages = json.loads(done.stdout)["packages"] if done.returncode == 0 else None

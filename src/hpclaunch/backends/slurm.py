@@ -1,125 +1,117 @@
-"""The Slurm backend: every sbatch/squeue/scontrol/sacct/scancel/srun call goes through
-`_run` here, with argv lists (never a shell) and Slurm's own error text passed on."""
+"""The Slurm batch backend: sbatch to start, one squeue + one sacct per refresh for the
+status of any number of jobs, scancel to cancel. Every command goes through slurmcmd.
+
+Sites rate-limit RPCs per user and ban tools that poll in loops, so `status` never asks
+per job: squeue answers for every job still queued or running, and one sacct call for
+the rest (accounting database, else the job-completion file that sites without a
+database keep; which of the two answers is remembered for the process).
+"""
 
 from __future__ import annotations
 
-import subprocess
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
+from .. import slurmcmd, states
 from ..errors import SlurmError
 from ..monitor import JobStatus
 from ..render import BatchPlan
+from ..users import with_user
+from .base import Backend, Launch
 
 # hpclaunch resolves these into the script; sbatch must not override the script's lines.
 RESOLVED_SBATCH_ENV = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_RESERVATION")
-ACTIVE = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "SUSPENDED",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-    "STOPPED",
-}
-
-
-def _run(argv: list[str], env: Optional[Mapping[str, str]] = None, timeout: float = 60) -> str:
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            env=dict(env) if env is not None else None,
-        )
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]}: not found on PATH (is Slurm installed here?)") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]}: no answer after {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        # Slurm's reason is on its "error:" line; "Try --help" lines after it say nothing.
-        errors = [ln for ln in lines if "error" in ln.lower()] or lines
-        detail = "; ".join(errors[-2:]) if errors else f"exit {proc.returncode}"
-        raise SlurmError(f"{argv[0]} failed: {detail}")
-    return proc.stdout
+_SACCT_MODES: tuple[tuple[str, ...], ...] = (("-X",), ("-c",))  # database, completion file
 
 
 def submission_env(plan: BatchPlan, environ: Mapping[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in environ.items() if k not in RESOLVED_SBATCH_ENV}
+    env = {k: v for k, v in with_user(environ).items() if k not in RESOLVED_SBATCH_ENV}
     env.update(dict(plan.secret_env))
     return env
 
 
 def submit(plan: BatchPlan, environ: Mapping[str, str]) -> str:
-    out = _run(list(plan.sbatch_argv), env=submission_env(plan, environ))
+    out = slurmcmd.run(list(plan.sbatch_argv), env=submission_env(plan, environ))
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {out.strip()!r}")
     return job_id
 
 
-class SlurmStatus:
-    """JobStatus from squeue while Slurm knows the job, then scontrol, then sacct.
+class SlurmBackend(Backend):
+    name = "slurm"
+    kind = "job"
+    unknown_retries = 3  # a restarting controller must not end a --wait early
 
-    A job no command knows is asked about again a few times before it is called
-    UNKNOWN: a controller that restarts or times out must not end a --wait early.
-    """
+    def __init__(self) -> None:
+        self._sacct_mode: Optional[tuple[str, ...]] = None
 
-    def __init__(self, retries: int = 3, retry_wait_s: float = 2.0) -> None:
-        self.retries = retries
-        self.retry_wait_s = retry_wait_s
+    def start(self, launch: Launch) -> str:
+        return submit(launch.plan, launch.environ)
 
-    def status(self, job_id: str) -> JobStatus:
-        result = self._status(job_id)
-        for _ in range(self.retries):
-            if result.state != "UNKNOWN":
-                break
-            time.sleep(self.retry_wait_s)
-            result = self._status(job_id)
-        return result
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        ids = sorted({str(j) for j in job_ids if str(j).strip()})
+        if not ids:
+            return {}
+        found = self._queued(ids)
+        rest = [j for j in ids if j not in found]
+        if rest:
+            found.update(self._accounted(rest))
+        rest = [j for j in ids if j not in found]
+        if rest:
+            found.update(self._controller(rest))
+        return found
 
-    def _status(self, job_id: str) -> JobStatus:
+    def cancel(self, job_id: str) -> None:
+        slurmcmd.run(["scancel", job_id])
+
+    def _queued(self, ids: list[str]) -> dict[str, JobStatus]:
+        """Jobs squeue still shows in an active state (it forgets jobs soon after)."""
         try:
-            out = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], timeout=30).strip()
+            out = slurmcmd.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%T|%r"], timeout=30)
         except SlurmError:
-            out = ""  # squeue refuses ids it forgot ("Invalid job id"): ask the others
-        if out:
-            state, _, reason = out.splitlines()[0].partition("|")
-            if state in ACTIVE:
-                return JobStatus(state, "" if reason == "None" else reason, None)
-        return self._final(job_id)
+            return {}  # squeue refuses a list of ids it all forgot: ask accounting
+        found: dict[str, JobStatus] = {}
+        for line in out.splitlines():
+            job, _, rest = line.strip().partition("|")
+            state, _, reason = rest.partition("|")
+            if job in ids and states.is_active(states.parse(state)):
+                found[job] = JobStatus(state, "" if reason == "None" else reason, None)
+        return found
 
-    def _final(self, job_id: str) -> JobStatus:
-        try:
-            fields = _parse_scontrol(_run(["scontrol", "-o", "show", "job", job_id], timeout=30))
-            if fields.get("JobState"):
-                reason = fields.get("Reason", "")
-                return JobStatus(
-                    fields["JobState"], "" if reason == "None" else reason, fields.get("ExitCode")
-                )
-        except SlurmError:
-            pass
-        for argv in (
-            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
-            ["sacct", "-c", "-n", "-P", "-j", job_id, "-o", "State,ExitCode"],
-        ):
+    def _accounted(self, ids: list[str]) -> dict[str, JobStatus]:
+        """One sacct call for every job that left the queue (the last record wins:
+        a requeued job has several)."""
+        modes = (self._sacct_mode,) if self._sacct_mode else _SACCT_MODES
+        for mode in modes:
+            argv = ["sacct", *mode, "-n", "-P", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"]
             try:
-                lines = [ln for ln in _run(argv, timeout=30).splitlines() if ln.strip()]
+                out = slurmcmd.run(argv, timeout=30)
             except SlurmError:
                 continue
-            if lines:
-                state, _, code = lines[-1].partition("|")
-                return JobStatus(state.split()[0], "", code or None)
-        return JobStatus("UNKNOWN", "Slurm no longer knows the job", None)
+            self._sacct_mode = mode
+            found: dict[str, JobStatus] = {}
+            for line in out.splitlines():
+                job, _, rest = line.strip().partition("|")
+                state, _, code = rest.partition("|")
+                if job in ids and state:
+                    found[job] = JobStatus(state.split()[0], "", code or None)
+            return found
+        return {}
+
+    def _controller(self, ids: list[str]) -> dict[str, JobStatus]:
+        """Jobs that ended moments ago and accounting has not written yet: slurmctld
+        still holds them for MinJobAge (asked per job, only for these few)."""
+        found: dict[str, JobStatus] = {}
+        for job in ids:
+            out = slurmcmd.query(["scontrol", "-o", "show", "job", job], timeout=30)
+            fields = _parse_scontrol(out or "")
+            if fields.get("JobState"):
+                reason = fields.get("Reason", "")
+                found[job] = JobStatus(
+                    fields["JobState"], "" if reason == "None" else reason, fields.get("ExitCode")
+                )
+        return found
 
 
 def _parse_scontrol(text: str) -> dict[str, str]:
@@ -129,18 +121,3 @@ def _parse_scontrol(text: str) -> dict[str, str]:
         if sep and key not in fields:
             fields[key] = value
     return fields
-
-
-def cancel(job_id: str) -> None:
-    _run(["scancel", job_id])
-
-
-def run_step(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """Start an srun step inside the current allocation (salloc/sbatch shell)."""
-    try:
-        return subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise SlurmError(f"srun: {exc.strerror}") from None
-
-
-__all__ = ["SlurmStatus", "cancel", "run_step", "submission_env", "submit"]

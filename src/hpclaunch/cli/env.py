@@ -3,12 +3,13 @@ image's own packages (torch, jax, ...)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import click
+
+from . import common
 
 CREATE_HELP = """Make a venv at PATH for IMAGE, with the image's Python.
 
@@ -44,6 +45,7 @@ def env_group() -> None:
     "-r", "--requirements", metavar="FILE", help="pip requirements to install into the venv."
 )
 @click.option("--bind", multiple=True, metavar="SRC[:DST[:ro]]", help="Extra bind (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the venv and its image.")
 @click.argument("path")
 def create_cmd(
     path: str,
@@ -52,15 +54,16 @@ def create_cmd(
     cluster: Optional[str],
     requirements: Optional[str],
     bind: tuple[str, ...],
+    as_json: bool,
 ) -> int:
-    from .. import config, containers, runs, venvs
+    from .. import containers, preparing, project, rundirs, venvs
     from ..errors import UserError
 
     cwd = Path.cwd()
-    environ = dict(os.environ)
-    profile = config.profile_for(cluster, cwd, environ)
-    venv = runs.absolute(path, cwd)
-    req = runs.absolute(requirements, cwd) if requirements else None
+    environ = common.environ()
+    profile = preparing.profile_for(cluster, cwd, environ)
+    venv = rundirs.absolute(path, cwd)
+    req = rundirs.absolute(requirements, cwd) if requirements else None
     if req is not None and not req.is_file():
         raise UserError("--requirements", f"{req} is not a file", "", "Check the path")
     if not venv.parent.is_dir():
@@ -69,7 +72,7 @@ def create_cmd(
         ("venv", str(venv.parent)),
         ("requirements", str(req.parent) if req else ""),
         *(("requirements", path) for path in (venvs.local_paths(req) if req else [])),
-        ("project", str(config.project_root(cwd))),
+        ("project", str(project.root(cwd))),
         ("cwd", str(cwd)),
     ]
     values = {"container": container, "container_runtime": container_runtime, "bind": bind}
@@ -78,6 +81,11 @@ def create_cmd(
         job = containers.check_mount_points(job, profile.container)
         containers.make_mount_points(job)
     venvs.create(venv, job, profile.python, req, out=sys.stderr)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"venv": str(venv), "image": str(job.image) if job else None}))
+        return 0
     where = f" for {job.image}" if job else ""
     use = f"--container {job.image} " if job else ""
     click.echo(f"hpclaunch: venv ready at {venv}{where}", err=True)

@@ -13,10 +13,12 @@ from typing import Optional
 import click
 
 from ..errors import USER_ERROR_EXIT, HpclaunchError, UserError, _one_line
-from .again import clean_cmd, rerun_cmd
+from .clean_cmd import clean_cmd
+from .control import cancel_cmd, rerun_cmd
 from .env import env_group
-from .manage import cancel_cmd, logs_cmd, runs_cmd, show_cmd, status_cmd
-from .run import run_cmd
+from .logs_cmd import logs_cmd
+from .records_cmds import runs_cmd, show_cmd, status_cmd
+from .run_cmd import run_cmd
 
 EPILOG = """\b
 Examples:

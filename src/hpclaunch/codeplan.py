@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import snapshot
-from .runs import RunPaths
+from .project import git_root
+from .rundirs import RunPaths
 from .spec import JobSpec
 
 CODE = "code"  # the snapshot's folder inside the run directory
@@ -28,7 +29,7 @@ class CodePlan:
 
 def plan_code(spec: JobSpec, cwd: Path, paths: RunPaths, reuse: Optional[Path] = None) -> CodePlan:
     """Decide before anything is written; a snapshot over the limit is refused here."""
-    root = snapshot.git_root(cwd)
+    root = git_root(cwd)
     if reuse is not None:
         rel = cwd.relative_to(root) if root and cwd.is_relative_to(root) else Path()
         start = reuse / rel if (reuse / rel).is_dir() else reuse

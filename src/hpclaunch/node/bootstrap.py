@@ -3,9 +3,12 @@
 Invoked as ``python3 -I -S <run_dir>/bootstrap.py PROGRAM [ARGS...]`` (the contract is
 docs/internals.md, "The bootstrap"). It is a copy in the run directory and runs inside
 users' containers with whatever Python they ship, so: standard library only, Python >= 3.8,
-and it never imports the hpclaunch package.
+and it never imports the hpclaunch package (the rules: hpclaunch/node/__init__.py, which
+also holds the host's definition of the constants below marked "shared").
 
-It runs once per rank, so start-up time matters. Modules that pull in ``enum``, ``re`` or
+It must stay one file (it is copied alone into the run directory and run with ``-I``,
+which puts no folder of it on sys.path), hence its length. It runs once per rank, so
+start-up time matters. Modules that pull in ``enum``, ``re`` or
 ``typing`` (signal, json, subprocess, typing itself) would cost 3-20 ms each and are
 avoided on purpose: the C module ``_signal``, hand-written parsing and JSON, and
 ``os.posix_spawnp`` instead of subprocess.
@@ -31,6 +34,29 @@ else:
         import signal as _signal
 
 PREFIX = "hpclaunch-bootstrap: "
+
+# Shared with the host side (hpclaunch/node/__init__.py has the same values; a test
+# compares them): this file runs alone, so it cannot import them.
+EVENTS = "events.jsonl"
+RANK_START, RANK_END = "rank_start", "rank_end"
+RANKS_TSV = "ranks.tsv"
+RANK_FILE = "rank-%d.%s"
+OUT, ERR, EXIT = "out", "err", "exit"
+PORT_BASE, PORT_SPAN = 20000, 12000
+ENV_FD_FLAG = "--hpclaunch-env-fd="
+EXEC_FLAG = "--hpclaunch-exec"
+HPCLAUNCH_RUN_DIR = "HPCLAUNCH_RUN_DIR"
+HPCLAUNCH_RESULT_FILE = "HPCLAUNCH_RESULT_FILE"
+RESULT_JSON = "result.json"
+HPCLAUNCH_LOG_DIR = "HPCLAUNCH_LOG_DIR"
+HPCLAUNCH_ARGV = "HPCLAUNCH_ARGV"
+HPCLAUNCH_FORWARD_SIGNALS = "HPCLAUNCH_FORWARD_SIGNALS"
+HPCLAUNCH_GPU_VISIBILITY = "HPCLAUNCH_GPU_VISIBILITY"
+HPCLAUNCH_GPU_VARS = "HPCLAUNCH_GPU_VARS"
+HPCLAUNCH_GPU_UNSET = "HPCLAUNCH_GPU_UNSET"
+HPCLAUNCH_CACHE_DIRS = "HPCLAUNCH_CACHE_DIRS"
+HPCLAUNCH_VENV = "HPCLAUNCH_VENV"
+HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
 
 # Placeholder name -> the variable that holds its value.
 PLACEHOLDERS = {
@@ -177,17 +203,18 @@ def set_rank_env(env: Env) -> None:
             nodelist = nodelist or env.get(name, "")
         env["MASTER_ADDR"] = first_host(nodelist) or "127.0.0.1"
     if not env.get("MASTER_PORT"):
-        # Same formula as the batch script: jobs whose ids differ by < 12000 never collide.
+        # Same formula as the batch script: jobs whose ids differ by < PORT_SPAN never
+        # collide. Without a job id, torch's own default.
         job = _int(env.get("SLURM_JOB_ID"), -1)
-        env["MASTER_PORT"] = str(20000 + job % 12000 if job >= 0 else 29500)
+        env["MASTER_PORT"] = str(PORT_BASE + job % PORT_SPAN if job >= 0 else 29500)
 
 
 def set_gpu_visibility(env: Env) -> None:
     """Under ``per-task``, give each task one device of what the node offers."""
-    if env.get("HPCLAUNCH_GPU_VISIBILITY") != "per-task":
+    if env.get(HPCLAUNCH_GPU_VISIBILITY) != "per-task":
         return
     local_rank = _int(env.get("LOCAL_RANK"), 0)
-    for name in env.get("HPCLAUNCH_GPU_VARS", "").split(","):
+    for name in env.get(HPCLAUNCH_GPU_VARS, "").split(","):
         name = name.strip()
         if not name:
             continue
@@ -196,7 +223,7 @@ def set_gpu_visibility(env: Env) -> None:
         # value is a list of one (e.g. Slurm bound one GPU per task), kept as it is.
         devices = [d.strip() for d in env.get(name, "").split(",") if d.strip()]
         env[name] = devices[local_rank % len(devices)] if devices else str(local_rank)
-    for name in env.get("HPCLAUNCH_GPU_UNSET", "").split(","):
+    for name in env.get(HPCLAUNCH_GPU_UNSET, "").split(","):
         env.pop(name.strip(), None)
 
 
@@ -227,15 +254,15 @@ def open_logs(log_dir: str, rank: int, node: str, local_rank: int) -> Tuple[int,
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     os.makedirs(log_dir, exist_ok=True)
     line = "%d\t%s\t%d\t%d\n" % (rank, node, local_rank, os.getpid())
-    fd = os.open(os.path.join(log_dir, "ranks.tsv"), flags, 0o666)
+    fd = os.open(os.path.join(log_dir, RANKS_TSV), flags, 0o666)
     try:
         os.write(fd, os.fsencode(line))  # one write on O_APPEND: lines never interleave
     finally:
         os.close(fd)
-    base = os.path.join(log_dir, "rank-%d" % rank)
-    out = os.open(base + ".out", flags, 0o666)
+    base = os.path.join(log_dir, RANK_FILE)
+    out = os.open(base % (rank, OUT), flags, 0o666)
     try:
-        return out, os.open(base + ".err", flags, 0o666)
+        return out, os.open(base % (rank, ERR), flags, 0o666)
     except OSError:
         os.close(out)
         raise
@@ -260,7 +287,7 @@ def _json_str(text: str) -> str:
 
 def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None:
     """rank-R.exit, written to a temporary name and renamed so readers never see half."""
-    path = os.path.join(log_dir, "rank-%d.exit" % rank)
+    path = os.path.join(log_dir, RANK_FILE % (rank, EXIT))
     tmp = "%s.tmp.%d" % (path, os.getpid())
     data = '{"rank": %d, "node": %s, "returncode": %d, "time": %r}\n' % (
         rank,
@@ -279,6 +306,30 @@ def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None
         os.replace(tmp, path)
     except OSError as exc:
         _say("cannot write %s: %s" % (path, exc.strerror))
+
+
+def rank_event(run_dir: str, kind: str, rank: int, node: str, key: str, value: int) -> None:
+    """Append ``{"event": kind, "rank", "node", key: value, "time"}`` to the run's
+    events.jsonl: one write on O_APPEND, so the lines of many ranks never interleave.
+    Events are for watching a run, so nothing here may fail or hold up the rank."""
+    line = '{"event": "%s", "rank": %d, "node": %s, "%s": %d, "time": %r}\n' % (
+        kind,
+        rank,
+        _json_str(node),
+        key,
+        value,
+        time.time(),
+    )
+    try:
+        fd = os.open(os.path.join(run_dir, EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError:
+        return
+    try:
+        os.write(fd, line.encode("ascii"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class _Child:
@@ -348,10 +399,6 @@ def die_like(returncode: int) -> None:
     os._exit(128 + signum)  # only when that signal does not end a process (SIGCHLD, ...)
 
 
-ENV_FD_FLAG = "--hpclaunch-env-fd="
-EXEC_FLAG = "--hpclaunch-exec"
-
-
 def receive_env(fd: int, env: Env) -> None:
     """Take the task's variables from ``fd`` (NAME=VALUE, NUL-separated): a container
     runtime started with a clean environment sits between the task and this process.
@@ -368,13 +415,13 @@ def receive_env(fd: int, env: Env) -> None:
         key, sep, raw = item.partition(b"=")
         if sep and key:
             passed[os.fsdecode(key)] = os.fsdecode(raw)
-    if "HPCLAUNCH_CONTAINER_PASS" not in passed:
-        raise OSError("no HPCLAUNCH_CONTAINER_PASS among the variables received")
-    patterns = passed["HPCLAUNCH_CONTAINER_PASS"].split()
+    if HPCLAUNCH_CONTAINER_PASS not in passed:
+        raise OSError("no %s among the variables received" % HPCLAUNCH_CONTAINER_PASS)
+    patterns = passed[HPCLAUNCH_CONTAINER_PASS].split()
     exact = set(p for p in patterns if not p.endswith("*"))
     prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
     for name, value in passed.items():
-        if name in exact or name.startswith(prefixes) or name == "HPCLAUNCH_CONTAINER_PASS":
+        if name in exact or name.startswith(prefixes) or name == HPCLAUNCH_CONTAINER_PASS:
             env[name] = value
     # ch-run leaves PATH unset once the environment is cleaned; programs (and
     # sys.executable) need one. Apptainer sets the image's own.
@@ -383,7 +430,7 @@ def receive_env(fd: int, env: Env) -> None:
 
 def activate_venv(env: Env) -> None:
     """What `source VENV/bin/activate` does, for HPCLAUNCH_VENV (no shell needed)."""
-    venv = env.get("HPCLAUNCH_VENV")
+    venv = env.get(HPCLAUNCH_VENV)
     if venv and env.get("VIRTUAL_ENV") != venv:
         env["VIRTUAL_ENV"] = venv
         env["PATH"] = venv + "/bin:" + env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -416,7 +463,7 @@ def run(argv: List[str]) -> int:
     """Everything but the final exit; returns the program's returncode (negative: signal)."""
     env = os.environ
     argv = enter(argv, env)
-    encoded = env.pop("HPCLAUNCH_ARGV", None)
+    encoded = env.pop(HPCLAUNCH_ARGV, None)
     if encoded is not None and len(argv) < 2:
         # srun splits its command line at an argument that is exactly ":" (heterogeneous
         # steps), so such a program line travels here hex-encoded, comma-separated.
@@ -424,23 +471,29 @@ def run(argv: List[str]) -> int:
     if len(argv) < 2:
         os.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
-    install_signal_handlers(env.get("HPCLAUNCH_FORWARD_SIGNALS") == "1")
+    install_signal_handlers(env.get(HPCLAUNCH_FORWARD_SIGNALS) == "1")
     set_rank_env(env)
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
     set_gpu_visibility(env)
-    make_cache_dirs(env.get("HPCLAUNCH_CACHE_DIRS", ""))
+    make_cache_dirs(env.get(HPCLAUNCH_CACHE_DIRS, ""))
     values = {name: env[var] for name, var in PLACEHOLDERS.items()}
     args = [expand(arg, values) for arg in argv[1:]]
 
     rank = _int(env["RANK"], 0)
     node = node_name(env)
-    log_dir = env.get("HPCLAUNCH_LOG_DIR") or ""
+    log_dir = env.get(HPCLAUNCH_LOG_DIR) or ""
+    run_dir = env.get(HPCLAUNCH_RUN_DIR) or ""
     out = err = -1
     if log_dir:
         try:
             out, err = open_logs(log_dir, rank, node, _int(env["LOCAL_RANK"], 0))
         except OSError as exc:  # run anyway, output stays in the job's log
             _say("cannot write logs in %s: %s" % (log_dir, exc.strerror))
+    if run_dir:
+        # Where rank 0 may leave its result (JSON) for the submitter: Run.result().
+        env.setdefault(HPCLAUNCH_RESULT_FILE, run_dir + "/" + RESULT_JSON)
+        # the task's pid, as in ranks.tsv (Slurm's SLURM_TASK_PID)
+        rank_event(run_dir, RANK_START, rank, node, "pid", os.getpid())
 
     returncode, why = 0, ""
     try:
@@ -467,6 +520,8 @@ def run(argv: List[str]) -> int:
         returncode = -os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)
     if log_dir:
         write_exit_file(log_dir, rank, node, returncode)
+    if run_dir:
+        rank_event(run_dir, RANK_END, rank, node, "returncode", returncode)
     return returncode
 
 

@@ -1,4 +1,4 @@
-"""`hpclaunch run`: options from the registry, then resolve -> plan -> submit/run."""
+"""`hpclaunch run`: click options from the registry, then the API's request, reported."""
 
 from __future__ import annotations
 
@@ -73,9 +73,13 @@ def _with_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def run_cmd(
     program: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool, **options: Any
 ) -> int:
-    from ..run import RunRequest, execute
+    import sys
+
+    from ..api import request
+    from ..reporting import run_and_report
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
-    return execute(
-        RunRequest(options=given, program=program, dry_run=dry_run, wait=wait, as_json=as_json)
+    req = request(program, given, argv=sys.argv)
+    return run_and_report(
+        req, dry_run=dry_run, wait=wait, as_json=as_json, out=sys.stdout, err=sys.stderr
     )

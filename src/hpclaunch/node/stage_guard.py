@@ -4,7 +4,9 @@ Runs on every node of a job, one task per node, as a background step beside the 
 (``srun --overlap ... python3 -I -S <run_dir>/stage_node.py run <run_dir>/stage.json``),
 and in-process for the local backend. It is a copy in the run directory and runs with
 the nodes' own python3, so: standard library only, Python >= 3.6 (LUMI's compute nodes
-run SLES's 3.6), never imports the hpclaunch package. Per node it:
+run SLES's 3.6), never imports the hpclaunch package (the rules: hpclaunch/node/__init__.py,
+which also holds the host's definition of the constants below marked "shared"). The run
+directory knows it as stage_node.py. Per node it:
 
 1. removes this user's node-local folders of jobs that no longer run (a node crash left
    them; nobody else's files are touched);
@@ -16,6 +18,9 @@ run SLES's 3.6), never imports the hpclaunch package. Per node it:
 4. waits for SIGUSR1 (sent by the batch script when the ranks are done) or SIGTERM (sent
    by Slurm on scancel and at the time limit), then copies the ``--stage-out`` results back to
    shared storage and removes ``$HPCLAUNCH_LOCAL``.
+
+It appends ``stage_ready`` (after 3) and ``stage_done`` (after 4, or after a failed 2) to
+``<run_dir>/events.jsonl``.
 """
 
 import json
@@ -31,7 +36,19 @@ import time
 from typing import Any, List, Mapping, Optional, Set, Tuple  # noqa: F401 - Tuple: a type comment
 
 PREFIX = "hpclaunch-stage: "
-LEFTOVER = re.compile(r"^(?P<user>.+)-hpclaunch-(?P<job>\d+)$")
+
+# Shared with the host side (hpclaunch/node/__init__.py has the same values; a test
+# compares them): this file runs alone, so it cannot import them.
+EVENTS = "events.jsonl"
+STAGE_READY, STAGE_DONE = "stage_ready", "stage_done"
+STAGE_MARKS = "stage"
+READY, FAILED = "ready-", "failed-"
+DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
+PACK_PART = "part-%02d.tar"
+LOCAL_INFIX = "-hpclaunch-"
+HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+
+LEFTOVER = re.compile(r"^(?P<user>.+)" + re.escape(LOCAL_INFIX) + r"(?P<job>\d+)$")
 
 
 def say(text: str) -> None:
@@ -40,7 +57,24 @@ def say(text: str) -> None:
 
 
 def node_name(env: Mapping[str, str]) -> str:
-    return env.get("SLURMD_NODENAME") or os.uname().nodename
+    # The bootstrap's rule too: the same node has the same name in every file of a run.
+    return env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def event(run_dir: str, record: Mapping[str, Any]) -> None:
+    """Append one JSON line to the run's events.jsonl (one write on O_APPEND, so lines of
+    several nodes never interleave). Events are for watching: nothing here may fail."""
+    line = json.dumps(dict(record, time=time.time())) + "\n"
+    try:
+        fd = os.open(os.path.join(run_dir, EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError:
+        return
+    try:
+        os.write(fd, line.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def live_jobs(user: str) -> Optional[Set[str]]:
@@ -107,17 +141,18 @@ def unpack(item: Mapping[str, Any], local: str) -> None:
     target = os.path.join(local, "data", item["name"])
     os.makedirs(target, exist_ok=True)
     kind, archive = item["kind"], item["archive"]
-    if kind == "file":
+    if kind == FILE:
         shutil.copy2(archive, os.path.join(target, item["file"]))
         return
-    if kind == "squashfs":
+    if kind == SQUASHFS:
         if item.get("bound"):
             return  # the container runtime mounts the image itself
         run_all([["unsquashfs", "-q", "-f", "-n", "-d", target, archive]], 1)
-    elif kind == "directory":
+    elif kind == DIRECTORY:
         # A folder's pack is a few tars: part 00 holds the folders, the others the files,
         # unpacked side by side, one per CPU this task may use (the ranks wait for it).
-        names = sorted(n for n in os.listdir(archive) if n.endswith(".tar"))
+        head, _, tail = PACK_PART.partition("%02d")
+        names = sorted(n for n in os.listdir(archive) if n.startswith(head) and n.endswith(tail))
         tars = [["tar", "-xf", os.path.join(archive, n), "-C", target] for n in names]
         # Folders first, so that parallel tars never race to create the same parent, and
         # writable meanwhile; part 00 again at the end restores their modes and times.
@@ -128,7 +163,7 @@ def unpack(item: Mapping[str, Any], local: str) -> None:
                 os.chmod(top, mode | 0o700)
         run_all(tars[1:], cpus())
         run_all(tars[:1], 1)
-    else:
+    else:  # ARCHIVE
         # GNU tar finds gzip/zstd/xz compression by itself when reading a file.
         run_all([["tar", "-xf", archive, "-C", target]], 1)
 
@@ -174,9 +209,11 @@ def merge_tree(src: str, dest: str) -> None:
             shutil.copy2(path, target)
 
 
-def stage_out(spec: Mapping[str, Any], local: str, node: str) -> None:
+def stage_out(spec: Mapping[str, Any], local: str, node: str) -> bool:
     """Copy each --stage-out SRC (relative to $HPCLAUNCH_LOCAL) to DEST, per node when
-    the job has more than one node. Errors are reported, never fatal: cleanup follows."""
+    the job has more than one node. Errors are reported, never fatal: cleanup follows.
+    Returns whether every SRC was there and copied."""
+    ok = True
     for src, dest in spec.get("stage_out", []):
         path = os.path.join(local, src)
         if spec.get("nodes", 1) > 1:
@@ -189,10 +226,13 @@ def stage_out(spec: Mapping[str, Any], local: str, node: str) -> None:
                 shutil.copy2(path, dest)
             else:
                 say("--stage-out: %s does not exist on %s; nothing copied" % (path, node))
+                ok = False
                 continue
             say("--stage-out: %s -> %s" % (path, dest))
         except OSError as exc:
             say("--stage-out: copying %s to %s failed on %s: %s" % (path, dest, node, exc))
+            ok = False
+    return ok
 
 
 def prepare(spec: Mapping[str, Any], local: str, env: Mapping[str, str]) -> None:
@@ -208,10 +248,11 @@ def prepare(spec: Mapping[str, Any], local: str, env: Mapping[str, str]) -> None
         unpack(item, local)
 
 
-def finish(spec: Mapping[str, Any], local: str, node: str) -> None:
-    """Step 4: --stage-out, then the node-local folder goes."""
-    stage_out(spec, local, node)
+def finish(spec: Mapping[str, Any], local: str, node: str) -> bool:
+    """Step 4: --stage-out, then the node-local folder goes; returns whether both worked."""
+    ok = stage_out(spec, local, node)
     shutil.rmtree(local, ignore_errors=True)
+    return ok and not os.path.lexists(local)
 
 
 class _Stop:
@@ -230,12 +271,13 @@ def _on_term(signum: int, frame: object) -> None:
 
 
 def _mark(run_dir: str, what: str, node: str, text: str = "") -> None:
-    folder = os.path.join(run_dir, "stage")
+    """<run_dir>/stage/<what><node> (what: READY or FAILED), written whole or not at all."""
+    folder = os.path.join(run_dir, STAGE_MARKS)
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, ".%s-%s.%d" % (what, node, os.getpid()))
+    tmp = os.path.join(folder, ".%s%s.%d" % (what, node, os.getpid()))
     with open(tmp, "w") as handle:
         handle.write(text)
-    os.rename(tmp, os.path.join(folder, "%s-%s" % (what, node)))
+    os.rename(tmp, os.path.join(folder, what + node))
 
 
 def run(spec_path: str) -> int:
@@ -248,17 +290,20 @@ def run(spec_path: str) -> int:
     with open(spec_path) as handle:
         spec = json.load(handle)
     env = os.environ
-    local = env["HPCLAUNCH_LOCAL"]
+    local = env[HPCLAUNCH_LOCAL]
     node = node_name(env)
+    run_dir = spec["run_dir"]
     started = time.time()
     try:
         prepare(spec, local, env)
     except OSError as exc:
         say("staging failed on %s: %s" % (node, exc))
-        _mark(spec["run_dir"], "failed", node, str(exc))
+        _mark(run_dir, FAILED, node, str(exc))
         shutil.rmtree(local, ignore_errors=True)
+        event(run_dir, {"event": STAGE_DONE, "node": node, "ok": False})
         return 1
-    _mark(spec["run_dir"], "ready", node, "%.3f" % (time.time() - started))
+    _mark(run_dir, READY, node, "%.3f" % (time.time() - started))
+    event(run_dir, {"event": STAGE_READY, "node": node})
     try:
         _Stop.waiting = True
         while not _Stop.asked:
@@ -266,7 +311,8 @@ def run(spec_path: str) -> int:
     except _Stopped:
         pass
     _Stop.waiting = False
-    finish(spec, local, node)
+    ok = finish(spec, local, node)
+    event(run_dir, {"event": STAGE_DONE, "node": node, "ok": ok})
     return 0
 
 

@@ -7,13 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import runs
+from hpclaunch import index, rundirs
 from hpclaunch.errors import UserError
 
 
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {"XDG_DATA_HOME": str(tmp_path / "data")}
+
+
 def _create(root: str) -> str:
-    paths = runs.create(runs.plan_paths(root, "exp", "", Path(root)))
-    runs.add_to_index({"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": "1"})
+    paths = rundirs.create(rundirs.plan_paths(root, "exp", "", Path(root)))
+    entry = {"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": "1"}
+    index.add(entry, _env(Path(root)))
     return paths.run_id
 
 
@@ -25,15 +30,15 @@ def test_ids_are_unique_when_many_start_at_once(
         ids = pool.map(_create, [str(tmp_path)] * 200)
     assert len(set(ids)) == 200
     assert len(list((tmp_path / "exp").iterdir())) == 200
-    entries = runs.index_entries()
+    entries = index.read(_env(tmp_path)).entries
     assert len(entries) == 200  # one whole line per run: appends never interleaved
     assert [e["run_id"] for e in entries] == sorted(ids, reverse=True)
 
 
 def test_ids_sort_by_time() -> None:
-    earlier = runs.new_run_id(1_700_000_000.001)
-    later = runs.new_run_id(1_700_000_000.002)
-    much_later = runs.new_run_id(1_800_000_000.0)
+    earlier = rundirs.new_run_id(1_700_000_000.001)
+    later = rundirs.new_run_id(1_700_000_000.002)
+    much_later = rundirs.new_run_id(1_800_000_000.0)
     assert earlier < later < much_later
 
 
@@ -41,14 +46,15 @@ def test_find_by_prefix_job_id_and_last(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     made = []
     for job_id, stamp in (("101", 1_700_000_000.0), ("102", 1_700_000_100.0)):
-        run_id = runs.new_run_id(stamp)
+        run_id = rundirs.new_run_id(stamp)
         (tmp_path / run_id).mkdir()
-        runs.add_to_index({"run_id": run_id, "run_dir": str(tmp_path / run_id), "job_id": job_id})
+        entry = {"run_id": run_id, "run_dir": str(tmp_path / run_id), "job_id": job_id}
+        index.add(entry, _env(tmp_path))
         made.append(run_id)
-    assert runs.find("last")["run_id"] == made[1]
-    assert runs.find("101")["run_id"] == made[0]
-    assert runs.find(made[0][:15])["run_id"] == made[0]
+    assert index.find("last", _env(tmp_path))["run_id"] == made[1]
+    assert index.find("101", _env(tmp_path))["run_id"] == made[0]
+    assert index.find(made[0][:15], _env(tmp_path))["run_id"] == made[0]
     with pytest.raises(UserError, match="matches 2 runs"):
-        runs.find("2023")
+        index.find("2023", _env(tmp_path))
     with pytest.raises(UserError, match="no run matches"):
-        runs.find("nope")
+        index.find("nope", _env(tmp_path))

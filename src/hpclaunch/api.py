@@ -1,0 +1,225 @@
+"""The typed Python API: `run()` starts a run and returns its `Run` handle; `runs()` lists
+recorded runs; `get()` finds one. The CLI is a thin layer over the same code.
+
+`run()` has one keyword argument per `hpclaunch run` option (options.OPTIONS), typed
+(ints as ints, lists as lists) and None by default, meaning "not given", so the layers
+of hpclaunch.toml and the cluster profile still apply. tests/test_api_signature.py keeps
+the signature equal to the registry. This module is the one that reads os.environ for a
+run: everything after it takes the request's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, TextIO, Union
+
+from . import index, launching, records, states, tracking
+from .errors import UserError, show
+from .handle import Run
+from .options import BY_NAME, Option
+
+_API_ONLY = ("cwd", "environ")
+# A list option takes a list (or tuple) of strings; a bare str is refused (by mypy too:
+# a str is a Sequence[str], and env="A=1" would be read letter by letter).
+StrList = Union[list[str], tuple[str, ...]]
+
+
+def run(
+    program: Union[str, Sequence[str]],
+    *,
+    cluster: Optional[str] = None,
+    nodes: Optional[int] = None,
+    tasks_per_node: Optional[int] = None,
+    gpus_per_node: Optional[int] = None,
+    cpus_per_task: Optional[int] = None,
+    mem: Optional[str] = None,
+    mem_per_gpu: Optional[str] = None,
+    time: Optional[str] = None,
+    partition: Optional[str] = None,
+    account: Optional[str] = None,
+    reservation: Optional[str] = None,
+    exclusive: Optional[bool] = None,
+    job_name: Optional[str] = None,
+    launcher: Optional[Literal["srun", "torchrun"]] = None,
+    gpu_visibility: Optional[Literal["all", "per-task"]] = None,
+    exp: Optional[str] = None,
+    run_root: Optional[str] = None,
+    env: Optional[StrList] = None,
+    setup: Optional[StrList] = None,
+    sbatch_arg: Optional[StrList] = None,
+    container: Optional[str] = None,
+    container_runtime: Optional[Literal["apptainer", "charliecloud"]] = None,
+    bind: Optional[StrList] = None,
+    venv: Optional[str] = None,
+    stage: Optional[StrList] = None,
+    stage_out: Optional[StrList] = None,
+    no_snapshot: Optional[bool] = None,
+    snapshot_limit: Optional[str] = None,
+    nccl_debug: Optional[bool] = None,
+    cwd: Union[str, Path, None] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Run:
+    """Start PROGRAM (a list of words, or one string split like a shell would) as a run;
+    returns at once with its handle. Raises UserError (one line) for a bad request,
+    before anything is submitted or written. See docs/api.md."""
+    given = {k: v for k, v in locals().items() if k in BY_NAME_DEST and v is not None}
+    return start(_program(program), _typed_options(given), cwd=cwd, environ=environ)
+
+
+BY_NAME_DEST: Mapping[str, Option] = {opt.dest: opt for opt in BY_NAME.values()}
+
+
+def start(
+    program: tuple[str, ...],
+    options: Mapping[str, Any],
+    *,
+    cwd: Union[str, Path, None] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    argv: Sequence[str] = (),
+) -> Run:
+    req = request(program, options, cwd=cwd, environ=environ, argv=argv)
+    started = launching.start(req, launching.plan(req))
+    return Run(started.paths.run_dir, started)
+
+
+def environment() -> dict[str, str]:
+    """This process's environment: read here only, then handed on with the request."""
+    return dict(os.environ)
+
+
+def request(
+    program: tuple[str, ...],
+    options: Mapping[str, Any],
+    *,
+    cwd: Union[str, Path, None] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    argv: Sequence[str] = (),
+    reuse_code: Optional[Path] = None,
+) -> launching.Request:
+    return launching.Request(
+        options=dict(options),
+        program=program,
+        cwd=Path(cwd) if cwd is not None else Path.cwd(),
+        environ=environment() if environ is None else dict(environ),
+        reuse_code=reuse_code,
+        argv=tuple(argv),
+    )
+
+
+def runs(
+    exp: Optional[str] = None,
+    state: Optional[str] = None,
+    *,
+    limit: Optional[int] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> list[Run]:
+    """Recorded runs, newest first (their states brought up to date in one call)."""
+    env = os.environ if environ is None else environ
+    entries = [e for e in index.live(env) if not exp or e.get("exp") == exp]
+    found = [records.load(Path(e["run_dir"])) for e in entries[:limit]]
+    wanted = check_state(state) if state else None
+    return [Run(r.path) for r in tracking.refresh(found) if wanted is None or r.state == wanted]
+
+
+def check_state(state: str) -> str:
+    """A state name as users write it (any case) -> Slurm's name; else one line naming
+    the valid ones."""
+    names = [s.value for s in states.State]
+    if state.upper() not in names:
+        raise UserError(
+            "--state", f"{show(state)} is not a state", f"one of {', '.join(names)}", ""
+        )
+    return state.upper()
+
+
+def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
+    """A run by id, unique id prefix, Slurm job id, or "last"."""
+    entry = index.find(ref, os.environ if environ is None else environ)
+    return Run(Path(entry["run_dir"]))
+
+
+def _program(program: Union[str, Sequence[str]]) -> tuple[str, ...]:
+    if isinstance(program, str):
+        return tuple(shlex.split(program))
+    if not all(isinstance(word, str) for word in program):
+        raise UserError("program", f"{show(list(program))} holds a non-string", "", "")
+    return tuple(program)
+
+
+_TYPES: Mapping[str, tuple[type, ...]] = {
+    "int": (int,),
+    "str": (str,),
+    "time": (str,),
+    "mem": (str,),
+    "flag": (bool,),
+    "choice": (str,),
+}
+
+
+def _typed_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """Refuse a value of the wrong type in one line (mypy refuses it before that)."""
+    out: dict[str, Any] = {}
+    for dest, value in given.items():
+        opt = BY_NAME_DEST[dest]
+        if opt.kind == "list":
+            ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+            if ok:
+                value = tuple(value)
+        else:
+            ok = isinstance(value, _TYPES[opt.kind]) and not (
+                opt.kind == "int" and isinstance(value, bool)
+            )
+        if not ok:
+            want = {"list": "a list of strings", "int": "an int", "flag": "a bool"}
+            raise UserError(
+                dest,
+                f"{show(value)} is {_a(type(value).__name__)}",
+                f"expects {want.get(opt.kind, 'a str')}",
+                f"Pass e.g. {dest}={_example(opt)}",
+            )
+        out[dest] = value
+    return out
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def _example(opt: Option) -> str:
+    return {"int": "2", "flag": "True", "list": '["..."]'}.get(opt.kind, '"..."')
+
+
+# ---- the 0.1 entry point, kept as a thin wrapper ---------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Deprecated: use hpclaunch.run(). Options are the CLI's strings."""
+
+    options: Mapping[str, Any]
+    program: tuple[str, ...]
+    dry_run: bool = False
+    wait: bool = False
+    as_json: bool = False
+    cwd: Optional[Path] = None
+    environ: Optional[Mapping[str, str]] = None
+    reuse_code: Optional[Path] = None
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+
+
+def execute(req: RunRequest) -> int:
+    """Deprecated: what `hpclaunch run` does, printing as it does; returns the exit code."""
+    warnings.warn("execute() is deprecated: use hpclaunch.run()", DeprecationWarning, 2)
+    from .reporting import run_and_report
+
+    launch = request(req.program, req.options, cwd=req.cwd, environ=req.environ)
+    return run_and_report(
+        launch, dry_run=req.dry_run, wait=req.wait, as_json=req.as_json, out=req.out, err=req.err
+    )

@@ -1,0 +1,94 @@
+"""Inside an allocation (salloc, or an sbatch script): the run is one srun step of it,
+in the foreground, its ranks' output streamed as --wait streams a batch job's."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Optional, TextIO
+
+from .. import render, shell, slurmcmd
+from ..logs import LogFollower
+from ..monitor import JobStatus, exit_code_of, first_failure
+from ..rundirs import RunPaths
+from ..users import with_user
+from .base import Backend, Launch
+
+_POLL_S = 0.2
+
+
+def step_env(launch: Launch) -> dict[str, str]:
+    """The srun step's environment: the allocation's, plus what the batch script would
+    export. MASTER_ADDR comes from the step's own node list (the bootstrap reads
+    SLURM_STEP_NODELIST); the port is random so that steps of one job differ."""
+    env = with_user(launch.environ)
+    env.pop("MASTER_ADDR", None)
+    env["MASTER_PORT"] = str(random.randint(12000, 19999))
+    env.update(render.task_env_values(launch.plan, launch.spec, env))
+    return env
+
+
+class StepBackend(Backend):
+    name = "slurm"  # the record keeps the cluster's backend; `step: true` marks the kind
+    kind = "step of job"
+    foreground = True
+
+    def __init__(self) -> None:
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, launch: Launch) -> str:
+        job_id = launch.environ["SLURM_JOB_ID"]
+        env = step_env(launch)
+        argv = [shell.expand(w, env) for w in launch.plan.srun_argv]
+        self._procs[job_id] = slurmcmd.start(argv, env)
+        return job_id
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        found: dict[str, JobStatus] = {}
+        for job_id in job_ids:
+            proc = self._procs.get(job_id)
+            if proc is None:
+                continue
+            rc = proc.poll()
+            state = "RUNNING" if rc is None else ("COMPLETED" if rc == 0 else "FAILED")
+            found[job_id] = JobStatus(state, "", None if rc is None else f"{rc}:0")
+        return found
+
+    def cancel(self, job_id: str) -> None:
+        proc = self._procs.get(job_id)
+        if proc is not None and proc.poll() is None:
+            # srun ends the step on SIGINT twice in a row; one TERM is enough to end it.
+            proc.send_signal(signal.SIGTERM)
+
+    def wait(
+        self,
+        job_id: str,
+        paths: RunPaths,
+        out: TextIO,
+        err: TextIO,
+        *,
+        is_tty: bool = False,
+        timeout: Optional[float] = None,
+    ) -> tuple[int, str]:
+        proc = self._procs[job_id]
+        follower = LogFollower(paths.logs, out, err)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while proc.poll() is None:
+                follower.poll()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"step of job {job_id} still running")
+                time.sleep(_POLL_S)
+        except KeyboardInterrupt:
+            self.cancel(job_id)
+            proc.wait()
+            follower.drain()
+            return 130, "CANCELLED"
+        time.sleep(_POLL_S)
+        follower.drain()
+        rc = proc.returncode
+        code = 0 if rc == 0 else (first_failure(paths.logs) or exit_code_of(rc))
+        return code, "COMPLETED" if code == 0 else "FAILED"

@@ -1,0 +1,113 @@
+"""`hpclaunch cancel` (end a run) and `hpclaunch rerun` (the same run again)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .common import RUN_ARG_HELP, environ, find_run_dir
+
+
+@click.command("cancel", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
+def cancel_cmd(run: str, as_json: bool) -> int:
+    """Cancel a run's Slurm job (scancel)."""
+    from .. import records
+    from ..errors import UserError
+    from ..handle import Run
+
+    run_dir = find_run_dir(run)
+    record = records.load(run_dir)
+    if record.backend != "slurm" or not record.job_id:
+        raise UserError(
+            "RUN",
+            f"{record.run_id} is a local run",
+            "",
+            "Local runs end with Ctrl-C in their terminal",
+        )
+    if record.step:
+        raise UserError(
+            "RUN",
+            f"{record.run_id} ran as a step of job {record.job_id}",
+            "cancelling would end the whole allocation",
+            "Press Ctrl-C in its terminal, or scancel the step yourself",
+        )
+    Run(run_dir).cancel()
+    if as_json:
+        click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
+    else:
+        click.echo(f"cancelled job {record.job_id} (run {record.run_id})")
+    return 0
+
+
+@click.command("rerun", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option(
+    "--current-code",
+    is_flag=True,
+    help="Run the project as it is now (a new snapshot), not the original run's snapshot.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
+@click.option("--wait", is_flag=True, help="Stay attached and exit with the job's code.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: bool) -> int:
+    """Submit a new run of the same thing: the same options, program and folder, and by
+    default the original run's code snapshot (edits made since do not count).
+
+    Secret values were never recorded: they come from your environment again."""
+    from .. import records
+    from ..api import request
+    from ..errors import UserError
+    from ..reporting import run_and_report
+
+    record = records.load(find_run_dir(run))
+    if (not record.options and "options" not in record.to_dict()) or not record.cwd:
+        raise UserError(
+            "RUN", f"{run} was recorded by an older hpclaunch", "no options in its record", ""
+        )
+    env = environ()
+    options = _options_again(record.options, env)
+    reuse = None
+    snap = record.code.get("snapshot") or {}
+    if not current_code:
+        if snap.get("dir") and Path(snap["dir"]).is_dir():
+            reuse = Path(snap["dir"])
+        else:
+            click.echo(
+                "hpclaunch: rerun: the run has no code snapshot; running the current code",
+                err=True,
+            )
+    req = request(
+        tuple(record.command),
+        options,
+        cwd=Path(record.cwd),
+        environ=env,
+        argv=sys.argv,
+        reuse_code=reuse,
+    )
+    return run_and_report(
+        req, dry_run=dry_run, wait=wait, as_json=as_json, out=sys.stdout, err=sys.stderr
+    )
+
+
+def _options_again(recorded: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The recorded options; masked secrets come from the environment again (said so)."""
+    from ..spec import MASK
+
+    options: dict[str, Any] = dict(recorded)
+    for item in options.get("env", []):
+        if item.endswith(f"={MASK}"):
+            name = item.partition("=")[0]
+            where = "taken from your environment" if name in env else "NOT SET now"
+            click.echo(f"hpclaunch: rerun: {name} was a secret, not recorded: {where}", err=True)
+    if "env" in options:
+        options["env"] = tuple(e for e in options["env"] if not e.endswith(f"={MASK}"))
+    for key, value in options.items():
+        if isinstance(value, list):
+            options[key] = tuple(value)
+    return options

@@ -1,0 +1,74 @@
+"""`hpclaunch logs`: a run's output, tagged [node rank], optionally followed to its end."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..logs import LogFollower
+from .common import RUN_ARG_HELP, find_run_dir
+
+_LOOK_S = 2.0  # how often --follow asks whether the run has ended (one call, backed off)
+
+
+@click.command("logs", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option("--rank", type=int, default=None, help="Only this rank's output.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option("--no-tag", is_flag=True, help="Print lines without the [node rank] prefix.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the output so far.")
+def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool, as_json: bool) -> int:
+    """Print a run's output, each line tagged [node rank]; stderr lines go to stderr."""
+    from .. import records
+    from ..errors import UserError
+    from ..handle import Run
+
+    run_dir = find_run_dir(run)
+    record = records.load(run_dir)
+    if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):
+        top = f"0 to {record.world_size - 1}" if record.world_size else "at least 0"
+        raise UserError("--rank", f"{rank}", f"{record.run_id} has ranks {top}", "Pick one of them")
+    if as_json:
+        click.echo(
+            json.dumps({"run_id": record.run_id, "rank": rank, "logs": Run(run_dir).logs(rank)})
+        )
+        return 0
+    follower = LogFollower(
+        run_dir / "logs",
+        sys.stdout,
+        sys.stderr,
+        rank=rank,
+        include_batch=rank is None,
+        tag=not no_tag,
+    )
+    follower.poll()
+    if follow:
+        _follow(follower, run_dir)
+    follower.drain()
+    return 0
+
+
+def _follow(follower: LogFollower, run_dir: Path) -> None:
+    """Until the run has ended: the record (brought up to date) says so."""
+    from .. import states, tracking
+
+    last_look = 0.0
+    pause = _LOOK_S
+    try:
+        while True:
+            follower.poll()
+            if time.monotonic() - last_look > pause:
+                last_look = time.monotonic()
+                pause = min(pause * 1.2, 10.0)
+                state = tracking.refresh_one(run_dir).state
+                if state != "CREATED" and not states.is_active(state):
+                    break
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        pass
+    time.sleep(0.3)

@@ -1,0 +1,120 @@
+"""`hpclaunch runs | status | show`: recorded runs, brought up to date in one call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from .common import RUN_ARG_HELP, environ, find_run_dir, warn
+
+_COLUMNS = ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "run_dir")
+_HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
+
+
+@click.command("runs")
+@click.option("--exp", default=None, help="Only runs of this experiment.")
+@click.option(
+    "--state",
+    default=None,
+    help="Only runs in this state (e.g. RUNNING, FAILED), among the newest --limit.",
+)
+@click.option("-n", "--limit", default=20, show_default=True, help="How many runs to show.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool) -> int:
+    """List runs, newest first, from any directory (one squeue and one sacct call for all)."""
+    from .. import index, records, tracking
+    from ..api import check_state
+
+    wanted = check_state(state) if state else None
+    entries = [e for e in index.live(environ(), warn) if not exp or e.get("exp") == exp]
+    loaded = []
+    for entry in entries[:limit]:
+        try:
+            loaded.append(records.load(Path(entry["run_dir"])))
+        except records.DamagedRecord as exc:
+            warn(str(exc))
+    rows = [_row(rec) for rec in tracking.refresh(loaded)]
+    if wanted:
+        rows = [row for row in rows if str(row["state"]).upper() == wanted]
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return 0
+    if not rows:
+        click.echo("no runs yet: start one with hpclaunch run", err=True)
+        return 0
+    table = [_HEADER] + [
+        tuple("" if row[k] is None else str(row[k]) for k in _COLUMNS) for row in rows
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER) - 1)]
+    for line in table:
+        click.echo("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]))
+    return 0
+
+
+def _row(rec: Any) -> dict[str, Any]:
+    return {
+        "run_id": rec.run_id,
+        "job_id": rec.job_id,
+        "cluster": rec.cluster,
+        "state": rec.state,
+        "exit_code": rec.exit_code,
+        "exp": rec.exp,
+        "run_dir": rec.run_dir,
+    }
+
+
+@click.command("status", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
+def status_cmd(run: str, as_json: bool) -> int:
+    """Show a run's state, job id, exit code and where it lives."""
+    from .. import tracking
+
+    run_dir = find_run_dir(run)
+    record = tracking.refresh_one(run_dir)
+    if as_json:
+        click.echo(json.dumps(record.to_dict(), indent=2, sort_keys=True))
+        return 0
+    state = record.state + (f" ({record.reason})" if record.reason else "")
+    ranks = f"{record.nodes} node(s) x {record.tasks_per_node}" if record.world_size else ""
+    for key, value in (
+        ("run", record.run_id),
+        ("job", record.job_id),
+        ("cluster", record.cluster),
+        ("state", state),
+        ("exit code", record.exit_code),
+        ("ranks", ranks),
+        ("directory", str(run_dir)),
+        ("logs", str(run_dir / "logs")),
+    ):
+        if value not in (None, ""):
+            click.echo(f"{key:10} {value}")
+    return 0
+
+
+@click.command("show", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: record and files.")
+def show_cmd(run: str, as_json: bool) -> int:
+    """Print a run's whole record: run.json, spec.json, the batch script and the diff."""
+    from .. import tracking
+
+    run_dir = find_run_dir(run)
+    record = tracking.refresh_one(run_dir).to_dict()
+    files = {}
+    for name in ("spec.json", "job.sh", "git.diff"):
+        path = run_dir / name
+        if path.is_file():
+            files[name] = path.read_text(encoding="utf-8", errors="replace")
+    if as_json:
+        click.echo(json.dumps({"record": record, "files": files}, indent=2, sort_keys=True))
+        return 0
+    click.echo(json.dumps(record, indent=2, sort_keys=True))
+    for name, text in files.items():
+        click.echo(f"\n# {run_dir / name}")
+        click.echo(text.rstrip("\n"))
+    return 0

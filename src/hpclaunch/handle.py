@@ -1,0 +1,139 @@
+"""`Run`: the handle the Python API returns for a run, started here or found later.
+
+Learnt from submitit's Job: one object that knows the run's id, asks its state, waits,
+reads logs and the result, and cancels, whatever backend runs it. A handle made by
+`hpclaunch.run()` holds the backend that started the job (local processes and steps
+are children of this process); one made by `hpclaunch.get()` asks the run's recorded
+backend.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from . import node, records, states, tracking
+from .backends import for_record
+from .errors import UserError
+from .launching import Started, finish
+from .logs import LogFollower
+from .records import RunRecord
+from .rundirs import RunPaths
+
+_POLL_FIRST_S, _POLL_MAX_S = 0.2, 5.0
+
+
+class Run:
+    """A run: `.id`, `.state`, `.wait()`, `.logs()`, `.follow()`, `.cancel()`,
+    `.result()`, `.record`."""
+
+    def __init__(self, run_dir: Path, started: Optional[Started] = None) -> None:
+        self._dir = Path(run_dir)
+        self._started = started
+        self._code: Optional[int] = None
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, state={self.record.state!r})"
+
+    @property
+    def id(self) -> str:
+        return self._started.run_id if self._started else self.record.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return self._dir
+
+    @property
+    def job_id(self) -> Optional[str]:
+        return self._started.job_id if self._started else self.record.job_id
+
+    @property
+    def record(self) -> RunRecord:
+        """run.json with the job's events folded in (as recorded; see `.state`)."""
+        return records.load(self._dir)
+
+    @property
+    def state(self) -> str:
+        """The current state, Slurm's names: PENDING, RUNNING, COMPLETED, FAILED, ..."""
+        if self._started is not None and self._code is None and self._started.backend.foreground:
+            found = self._started.backend.status([self._started.job_id])
+            status = found.get(self._started.job_id)
+            if status is not None and states.is_active(states.parse(status.state)):
+                return states.parse(status.state).value
+        return tracking.refresh_one(self._dir).state
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Block until the run ends; its exit code (docs/api.md). TimeoutError after
+        `timeout` seconds (the run goes on). Prints nothing: see `follow()`."""
+        sink = io.StringIO()
+        return self._wait(sink, sink, timeout)
+
+    def follow(self) -> int:
+        """Stream every rank's output, tagged `[node rank]`, until the run ends; its exit code."""
+        return self._wait(sys.stdout, sys.stderr, None)
+
+    def _wait(self, out: Any, err: Any, timeout: Optional[float]) -> int:
+        if self._code is not None:
+            return self._code
+        if self._started is not None:
+            code, _ = finish(self._started, out, err, timeout=timeout)
+        else:
+            code = self._wait_recorded(out, err, timeout)
+        self._code = code
+        return code
+
+    def _wait_recorded(self, out: Any, err: Any, timeout: Optional[float]) -> int:
+        record = self.record
+        if record.backend == "slurm" and record.job_id and not record.step:
+            started = Started(
+                record.run_id, _paths(record), record.job_id, for_record("slurm"), None
+            )
+            return finish(started, out, err, timeout=timeout)[0]
+        # A run another process supervises (local, step): its record says when it ended.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        follower = LogFollower(self._dir / "logs", out, err)
+        pause = _POLL_FIRST_S
+        while states.is_active(states.parse(record.state)) or record.state == "CREATED":
+            follower.poll()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {record.run_id} still {record.state}")
+            time.sleep(pause)
+            pause = min(pause * 1.5, _POLL_MAX_S)
+            record = self.record
+        follower.drain()
+        return record.exit_code if record.exit_code is not None else 120
+
+    def logs(self, rank: Optional[int] = None) -> str:
+        """Everything the ranks wrote so far, each line tagged `[node rank]`."""
+        buffer = io.StringIO()
+        follower = LogFollower(
+            self._dir / "logs", buffer, buffer, rank=rank, include_batch=rank is None
+        )
+        follower.poll()
+        follower.drain()
+        return buffer.getvalue()
+
+    def cancel(self) -> None:
+        """End the run (scancel for a Slurm job; the process groups of a local run)."""
+        if self._started is not None:
+            self._started.backend.cancel(self._started.job_id)
+            return
+        record = self.record
+        if not record.job_id:
+            raise UserError("RUN", f"{record.run_id} has no job to cancel", "", "")
+        for_record(record.backend, record.step).cancel(record.job_id)
+
+    def result(self) -> Any:
+        """The JSON value rank 0 wrote to $HPCLAUNCH_RESULT_FILE, or None."""
+        try:
+            return json.loads((self._dir / node.RESULT_JSON).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+
+def _paths(record: RunRecord) -> RunPaths:
+    return RunPaths(record.run_id, Path(record.run_dir), Path(record.checkpoint_dir))

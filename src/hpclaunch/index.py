@@ -1,0 +1,134 @@
+"""The per-user run index: one JSON line per run, so that `runs`, `status`, `logs` and
+`cancel` find runs from any directory.
+
+Appends are one write() on an O_APPEND descriptor, so concurrent runs never interleave
+or lose a line. A damaged or foreign line (cut short, invalid UTF-8, missing fields,
+another version's shape) is skipped with a warning; it never stops a listing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .errors import UserError, show
+
+Warn = Callable[[str], None]
+
+
+def path(environ: Mapping[str, str]) -> Path:
+    base = environ.get("XDG_DATA_HOME") or str(_home(environ) / ".local" / "share")
+    return Path(base) / "hpclaunch" / "runs.jsonl"
+
+
+def _home(environ: Mapping[str, str]) -> Path:
+    return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+
+
+def add(entry: dict[str, Any], environ: Mapping[str, str]) -> None:
+    target = path(environ)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Listing:
+    entries: list[dict[str, Any]]  # newest first; the last line for a run id wins
+    skipped: list[str] = field(default_factory=list)  # why lines were ignored
+
+
+def read(environ: Mapping[str, str]) -> Listing:
+    source = path(environ)
+    try:
+        data = source.read_bytes()
+    except FileNotFoundError:
+        return Listing([])
+    except OSError as exc:
+        return Listing([], [f"{source}: unreadable ({exc.strerror}); no runs listed"])
+    by_id: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        entry = _entry(raw)
+        if entry is None:
+            skipped.append(f"{source}:{number}: not a run entry, skipped")
+            continue
+        by_id[entry["run_id"]] = entry
+    entries = sorted(by_id.values(), key=lambda e: e["run_id"], reverse=True)
+    return Listing(entries, skipped)
+
+
+def _entry(raw: bytes) -> Optional[dict[str, Any]]:
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    if not isinstance(entry.get("run_id"), str) or not isinstance(entry.get("run_dir"), str):
+        return None
+    if entry.get("job_id") is not None:
+        entry["job_id"] = str(entry["job_id"])
+    return entry
+
+
+def live(environ: Mapping[str, str], warn: Optional[Warn] = None) -> list[dict[str, Any]]:
+    """Entries whose run folder still exists, newest first."""
+    listing = read(environ)
+    if warn is not None:
+        for line in listing.skipped[:3]:
+            warn(line)
+        if len(listing.skipped) > 3:
+            warn(f"... and {len(listing.skipped) - 3} more damaged index lines")
+    return [e for e in listing.entries if Path(e["run_dir"]).is_dir()]
+
+
+def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> dict[str, Any]:
+    """RUN = a run id, a unique prefix of one, a Slurm job id, or `last`."""
+    entries = live(environ, warn)
+    if not entries:
+        raise UserError(
+            "RUN", f"no runs recorded yet ({show(ref)})", "", "Start one with hpclaunch run"
+        )
+    if ref == "last":
+        return entries[0]
+    exact = [e for e in entries if e["run_id"] == ref]
+    if exact:
+        return exact[0]
+    by_job = [e for e in entries if e.get("job_id") == ref]
+    if len(by_job) == 1:
+        return by_job[0]
+    if len(by_job) > 1:
+        ids = ", ".join(e["run_id"] for e in by_job[:5])
+        raise UserError(
+            "RUN",
+            f"job id {show(ref)} belongs to {len(by_job)} runs ({ids})",
+            "a job id must name one run",
+            "Give the run id instead",
+        )
+    matches = [e for e in entries if e["run_id"].startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UserError(
+            "RUN",
+            f"no run matches {show(ref)}",
+            "a run id, a unique prefix, a job id or last",
+            "See hpclaunch runs",
+        )
+    raise UserError(
+        "RUN",
+        f"{show(ref)} matches {len(matches)} runs",
+        "the prefix must be unique",
+        f"Type more of it, e.g. {matches[0]['run_id']}",
+    )

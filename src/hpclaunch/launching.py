@@ -1,0 +1,252 @@
+"""The one owner of a run's life: request -> plan -> run folder -> backend.start ->
+record and index -> (wait) -> final state. Written once for every backend.
+
+`prepare` writes nothing (a dry-run stops after it); `start` makes the run folder,
+packs staged data, hands the plan to the backend and records the job; `finish` waits
+through the backend and records how the run ended. Nothing here prints unless the
+caller passes streams (the CLI does; the Python API stays quiet by default).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from . import __version__, codeplan, index, node, project, records, render, rundirs, shell
+from .backends import pick
+from .backends.base import Backend, Launch
+from .errors import HpclaunchError
+from .preparing import Prepared, prepare_spec
+from .snapshot import human
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to run, as the CLI or the API received it."""
+
+    options: Mapping[str, Any]  # option dest -> value (CLI strings or typed API values)
+    program: tuple[str, ...]
+    cwd: Path
+    environ: Mapping[str, str]  # the requester's environment: the only one used
+    reuse_code: Optional[Path] = None  # rerun: start in this earlier snapshot
+    argv: Sequence[str] = ()  # hpclaunch's own command line, for the record
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A run planned to the last byte, nothing written yet (what --dry-run shows)."""
+
+    prepared: Prepared
+    plan: render.BatchPlan
+    paths: rundirs.RunPaths
+    code: codeplan.CodePlan
+    notes: tuple[str, ...] = ()  # said on stderr before anything happens
+
+    @property
+    def spec(self) -> Any:
+        return self.prepared.spec
+
+
+@dataclass
+class Started:
+    """A run whose job the backend accepted."""
+
+    run_id: str
+    paths: rundirs.RunPaths
+    job_id: str
+    backend: Backend
+    spec: Any
+    stage_cleanup: list[Any] = field(default_factory=list)
+
+
+def plan(req: Request) -> Planned:
+    prepared = prepare_spec(req.options, req.program, req.cwd, req.environ)
+    spec = prepared.spec
+    paths = rundirs.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, req.cwd)
+    code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
+    spec, batch = _render(spec, prepared, paths, code.cwd)
+    notes = list(prepared.warnings)
+    if code.note:
+        notes.append(code.note)
+    return Planned(replace(prepared, spec=spec), batch, paths, code, tuple(notes))
+
+
+def _render(
+    spec: Any, prepared: Prepared, paths: rundirs.RunPaths, job_cwd: Path
+) -> tuple[Any, render.BatchPlan]:
+    """The batch plan for a job that starts in job_cwd (the snapshot, when there is one)."""
+    if spec.container and spec.container.cwd != str(job_cwd):
+        spec = replace(spec, container=replace(spec.container, cwd=str(job_cwd)))
+    return spec, render.plan(spec, prepared.profile, paths, job_cwd)
+
+
+def dry_run_notes(planned: Planned) -> list[str]:
+    code = planned.code
+    if code.plan is None:
+        return []
+    return [
+        f"hpclaunch: the job would run a code snapshot: {len(code.plan.files)} entries "
+        f"({human(code.plan.total_bytes)}) copied to {code.cwd}"
+    ]
+
+
+def preview(planned: Planned, environ: Mapping[str, str], as_json: bool) -> str:
+    spec, batch, prepared = planned.spec, planned.plan, planned.prepared
+    if as_json:
+        data = {
+            "run_id": planned.paths.run_id,
+            "run_dir": str(planned.paths.run_dir),
+            "cluster": spec.cluster,
+            "script": batch.script,
+            "sbatch": list(batch.sbatch_argv),
+            "spec": spec.to_record(),
+            "in_allocation": prepared.in_allocation,
+        }
+        return json.dumps(data, indent=2) + "\n"
+    text = render.preview(batch, environ)
+    if spec.cluster == "local" or prepared.in_allocation:
+        where = "as local processes" if spec.cluster == "local" else "as a step of this allocation"
+        text += (
+            f"# --cluster {spec.cluster}: no sbatch; each task runs {where}:\n"
+            f"#   {shell.command(list(batch.task_argv))}\n"
+        )
+    return text
+
+
+def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> Started:
+    """Make the run folder, hand the plan to the backend (the profile's, unless one is
+    given), record and index the job. Nothing is left behind when any step before the
+    backend's acceptance fails."""
+    spec, prepared = planned.spec, planned.prepared
+    if spec.container and spec.container.mount_points:
+        from .containers import make_mount_points
+
+        make_mount_points(spec.container)
+    paths = rundirs.create(planned.paths)
+    code, batch = planned.code, planned.plan
+    if paths.run_id != planned.paths.run_id:  # the id changed on a collision: re-plan
+        code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
+        spec, batch = _render(spec, prepared, paths, code.cwd)
+    if backend is None:
+        backend = pick(prepared.profile.kind, prepared.in_allocation)
+    try:
+        entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
+        _write_run_files(paths, spec, batch, backend, req, entry)
+        if spec.stage:
+            from . import stage
+
+            stage.pack_all(spec.stage)  # packed here, where the run starts: never on a dry-run
+        job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
+    except OSError as exc:
+        rundirs.remove(paths)
+        raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
+    except BaseException:
+        rundirs.remove(paths)  # nothing is left behind when Slurm refuses the job
+        raise
+    state = "RUNNING" if backend.foreground else "PENDING"
+    extra: dict[str, Any] = {"step": True} if backend.kind.startswith("step") else {}
+    records.update(paths.run_dir, job_id=job_id, job_ids=[job_id], state=state, **extra)
+    index.add(
+        {
+            "run_id": paths.run_id,
+            "run_dir": str(paths.run_dir),
+            "job_id": job_id,
+            "exp": spec.exp,
+            "cluster": spec.cluster,
+            "submitted_at": time.time(),
+        },
+        req.environ,
+    )
+    return Started(paths.run_id, paths, job_id, backend, spec)
+
+
+def _write_run_files(
+    paths: rundirs.RunPaths,
+    spec: Any,
+    batch: render.BatchPlan,
+    backend: Backend,
+    req: Request,
+    code: dict[str, Any],
+) -> None:
+    # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
+    paths.job_sh.write_bytes(batch.script.encode("utf-8", "surrogateescape"))
+    shipped = [node.BOOTSTRAP]
+    if spec.stage or spec.stage_out:
+        shipped.append(node.STAGE_GUARD)
+        records.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
+    for source in shipped:
+        shutil.copyfile(node.path(source), paths.run_dir / node.RUN_DIR_NAME[source])
+    records.write_json(paths.run_dir / "spec.json", spec.to_record())
+    records.create(
+        paths.run_dir,
+        {
+            "run_id": paths.run_id,
+            "exp": spec.exp,
+            "cluster": spec.cluster,
+            "backend": "local" if backend.name == "local" else "slurm",
+            "run_dir": str(paths.run_dir),
+            "checkpoint_dir": str(paths.checkpoint_dir),
+            "job_id": None,
+            "submitted_at": time.time(),
+            "state": "CREATED",
+            "exit_code": None,
+            "command": list(req.program),
+            "argv": records.masked_argv(list(req.argv)),
+            # What `rerun` needs: the options as given (secret values masked) and the folder.
+            "options": records.masked_options(req.options),
+            "cwd": str(req.cwd),
+            "code": code,
+            "hpclaunch_version": __version__,
+            "nodes": spec.nodes,
+            "tasks_per_node": spec.tasks_per_node,
+            "launcher": spec.launcher,
+            "job_name": spec.job_name,
+            "git": project.git_state(req.cwd),
+        },
+    )
+
+
+def finish(
+    started: Started,
+    out: TextIO,
+    err: TextIO,
+    *,
+    is_tty: bool = False,
+    timeout: Optional[float] = None,
+) -> tuple[int, str]:
+    """Wait through the backend, then record the final state and exit code."""
+    code, state = started.backend.wait(
+        started.job_id, started.paths, out, err, is_tty=is_tty, timeout=timeout
+    )
+    records.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+    return code, state
+
+
+def announce(stream: TextIO, started: Started, as_json: bool, **extra: object) -> None:
+    """The run id and job id: one JSON object with --json, else one line."""
+    paths, spec = started.paths, started.spec
+    if as_json:
+        data = {
+            "run_id": paths.run_id,
+            "job_id": started.job_id,
+            "run_dir": str(paths.run_dir),
+            "cluster": spec.cluster,
+            "exp": spec.exp,
+            **extra,
+        }
+        stream.write(json.dumps(data) + "\n")
+    else:
+        stream.write(
+            f"run {paths.run_id}  {started.backend.kind} {started.job_id}  {paths.run_dir}\n"
+        )
+    stream.flush()
+
+
+def default_streams() -> tuple[TextIO, TextIO]:
+    return sys.stdout, sys.stderr

@@ -1,0 +1,94 @@
+"""The code that runs on the compute nodes (or inside images), not in hpclaunch.
+
+Three files are shipped out of this package:
+
+- ``bootstrap.py``: in front of the user's program in every task of a job. Runs with the
+  image's or the node's ``python3``: Python >= 3.8.
+- ``stage_guard.py``: the per-node staging guard (unpack, wait, ``--stage-out``, clean
+  up). Runs with the nodes' own ``python3``, 3.6 on some sites (SLES on LUMI).
+- ``venv_probe.py``: `hpclaunch env create`'s part inside the image (Python >= 3.8).
+
+Rules for those files, checked by tests/test_node_package.py:
+
+- standard library only, and never an import of hpclaunch: they run where hpclaunch is
+  not installed;
+- each stays within its Python version: no ``from __future__ import annotations``, no
+  walrus, no builtin generics in the stage guard (3.6); nothing newer than 3.8 in the
+  other two;
+- each file runs alone: bootstrap and stage guard are copied into the run directory and
+  run with ``python3 -I -S``, which does not put the script's folder on sys.path; the
+  venv probe's text is handed to the image's ``python3 -I -c`` (with site: it lists the
+  image's packages). None can import another, so each keeps its own copy of the
+  constants it shares.
+
+This module is the host side's single definition of those shared constants (file names,
+environment variables, flags, the MASTER_PORT formula); the host modules import them from
+here and the test checks that every shipped copy is equal. The run directory keeps the
+names it always had (``bootstrap.py``, ``stage_node.py``): batch scripts name them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# --- the shipped files: name here -> name in a run directory
+BOOTSTRAP = "bootstrap.py"
+STAGE_GUARD = "stage_guard.py"
+VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
+RUN_DIR_NAME = {BOOTSTRAP: "bootstrap.py", STAGE_GUARD: "stage_node.py"}
+# How they are started: isolated, no site (they need only the standard library).
+PYTHON_FLAGS = ("-I", "-S")
+
+# --- the run directory
+STAGE_JSON = "stage.json"  # what the stage guard does, written by the host
+EVENTS = "events.jsonl"  # one JSON object per line, appended by bootstrap and guard
+RANK_START, RANK_END = "rank_start", "rank_end"  # bootstrap events
+STAGE_READY, STAGE_DONE = "stage_ready", "stage_done"  # stage guard events
+LOGS = "logs"
+RANKS_TSV = "ranks.tsv"  # in logs/: rank<TAB>node<TAB>local_rank<TAB>pid, one line a rank
+RANK_FILE = "rank-%d.%s"  # in logs/: rank-R.out, rank-R.err, rank-R.exit
+OUT, ERR, EXIT = "out", "err", "exit"
+STAGE_MARKS = "stage"  # folder of the guards' markers: ready-<node>, failed-<node>
+READY, FAILED = "ready-", "failed-"
+
+# --- staging: the kinds of --stage items (stage.json's "kind"), a directory's pack
+DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
+# A directory's pack is a folder of these: part 00 the folders, 01.. the files. The guard
+# unpacks them in name order, so part 00 must sort first.
+PACK_PART = "part-%02d.tar"
+# Node-local folders are <user>-hpclaunch-<jobid>: the guard removes leftovers by it.
+LOCAL_INFIX = "-hpclaunch-"
+
+# --- MASTER_PORT from a job id J: PORT_BASE + J % PORT_SPAN (below Linux's ephemeral
+# ports, 32768+): jobs whose ids differ by less than PORT_SPAN never share it.
+PORT_BASE, PORT_SPAN = 20000, 12000
+
+# --- bootstrap options (never a program's first word): read the task's environment from
+# a file descriptor (containers), and only exec what follows (in front of torchrun).
+ENV_FD_FLAG = "--hpclaunch-env-fd="
+EXEC_FLAG = "--hpclaunch-exec"
+
+# --- environment variables the host sets and the shipped files read (name = value)
+HPCLAUNCH_RUN_DIR = "HPCLAUNCH_RUN_DIR"
+HPCLAUNCH_RESULT_FILE = "HPCLAUNCH_RESULT_FILE"  # rank 0's result for Run.result()
+RESULT_JSON = "result.json"  # in the run directory
+HPCLAUNCH_LOG_DIR = "HPCLAUNCH_LOG_DIR"
+HPCLAUNCH_ARGV = "HPCLAUNCH_ARGV"  # a program line holding ":", hex-encoded
+HPCLAUNCH_FORWARD_SIGNALS = "HPCLAUNCH_FORWARD_SIGNALS"
+HPCLAUNCH_GPU_VISIBILITY = "HPCLAUNCH_GPU_VISIBILITY"
+HPCLAUNCH_GPU_VARS = "HPCLAUNCH_GPU_VARS"
+HPCLAUNCH_GPU_UNSET = "HPCLAUNCH_GPU_UNSET"
+HPCLAUNCH_CACHE_DIRS = "HPCLAUNCH_CACHE_DIRS"
+HPCLAUNCH_VENV = "HPCLAUNCH_VENV"
+HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
+HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+
+# --- what venv_probe.py writes into a venv, and the request for the image's packages only
+VENV_RECORD = "hpclaunch-venv.json"
+VENV_CONSTRAINTS = "hpclaunch-constraints.txt"
+LIST_ONLY = "list_only"
+
+
+def path(name: str) -> Path:
+    """A shipped file of this package (BOOTSTRAP, STAGE_GUARD, VENV_PROBE), on disk."""
+    return Path(__file__).with_name(name)

@@ -1,0 +1,167 @@
+"""A request -> a validated JobSpec and its profile: the layers (config.py), the cluster
+(asked of Slurm when no layer names one), the profile filled in from sinfo, the checks
+of staging capacity, containers and venvs. Writes nothing: --dry-run stops after this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from . import config, containers, discover, project, rundirs, stage, venvs
+from .errors import UserError
+from .profiles import Profile, load_profile
+from .spec import JobSpec
+from .validate import validate
+
+
+@dataclass(frozen=True)
+class Prepared:
+    spec: JobSpec
+    profile: Profile
+    project_file: Optional[Path]
+    in_allocation: bool
+    warnings: tuple[str, ...] = ()  # printed before anything is submitted
+
+
+def prepare_spec(
+    cli: Mapping[str, Any],
+    program: tuple[str, ...],
+    cwd: Path,
+    environ: Mapping[str, str],
+) -> Prepared:
+    """All layers -> a validated JobSpec. `cli` holds only the options the caller gave."""
+    layers = config.layers(cli, cwd, environ)
+    cluster, csource = layers.cluster or choose_cluster(layers.project_run, environ)
+    sources = {**layers.sources, "cluster": csource}
+    values = layers.values
+    profile = load_profile(cluster, layers.project_clusters)
+    if profile.discover and profile.kind == "slurm":
+        profile = _with_discovered(profile)
+
+    allocation = profile.kind == "slurm" and discover.in_allocation(environ)
+    spec = validate(profile, values, sources, program, environ, allocation, project.name(cwd))
+    spec = replace(
+        spec,
+        snapshot=profile.kind == "slurm" and not values.get("no_snapshot"),
+        snapshot_limit_mb=values.get("snapshot_limit") or 200,
+    )
+    spec = _with_staging(spec, profile, values, cwd, allocation)
+    spec, warnings = _with_container(spec, profile, values, environ, cwd)
+    return Prepared(
+        spec=spec,
+        profile=profile,
+        project_file=layers.project_file,
+        in_allocation=allocation,
+        warnings=tuple(warnings),
+    )
+
+
+def choose_cluster(project_run: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, str]:
+    """(cluster, why): named by a layer, else detected from the Slurm controller."""
+    named = config.named_cluster(project_run, environ)
+    if named is not None:
+        return named
+    name = discover.cluster_name() if discover.slurm_config() is not None else None
+    if name is None:
+        return "local", "detected: no Slurm controller"
+    if name.lower().startswith("lumi"):
+        return "lumi", f"detected: ClusterName={name}"
+    return "slurm", f"detected: ClusterName={name}"
+
+
+def profile_for(cluster: Optional[str], cwd: Path, environ: Mapping[str, str]) -> Profile:
+    """The profile a command other than `run` works with (--cluster, else the default)."""
+    layers = config.layers({}, cwd, environ)
+    name = cluster or choose_cluster(layers.project_run, environ)[0]
+    return load_profile(name, layers.project_clusters)
+
+
+def _with_staging(
+    spec: JobSpec,
+    profile: Profile,
+    values: Mapping[str, Any],
+    cwd: Path,
+    in_allocation: bool,
+) -> JobSpec:
+    """--stage / --stage-out: planned and checked against the node-local space (packing
+    happens when the run starts: launching.start)."""
+    if not values.get("stage") and not values.get("stage_out"):
+        return spec
+    if in_allocation:
+        raise UserError(
+            "--stage",
+            "staging inside an salloc allocation is not supported yet",
+            "",
+            "Submit the job from outside the allocation (hpclaunch run submits with sbatch)",
+        )
+    items = stage.plan(values.get("stage", ()), cwd, rundirs.absolute(spec.run_root, cwd))
+    part = profile.partition(spec.partition)
+    space = (part.local_disk_mb if part else None) or profile.node.local_disk_mb
+    node_mem = (part.memory_mb if part and part.memory_mb else None) or profile.node.memory_mb
+    ram: Optional[int] = None
+    if profile.local_is_ram:
+        if spec.mem_mb:
+            ram = spec.mem_mb
+        elif spec.mem_per_gpu_mb and spec.gpus_per_node:
+            ram = spec.mem_per_gpu_mb * spec.gpus_per_node
+        else:
+            ram = node_mem
+    where = f"nodes of {spec.partition}" if part else f"{profile.name} nodes"
+    stage.check_capacity(items, space, ram, where)
+    return replace(
+        spec,
+        stage=items,
+        stage_out=stage.parse_stage_out(values.get("stage_out", ()), cwd),
+        local_dir=profile.local_dir,
+    )
+
+
+def _with_container(
+    spec: JobSpec,
+    profile: Profile,
+    values: Mapping[str, Any],
+    environ: Mapping[str, str],
+    cwd: Path,
+) -> tuple[JobSpec, list[str]]:
+    """--container, --bind, --venv: the image, its binds and the venv, all checked."""
+    venv = str(rundirs.absolute(str(values["venv"]), cwd)) if values.get("venv") else ""
+    ckpt = spec.checkpoint_root
+    own = [
+        ("run", str(rundirs.absolute(spec.run_root, cwd))),
+        ("checkpoints", str(rundirs.absolute(ckpt, cwd)) if ckpt else ""),
+        ("project", str(project.root(cwd))),
+        ("cwd", str(cwd)),
+        ("venv", venv),
+    ]
+    job = containers.resolve(
+        profile, values, environ, cwd, nodes=spec.nodes, gpus=spec.gpus_per_node, own=own
+    )
+    warnings: list[str] = []
+    if venv:
+        venv, warnings = venvs.check_venv(venv, job)
+    if job is not None:
+        job = containers.check_mount_points(job, profile.container)
+        job = containers.with_staged_images(job, spec.stage)
+        line = venvs.shadow_warning(job, venv, profile.python, environ)
+        if line:
+            warnings.append(line)
+    return replace(spec, container=job, venv=venv), warnings
+
+
+def _with_discovered(profile: Profile) -> Profile:
+    """Fill partitions the profile does not describe from sinfo (profile facts win)."""
+    if discover.slurm_config() is None:
+        raise UserError(
+            "--cluster",
+            f"{profile.name} needs a Slurm controller, and none answers",
+            "scontrol show config failed",
+            "Check SLURM_CONF / the cluster, or use --cluster local",
+        )
+    found = dict(discover.partitions())  # one sinfo call
+    merged = {**found, **profile.partitions}
+    return profile.model_copy(
+        update={"partitions": merged, "cluster_name": discover.cluster_name()}
+    )

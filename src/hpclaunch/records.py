@@ -1,0 +1,260 @@
+"""The run record: run.json as typed data, with the job's own events folded in.
+
+Only the host side writes run.json (atomically, under a lock, so that a `status` in one
+terminal and a `--wait` in another never lose each other's changes). Code inside jobs
+never imports this module: it appends events (rank start/end, staging) to events.jsonl
+in the run folder, and `load` folds them in when it reads. Records written by hpclaunch
+0.1.0 load unchanged; keys this version does not know are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import HpclaunchError
+from .node import EVENTS
+from .rundirs import RECORD
+from .spec import MASK, is_secret
+
+
+@dataclass
+class RankEvents:
+    """What the ranks reported through events.jsonl."""
+
+    started: dict[int, str] = field(default_factory=dict)  # rank -> node
+    returncodes: dict[int, int] = field(default_factory=dict)
+    first_start: Optional[float] = None
+    last_end: Optional[float] = None
+    first_failure: Optional[tuple[int, int]] = None  # (rank, returncode), earliest end
+    staged_nodes: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(set(self.started.values()))
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    run_dir: str
+    exp: str = "default"
+    cluster: str = ""
+    backend: str = ""
+    state: str = "CREATED"
+    job_id: Optional[str] = None
+    job_ids: list[str] = field(default_factory=list)
+    exit_code: Optional[int] = None
+    reason: str = ""
+    submitted_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    checkpoint_dir: str = ""
+    command: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    cwd: str = ""
+    code: dict[str, Any] = field(default_factory=dict)
+    git: dict[str, Any] = field(default_factory=dict)
+    hpclaunch_version: str = ""
+    nodes: Optional[int] = None
+    tasks_per_node: Optional[int] = None
+    launcher: str = ""
+    job_name: str = ""
+    step: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of other versions, kept
+    events: RankEvents = field(default_factory=RankEvents)  # folded in, never written
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+    @property
+    def world_size(self) -> Optional[int]:
+        return self.nodes * self.tasks_per_node if self.nodes and self.tasks_per_node else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("extra", "events")}
+        return {**self.extra, **data}
+
+
+_FIELDS = {f.name: f for f in fields(RunRecord) if f.name not in ("extra", "events")}
+
+
+def _default(name: str) -> Any:
+    f = _FIELDS[name]
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def _typed(name: str, value: Any) -> Any:
+    """A stored value in the field's type; the field's default when it is foreign."""
+    kind = str(_FIELDS[name].type)
+    optional = kind.startswith("Optional")
+    if value is None:
+        return None if optional else _default(name)
+    if "int" in kind:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(value) if str(value).lstrip("-").isdigit() else _default(name)
+    if "float" in kind:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else _default(name)
+    if "str" in kind and "[" not in kind.replace("Optional[str]", ""):
+        return str(value)
+    if kind == "bool":
+        return value is True or value == "true"
+    if kind.startswith("list"):
+        return [str(v) for v in value] if isinstance(value, list) else _default(name)
+    if kind.startswith("dict"):
+        return dict(value) if isinstance(value, dict) else _default(name)
+    return value
+
+
+def from_dict(data: dict[str, Any], run_dir: Path) -> RunRecord:
+    known = {k: _typed(k, v) for k, v in data.items() if k in _FIELDS}
+    known["run_id"] = str(data.get("run_id") or run_dir.name)
+    known["run_dir"] = str(data.get("run_dir") or run_dir)
+    extra = {k: v for k, v in data.items() if k not in _FIELDS}
+    return RunRecord(**known, extra=extra)
+
+
+class DamagedRecord(HpclaunchError):
+    """run.json exists but is not a record (one line naming the file and the way out)."""
+
+
+def read_raw(run_dir: Path) -> dict[str, Any]:
+    """run.json as stored; {} when the run folder has none yet."""
+    path = run_dir / RECORD
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise DamagedRecord(
+            f"{path}: unreadable run record ({type(exc).__name__}). Remove the run folder "
+            "or restore the file"
+        ) from None
+    if not isinstance(data, dict):
+        raise DamagedRecord(
+            f"{path}: not a run record (a JSON {type(data).__name__}, not an object). "
+            "Remove the run folder or restore the file"
+        )
+    return data
+
+
+def load(run_dir: Path) -> RunRecord:
+    """The record with the job's events folded in."""
+    record = from_dict(read_raw(run_dir), run_dir)
+    record.events = read_events(run_dir)
+    return record
+
+
+def read_events(run_dir: Path) -> RankEvents:
+    """Fold events.jsonl; lines that are cut short or foreign are skipped."""
+    found = RankEvents()
+    staged: set[str] = set()
+    failures: list[tuple[float, int, int]] = []  # (end time, rank, returncode)
+    try:
+        lines = (run_dir / EVENTS).read_bytes().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            event = json.loads(line.decode("utf-8"))
+            kind, when = event["event"], float(event.get("time", 0.0))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if kind == "rank_start" and isinstance(event.get("rank"), int):
+            found.started[event["rank"]] = str(event.get("node", ""))
+            found.first_start = min(found.first_start or when, when)
+        elif kind == "rank_end" and isinstance(event.get("rank"), int):
+            rc = event.get("returncode")
+            if not isinstance(rc, int):
+                continue
+            found.returncodes[event["rank"]] = rc
+            found.last_end = max(found.last_end or when, when)
+            if rc != 0:
+                failures.append((when, event["rank"], rc))
+        elif kind == "stage_ready":
+            staged.add(str(event.get("node", "")))
+    found.staged_nodes = tuple(sorted(staged))
+    if failures:  # nodes append in their own order: the earliest end wins, then the rank
+        _, rank, rc = min(failures)
+        found.first_failure = (rank, rc)
+    return found
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomic: a crash in the middle leaves the old content (write aside, then rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """One writer of run.json at a time (read-modify-write from several processes)."""
+    try:
+        fd = os.open(run_dir / f".{RECORD}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield  # a read-only run folder: nothing will be written anyway
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def create(run_dir: Path, data: dict[str, Any]) -> None:
+    write_json(run_dir / RECORD, data)
+
+
+def update(run_dir: Path, **changes: Any) -> dict[str, Any]:
+    """Change some keys of run.json; returns the whole stored record."""
+    with _locked(run_dir):
+        data = read_raw(run_dir)
+        data.update(changes)
+        write_json(run_dir / RECORD, data)
+    return data
+
+
+def masked_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "env" and isinstance(value, (list, tuple)):
+            value = [
+                f"{item.partition('=')[0]}={MASK}" if is_secret(item.partition("=")[0]) else item
+                for item in value
+            ]
+        out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def masked_argv(argv: list[str]) -> list[str]:
+    """hpclaunch's own command line for the record, with secret `--env` values masked
+    (the program's own arguments after `--` are kept: the job runs them anyway)."""
+    out: list[str] = []
+    value_next = False
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[index:]
+        prefix = ""
+        if value_next:
+            text = arg
+        elif arg.startswith("--env="):
+            prefix, text = "--env=", arg[len("--env=") :]
+        else:
+            text = ""
+        name, sep, _ = text.partition("=")
+        out.append(f"{prefix}{name}={MASK}" if sep and is_secret(name) else arg)
+        value_next = arg == "--env"
+    return out

@@ -1,0 +1,107 @@
+"""Run folders: where a run lives and how its folder is made and undone.
+
+<root>/<exp>/<run-id>/ holds run.json (the record, records.py), events.jsonl (what the
+job's own code reports), spec.json, job.sh, bootstrap.py, logs/ and checkpoints/
+(docs/internals.md).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from .errors import UserError
+from .node import EVENTS
+
+RECORD = "run.json"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    run_id: str
+    run_dir: Path
+    checkpoint_dir: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def job_sh(self) -> Path:
+        return self.run_dir / "job.sh"
+
+    @property
+    def bootstrap(self) -> Path:
+        return self.run_dir / "bootstrap.py"
+
+    @property
+    def record(self) -> Path:
+        return self.run_dir / RECORD
+
+    @property
+    def events(self) -> Path:
+        return self.run_dir / EVENTS
+
+
+def new_run_id(now: Optional[float] = None) -> str:
+    """Sortable by time (UTC, ms) and unique: 4 random hex digits + exclusive mkdir."""
+    stamp = time.time() if now is None else now
+    when = datetime.fromtimestamp(stamp, tz=timezone.utc)
+    return f"{when:%Y%m%d-%H%M%S}-{int(stamp * 1000) % 1000:03d}-{secrets.token_hex(2)}"
+
+
+def absolute(path: str, cwd: Path) -> Path:
+    """A configured folder ($VARS and ~ expanded, relative to cwd)."""
+    full = Path(os.path.expandvars(path)).expanduser()
+    return full if full.is_absolute() else cwd / full
+
+
+def plan_paths(run_root: str, exp: str, checkpoint_root: str, cwd: Path) -> RunPaths:
+    """Paths for a new run, not yet created (what --dry-run shows)."""
+    run_id = new_run_id()
+    run_dir = absolute(run_root, cwd) / exp / run_id
+    ckpt = (
+        absolute(checkpoint_root, cwd) / exp / run_id / "checkpoints"
+        if checkpoint_root
+        else run_dir / "checkpoints"
+    )
+    return RunPaths(run_id=run_id, run_dir=run_dir, checkpoint_dir=ckpt)
+
+
+def create(paths: RunPaths) -> RunPaths:
+    """Make the run directory; a colliding id (same ms, same random) gets a new one."""
+    for _ in range(20):
+        try:
+            paths.run_dir.parent.mkdir(parents=True, exist_ok=True)
+            paths.run_dir.mkdir()
+            break
+        except FileExistsError:
+            run_id = new_run_id()
+            paths = RunPaths(
+                run_id=run_id,
+                run_dir=paths.run_dir.parent / run_id,
+                checkpoint_dir=Path(str(paths.checkpoint_dir).replace(paths.run_id, run_id)),
+            )
+        except OSError as exc:
+            raise UserError(
+                "--run-root",
+                f"cannot create {paths.run_dir}: {exc.strerror}",
+                "",
+                "Pick a folder you can write with --run-root",
+            ) from None
+    paths.logs.mkdir()
+    paths.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return paths
+
+
+def remove(paths: RunPaths) -> None:
+    """Undo create() when a submission fails: nothing is left behind."""
+    shutil.rmtree(paths.run_dir, ignore_errors=True)
+    if paths.run_dir not in paths.checkpoint_dir.parents:
+        shutil.rmtree(paths.checkpoint_dir.parent, ignore_errors=True)

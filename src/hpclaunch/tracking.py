@@ -1,0 +1,53 @@
+"""Bring recorded runs up to date: the state of any number of runs from one status call
+per backend (for Slurm one squeue and one sacct), the final exit code once a job ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+from . import records, states
+from .backends import for_record
+from .errors import HpclaunchError
+from .monitor import JobStatus, job_exit_code
+from .records import RunRecord
+
+_OPEN = {"CREATED"}  # recorded before the backend answered: ask it
+
+
+def needs_asking(record: RunRecord) -> bool:
+    if record.backend != "slurm" or not record.job_id or record.step:
+        return False
+    return record.state in _OPEN or states.is_active(states.parse(record.state))
+
+
+def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """The same runs, those that may have changed asked about in one call."""
+    asking = [r for r in runs if needs_asking(r)]
+    if not asking:
+        return list(runs)
+    try:
+        found = for_record("slurm").status([str(r.job_id) for r in asking])
+    except HpclaunchError:
+        return list(runs)  # Slurm does not answer: show what was recorded
+    asked = {id(r) for r in asking}
+    return [_updated(r, found.get(str(r.job_id))) if id(r) in asked else r for r in runs]
+
+
+def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
+    if status is None:
+        return record
+    state = states.parse(status.state)
+    changes: dict[str, object] = {"state": state.value, "reason": status.reason}
+    if not states.is_active(state) and state != states.State.UNKNOWN:
+        changes["exit_code"] = job_exit_code(state.value, record.path / "logs", status.exit_code)
+    if all(getattr(record, k) == v for k, v in changes.items()):
+        return record
+    records.update(record.path, **changes)
+    return records.load(record.path)
+
+
+def refresh_one(run_dir: Path) -> RunRecord:
+    return refresh([records.load(run_dir)])[0]

@@ -1,0 +1,143 @@
+"""The package's shape, read from its source: small modules and functions, no import
+loop, config only layers, one reader of os.environ, no submodule shadowing the API."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hpclaunch"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+# Files that must ship as one piece may be longer if their docstring says why.
+ONE_PIECE_MARK = "must stay one file"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_and_function_sizes(name: str) -> None:
+    text = MODULES[name].read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    lines = len(text.splitlines())
+    if lines > MAX_MODULE_LINES:
+        doc = ast.get_docstring(tree) or ""
+        assert ONE_PIECE_MARK in doc, f"{name}: {lines} lines (over {MAX_MODULE_LINES})"
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{name}.{node.name}: {length} lines"
+
+
+def _imports(name: str) -> set[str]:
+    """hpclaunch modules `name` imports anywhere (function-level imports included:
+    a loop dodged inside a function is still a loop)."""
+    is_package = MODULES[name].name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(_tree(name)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("hpclaunch"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                stem = ".".join(base[: len(base) - node.level + 1])
+                module = f"{stem}.{node.module}" if node.module else stem
+            else:
+                module = node.module or ""
+            if not module.startswith("hpclaunch"):
+                continue
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                found.add(sub if sub in MODULES else module)
+    return {m for m in found if m in MODULES and m != name}
+
+
+def test_no_import_loop() -> None:
+    graph = {name: _imports(name) for name in MODULES if name != "hpclaunch"}
+    # A package's __init__ is imported before any of its submodules: an edge from a
+    # submodule to its own package is not a loop through the package's code.
+    for name, deps in graph.items():
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycle = [*path[path.index(dep) :], dep]
+                pytest.fail("import loop: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_config_only_layers() -> None:
+    """config imports nothing that packs data, queries Slurm or runs a program."""
+    forbidden = {
+        "hpclaunch.discover",
+        "hpclaunch.stage",
+        "hpclaunch.slurmcmd",
+        "hpclaunch.backends",
+        "hpclaunch.containers",
+        "hpclaunch.venvs",
+        "hpclaunch.snapshot",
+    }
+    assert not (_imports("hpclaunch.config") & forbidden)
+    stdlib = set()
+    for node in ast.walk(_tree("hpclaunch.config")):
+        if isinstance(node, ast.Import):
+            stdlib.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            stdlib.add(node.module or "")
+    assert not stdlib & {"subprocess", "shutil", "tarfile"}
+
+
+def _reads_environ(name: str) -> bool:
+    for node in ast.walk(_tree(name)):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("environ", "getenv")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
+            return True
+    return False
+
+
+def test_one_module_reads_the_environment() -> None:
+    """The API reads os.environ once and hands the request's environment on; the code
+    shipped into jobs (hpclaunch.node) reads its own task's environment."""
+    readers = {
+        name for name in MODULES if not name.startswith("hpclaunch.node") and _reads_environ(name)
+    }
+    assert readers == {"hpclaunch.api"}
+
+
+def test_no_submodule_shadows_the_api() -> None:
+    for name in ("run", "runs", "get", "call"):
+        assert f"hpclaunch.{name}" not in MODULES
