@@ -24,6 +24,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras=""
 if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
-# torch==2.13.0 only for the example and tests; hpclaunch itself never needs torch.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}" "torch==2.13.0" >&2
+# torch==2.13.0 only for the example and tests (numpy beside it: without it torch warns
+# "Failed to initialize NumPy" in every rank); hpclaunch itself never needs torch.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}" "torch==2.13.0" numpy >&2
 echo "setup: ready (.venv)" >&2

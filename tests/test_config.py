@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _resolve(
     tmp: Path, cli: dict[str, object], env: dict[str, str] | None = None
 ) -> preparing.Prepared:
-    return preparing.prepare_spec(cli, ("python", "train.py"), tmp, {**ENV, **(env or {})})
+    config_home = {"XDG_CONFIG_HOME": os.environ["XDG_CONFIG_HOME"]}  # the fixture's
+    environ = {**ENV, **config_home, **(env or {})}
+    return preparing.prepare_spec(cli, ("python", "train.py"), tmp, environ)
 
 
 def test_project_file_is_found_up_to_the_git_root(tmp_path: Path) -> None:

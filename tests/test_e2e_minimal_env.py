@@ -20,10 +20,10 @@ def _bare(hpc: Hpc) -> None:
         hpc.env.pop(name, None)
 
 
-def test_container_job_without_user(hpc: Hpc, base_image: object) -> None:
+def test_container_job_without_user(hpc: Hpc, user_image: object) -> None:
     _bare(hpc)
     proc = hpc.run(
-        "run", "-N", "2", "--tasks-per-node", "1", "--wait", "--container", str(base_image),
+        "run", "-N", "2", "--tasks-per-node", "1", "--wait", "--container", str(user_image),
         "--container-runtime", "charliecloud", "--", "python3", "-c", PROBE,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

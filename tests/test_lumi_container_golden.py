@@ -52,6 +52,7 @@ def _script(tmp_path: Path, extra: dict[str, object]) -> str:
     old = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = str(config_home)
     try:
+        environ = {**environ, "XDG_CONFIG_HOME": str(config_home)}
         resolved = preparing.prepare_spec(cli, ("python", "train.py"), CWD, environ)
     finally:
         if old is None:

@@ -14,6 +14,7 @@ import pytest
 
 from hpclaunch import snapshot
 from hpclaunch.errors import UserError
+from hpclaunch.project import git_root
 
 
 def git(repo: Path, *args: str) -> str:
@@ -135,7 +136,7 @@ def test_check_limit(repo: Path) -> None:
         snapshot.check_limit(p, 2 * 1024 * 1024)
     line = str(err.value)
     assert "\n" not in line
-    assert line.startswith("--snapshot-limit: the code snapshot is 2.9 MB (limit 2 MB). ")
+    assert line.startswith("--snapshot-limit: the code snapshot is 2.9 MB (limit 2M). ")
     assert "Largest: weights.bin 2.9 MB, " in line
     assert "--no-snapshot" in line
 
@@ -166,33 +167,37 @@ def test_diff_without_commits(tmp_path: Path) -> None:
 
 
 def test_outside_git(tmp_path: Path) -> None:
-    assert snapshot.git_root(tmp_path) is None
+    assert git_root(tmp_path) is None
     assert snapshot.diff(tmp_path) == ""
     with pytest.raises(UserError, match="not inside a git repository"):
         snapshot.plan(tmp_path)
 
 
 def test_plan_from_a_subfolder_uses_the_top_level(repo: Path) -> None:
-    assert snapshot.git_root(repo / "src") == repo.resolve()
+    assert git_root(repo / "src") == repo.resolve()
     assert snapshot.plan(repo / "src") == snapshot.plan(repo)
 
 
 def test_exclude_the_run_folder_inside_the_project(repo: Path) -> None:
-    # runs/ ignored: it is linked (harmless), and the run folder itself is never copied.
-    run_dir = repo / "runs" / "r1"
+    # runs/ ignored: linked, unless it is the run root (then not even linked).
+    run_dir = repo / "runs" / "exp" / "20260101-000000-000-abcd"
     (repo / "runs" / "r0").mkdir(parents=True)
     stats = snap(repo, run_dir / "code", exclude=run_dir)
     assert (run_dir / "code" / "runs").is_symlink()
     assert stats.links == 2  # data, runs
-    # runs/ not ignored: older runs are copied, but nothing from the run folder itself.
+    # runs/ not ignored: nothing under the run root is copied (earlier runs, this run's
+    # folder and its first snapshot), given to plan() or only to make().
     (repo / ".gitignore").write_text("data/\n")
     (repo / "runs" / "r0" / "old.txt").write_text("old\n")
     p = snapshot.plan(repo)
-    assert "runs/r0/old.txt" in p.files
-    assert any(f.startswith("runs/r1/") for f in p.files)  # the first snapshot
-    snapshot.make(p, run_dir / "code2", exclude=run_dir)
-    assert (run_dir / "code2" / "runs" / "r0" / "old.txt").is_file()
-    assert not (run_dir / "code2" / "runs" / "r1").exists()
+    assert "runs/r0/old.txt" in p.files  # no run root given, r0 is not a run folder's name
+    assert not any(f.startswith("runs/exp/") for f in p.files)  # but this one is
+    snapshot.make(p, run_dir / "code2", exclude=repo / "runs")
+    assert not (run_dir / "code2" / "runs").exists()
+    p = snapshot.plan(repo, [repo / "runs"])
+    assert not any(f.startswith("runs/") for f in p.files) and p.left_out == ("runs",)
+    snapshot.make(p, run_dir / "code3")
+    assert not (run_dir / "code3" / "runs").exists()
 
 
 def test_exclude_through_a_symlinked_path(repo: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from . import snapshot
 from .project import git_root
-from .rundirs import RunPaths
+from .rundirs import RunPaths, absolute
 from .spec import JobSpec
 
 CODE = "code"  # the snapshot's folder inside the run directory
@@ -44,9 +44,22 @@ def plan_code(spec: JobSpec, cwd: Path, paths: RunPaths, reuse: Optional[Path] =
             note=f"hpclaunch: no code snapshot: {cwd} is not in a git repository; "
             "the job runs the folder as it is when it starts",
         )
-    found = snapshot.plan(root)
-    snapshot.check_limit(found, spec.snapshot_limit_mb * 2**20)
+    found = snapshot.plan(root, outputs(spec, cwd, paths))
+    snapshot.check_limit(found, spec.snapshot_limit_bytes)
     return CodePlan(cwd=paths.run_dir / CODE / cwd.relative_to(root), root=root, plan=found)
+
+
+def outputs(spec: JobSpec, cwd: Path, paths: RunPaths) -> list[Path]:
+    """Where this run's hpclaunch writes: never in its snapshot where inside the project.
+    The run root (relative to cwd, as rundirs places runs) holds the run folders and the
+    stage cache; when it is the project or above it, the experiment's folder and the
+    stage cache are what lie inside. Earlier runs' folders elsewhere in the project are
+    recognised by snapshot.plan() itself."""
+    run_root = absolute(spec.run_root, cwd)
+    found = [run_root, run_root / snapshot.STAGE_CACHE, paths.run_dir.parent]
+    if spec.checkpoint_root:
+        found += [absolute(spec.checkpoint_root, cwd), paths.checkpoint_dir.parent.parent]
+    return found
 
 
 def write_code(code: CodePlan, paths: RunPaths, run_root: Path) -> dict[str, Any]:
@@ -65,7 +78,7 @@ def write_code(code: CodePlan, paths: RunPaths, run_root: Path) -> dict[str, Any
             entry["diff"] = DIFF
         entry["diff_seconds"] = round(time.monotonic() - started, 3)
     if code.plan is not None:
-        # Earlier runs inside the project (./runs) are never copied into this one.
+        # The plan already leaves the run root out; run_root: also for a plan made elsewhere.
         stats = snapshot.make(code.plan, paths.run_dir / CODE, exclude=run_root)
         entry["snapshot"] = {
             "dir": str(paths.run_dir / CODE),

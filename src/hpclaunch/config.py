@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from .errors import UserError, show
 from .options import BY_NAME
-from .profiles import read_toml
-from .units import parse_memory, parse_time
+from .tomlfiles import read_toml
+from .units import parse_memory, parse_size, parse_time
 
 PROJECT_FILE = "hpclaunch.toml"
 # sbatch reads these itself; hpclaunch resolves them into the spec so the script shows them.
@@ -58,6 +58,13 @@ def find_project_file(cwd: Path, environ: Mapping[str, str]) -> Optional[Path]:
         candidate = folder / PROJECT_FILE
         if candidate.is_file():
             return candidate
+        if candidate.exists() or candidate.is_symlink():
+            raise UserError(
+                str(candidate),
+                "not a readable file (a folder, a broken link or a special file)",
+                "",
+                f"Remove or rename it, or write the project's settings into a {PROJECT_FILE}",
+            )
         if (folder / ".git").exists():
             break  # the project ends at its git root
     return None
@@ -102,6 +109,8 @@ def _convert(name: str, value: Any, where: str) -> Any:
             ) from None
     if opt.kind == "time":
         return parse_time(str(value), field)
+    if name == "snapshot-limit":  # bytes: a limit may be under a megabyte (1K)
+        return parse_size(str(value), field)
     if opt.kind == "mem":
         return parse_memory(str(value), field)
     if opt.kind == "flag":

@@ -54,3 +54,12 @@ def _one_line(text: str) -> str:
 def show(value: object) -> str:
     """A value as it appears inside an error message: quoted, control characters escaped."""
     return repr(value) if isinstance(value, str) else str(value)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached hpclaunch: handled like Ctrl-C (every cleanup runs,
+    the record says how the run ended), exit status 128+N."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

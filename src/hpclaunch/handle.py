@@ -125,6 +125,19 @@ class Run:
         record = self.record
         if not record.job_id:
             raise UserError("RUN", f"{record.run_id} has no job to cancel", "", "")
+        if record.backend == "local":
+            from .backends.local import cancel_recorded
+
+            extra = record.extra
+            pgids = [g for g in extra.get("pgids", []) if isinstance(g, int)]
+            pid = extra.get("launcher_pid")
+            started = extra.get("launcher_started")
+            cancel_recorded(
+                pid if isinstance(pid, int) else None,
+                float(started) if isinstance(started, (int, float)) else None,
+                pgids,
+            )
+            return
         for_record(record.backend, record.step).cancel(record.job_id)
 
     def result(self) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -146,11 +147,15 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     except OSError as exc:
         rundirs.remove(paths)
         raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP while packing or staging
+        _record_interrupted(req, spec, paths, exc)
+        raise
     except BaseException:
         rundirs.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
     state = "RUNNING" if backend.foreground else "PENDING"
     extra: dict[str, Any] = {"step": True} if backend.kind.startswith("step") else {}
+    extra.update(backend.record_extra(job_id))
     records.update(paths.run_dir, job_id=job_id, job_ids=[job_id], state=state, **extra)
     index.add(
         {
@@ -164,6 +169,30 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         req.environ,
     )
     return Started(paths.run_id, paths, job_id, backend, spec)
+
+
+def _record_interrupted(
+    req: Request, spec: Any, paths: rundirs.RunPaths, exc: KeyboardInterrupt
+) -> None:
+    """Nothing remains of a run interrupted while it started but its record, which
+    says how it ended (and the index, so that `hpclaunch runs` shows it)."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    if not paths.record.exists():
+        rundirs.remove(paths)  # interrupted before the record was written: nothing remains
+        return
+    rundirs.strip_to_record(paths)
+    records.update(
+        paths.run_dir,
+        state="CANCELLED",
+        exit_code=128 + signum,
+        reason=f"interrupted by {signal.Signals(signum).name} while the run was starting",
+        ended_at=time.time(),
+    )
+    index.add(
+        {"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": None,
+         "exp": spec.exp, "cluster": spec.cluster, "submitted_at": time.time()},
+        req.environ,
+    )  # fmt: skip
 
 
 def _write_run_files(

@@ -194,8 +194,12 @@ class LogFollower:
             prefix = "[batch] "
         else:
             prefix = f"[{self._nodes.get(tail.rank, '?')} {tail.rank}] "
-        texts = [_visible(line.decode("utf-8", "replace"), self._tag) for line in lines]
         stream = self._err if tail.to_err else self._out
+        if prefix and _coloured(stream):
+            # One colour per rank, so that interleaved ranks stay apart on a terminal.
+            colour = _COLOURS[(tail.rank or 0) % len(_COLOURS)] if tail.rank is not None else "2"
+            prefix = f"\x1b[{colour}m{prefix.rstrip()}\x1b[0m "
+        texts = [_visible(line.decode("utf-8", "replace"), self._tag) for line in lines]
         safe_write(stream, "".join(prefix + t + "\n" for t in texts))
         return len(lines)
 
@@ -206,6 +210,26 @@ def _utf8_cut(data: bytes, limit: int) -> int:
     while cut > limit - 4 and cut > 0 and (data[cut] & 0xC0) == 0x80:
         cut -= 1
     return cut if cut > 0 else limit
+
+
+_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
+_colour_allowed = True  # cleared by configure(no_color=True): NO_COLOR (no-color.org)
+
+
+def configure(*, no_color: bool) -> None:
+    """What the CLI learnt from its environment (NO_COLOR set: plain tags everywhere)."""
+    global _colour_allowed
+    _colour_allowed = not no_color
+
+
+def _coloured(stream: TextIO) -> bool:
+    """Colour only on a terminal: piped output and files stay plain text."""
+    if not _colour_allowed:
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _visible(text: str, tagged: bool) -> str:

@@ -221,7 +221,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "snapshot-limit",
         "mem",
-        "Largest code snapshot (default 200M); bigger ones are refused, naming the largest files.",
+        "Largest code snapshot, a Slurm size: 64K, 500M, 2G (a plain number is MB; 0: no "
+        "limit; default 200M). A bigger one is refused, naming the largest files.",
         "--snapshot-limit 500M",
         metavar="SIZE",
     ),

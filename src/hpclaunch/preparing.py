@@ -37,7 +37,7 @@ def prepare_spec(
     cluster, csource = layers.cluster or choose_cluster(layers.project_run, environ)
     sources = {**layers.sources, "cluster": csource}
     values = layers.values
-    profile = load_profile(cluster, layers.project_clusters)
+    profile = load_profile(cluster, layers.project_clusters, environ)
     if profile.discover and profile.kind == "slurm":
         profile = _with_discovered(profile)
 
@@ -46,10 +46,12 @@ def prepare_spec(
     spec = replace(
         spec,
         snapshot=profile.kind == "slurm" and not values.get("no_snapshot"),
-        snapshot_limit_mb=values.get("snapshot_limit") or 200,
+        snapshot_limit_bytes=values.get("snapshot_limit", 200 * 2**20),  # bytes; 0: no limit
     )
     spec = _with_staging(spec, profile, values, cwd, allocation)
     spec, warnings = _with_container(spec, profile, values, environ, cwd)
+    if profile.kind == "local":
+        warnings = [*_local_notes(sources), *warnings]
     return Prepared(
         spec=spec,
         profile=profile,
@@ -57,6 +59,20 @@ def prepare_spec(
         in_allocation=allocation,
         warnings=tuple(warnings),
     )
+
+
+# Options that only Slurm acts on: a local run names them once instead of dropping them.
+_SLURM_ONLY = ("mem", "mem_per_gpu", "partition", "account", "reservation", "exclusive",
+               "sbatch_arg")  # fmt: skip
+
+
+def _local_notes(sources: Mapping[str, str]) -> list[str]:
+    given = [name for name in _SLURM_ONLY if sources.get(name) in ("cli", "project")]
+    if not given:
+        return []
+    names = ", ".join("--" + name.replace("_", "-") for name in given)
+    verb = "does" if len(given) == 1 else "do"
+    return [f"hpclaunch: note: {names} {verb} not apply to a local run (no Slurm): ignored"]
 
 
 def choose_cluster(project_run: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, str]:
@@ -76,7 +92,7 @@ def profile_for(cluster: Optional[str], cwd: Path, environ: Mapping[str, str]) -
     """The profile a command other than `run` works with (--cluster, else the default)."""
     layers = config.layers({}, cwd, environ)
     name = cluster or choose_cluster(layers.project_run, environ)[0]
-    return load_profile(name, layers.project_clusters)
+    return load_profile(name, layers.project_clusters, environ)
 
 
 def _with_staging(

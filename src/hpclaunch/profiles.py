@@ -4,35 +4,70 @@ A profile says what a cluster is (partitions and their limits, node shape, GPU->
 topology), where runs live, and what every job there needs (environment, cache
 folders, CPU binding). Profiles are layered: built-in < ~/.config/hpclaunch/clusters/
 NAME.toml < the project's [clusters.NAME]; later layers override keys of earlier ones.
+
+The records are frozen dataclasses that pydantic validates (`X.model_validate(data)`).
+Importing pydantic and building its schemas cost more than the rest of `hpclaunch run`,
+so data whose every value already has its field's exact type (the built-in profiles,
+discovered partitions, most user files) is taken as it is: pydantic would return it
+unchanged. Only the rest goes through pydantic, which gives every coercion and error.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import re
-import sys
-from importlib import resources
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from .errors import UserError, show
-from .topology import Topology
+from .errors import HpclaunchError, UserError, show
+from .tomlfiles import loads, merge, read_toml
 from .units import parse_memory, parse_time
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from .topology import Topology
 
 BUILTIN = ("local", "slurm", "lumi")
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.9/3.10 only
-    import tomli as tomllib
+
+R = TypeVar("R", bound="_Record")
 
 
-class Partition(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+# Conversions before validation; `cls` first, as pydantic's field validators.
+def _time(cls: Any, value: Any) -> Any:
+    return parse_time(value, "max_time") if isinstance(value, str) else value
 
-    max_time: Optional[int] = None  # seconds; None = no limit
+
+def _memory(cls: Any, value: Any) -> Any:
+    return parse_memory(value, "node.memory") if isinstance(value, str) else value
+
+
+def _field(*, alias: str = "", before: Optional[Callable[[Any, Any], Any]] = None) -> Any:
+    """An optional field with its TOML key (`alias`) and a conversion run before validation."""
+    return field(default=None, metadata={"alias": alias, "before": before})
+
+
+class _Record:
+    """What callers use of pydantic's BaseModel API, on the frozen dataclasses below."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @classmethod
+    def model_validate(cls: type[R], data: Any) -> R:
+        """Validated like a pydantic model with extra="forbid" (raises ValidationError)."""
+        return _validate(cls, data)
+
+    def model_copy(self: R, *, update: Optional[Mapping[str, Any]] = None) -> R:
+        return dataclasses.replace(self, **(update or {}))
+
+
+@dataclass(frozen=True)
+class Partition(_Record):
+    max_time: Optional[int] = _field(before=_time)  # seconds; None = no limit
     max_nodes: Optional[int] = None  # per job
     nodes: Optional[int] = None  # nodes in the partition (from sinfo)
     whole_node: bool = False
@@ -42,33 +77,21 @@ class Partition(BaseModel):
     local_disk_mb: Optional[int] = None  # sinfo's TmpDisk
     default: bool = False
 
-    @field_validator("max_time", mode="before")
-    @classmethod
-    def _time(cls, value: Any) -> Any:
-        return parse_time(value, "max_time") if isinstance(value, str) else value
 
-
-class NodeShape(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+@dataclass(frozen=True)
+class NodeShape(_Record):
     cpus: Optional[int] = None
     usable_cpus: Optional[int] = None
     gpus: int = 0
-    memory_mb: Optional[int] = Field(default=None, alias="memory")
+    memory_mb: Optional[int] = _field(alias="memory", before=_memory)
     cpus_per_gpu: Optional[int] = None
     # Node-local space for staged data (--stage); None = unknown (not checked).
-    local_disk_mb: Optional[int] = Field(default=None, alias="local_disk")
-
-    @field_validator("memory_mb", "local_disk_mb", mode="before")
-    @classmethod
-    def _mem(cls, value: Any) -> Any:
-        return parse_memory(value, "node.memory") if isinstance(value, str) else value
+    local_disk_mb: Optional[int] = _field(alias="local_disk", before=_memory)
 
 
-class ContainerBind(BaseModel):
+@dataclass(frozen=True)
+class ContainerBind(_Record):
     """One bind a profile adds to every container job (LUMI: the multi-node set)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str  # on the host; also the destination unless `dst` is given
     dst: str = ""
@@ -82,10 +105,19 @@ class ContainerBind(BaseModel):
     when_under: tuple[str, ...] = ()
 
 
-class ContainerSettings(BaseModel):
-    """How a site runs containers: the runtime, where images live, what every job binds."""
+# Host variables that cross into the container besides the job's own (NAME or PREFIX*):
+# the ones ML programs and their libraries read. --env adds any other.
+PASS_ENV = (
+    *("USER", "LOGNAME", "LANG", "LC_*", "TZ", "TERM", "WANDB_*", "HF_*", "HUGGING_FACE_*"),
+    *("MLFLOW_*", "COMET_*", "NEPTUNE_*", "TORCH_*", "TORCHINDUCTOR_*", "TRITON_*", "JAX_*"),
+    *("XLA_*", "TF_*", "NCCL_*", "RCCL_*", "MIOPEN_*", "FI_*", "CXI_*", "CUDA_*", "ROCR_*"),
+    *("HIP_*", "HSA_*", "OMP_*", "MKL_*", "OPENBLAS_*"),
+)
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+@dataclass(frozen=True)
+class ContainerSettings(_Record):
+    """How a site runs containers: the runtime, where images live, what every job binds."""
 
     runtime: Literal["apptainer", "charliecloud"] = "apptainer"
     # The runtime's program; "" = apptainer, else singularity, whichever is on PATH.
@@ -97,45 +129,11 @@ class ContainerSettings(BaseModel):
     # Shell text run inside the container before Python starts (LUMI: "$WITH_CONDA").
     activate: str = ""
     binds: tuple[ContainerBind, ...] = ()
-    # Host variables that cross into the container besides the job's own (NAME or PREFIX*):
-    # the ones ML programs and their libraries read. --env adds any other.
-    pass_env: tuple[str, ...] = (
-        "USER",
-        "LOGNAME",
-        "LANG",
-        "LC_*",
-        "TZ",
-        "TERM",
-        "WANDB_*",
-        "HF_*",
-        "HUGGING_FACE_*",
-        "MLFLOW_*",
-        "COMET_*",
-        "NEPTUNE_*",
-        "TORCH_*",
-        "TORCHINDUCTOR_*",
-        "TRITON_*",
-        "JAX_*",
-        "XLA_*",
-        "TF_*",
-        "NCCL_*",
-        "RCCL_*",
-        "MIOPEN_*",
-        "FI_*",
-        "CXI_*",
-        "CUDA_*",
-        "ROCR_*",
-        "HIP_*",
-        "HSA_*",
-        "OMP_*",
-        "MKL_*",
-        "OPENBLAS_*",
-    )
+    pass_env: tuple[str, ...] = PASS_ENV
 
 
-class Profile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+@dataclass(frozen=True)
+class Profile(_Record):
     name: str
     description: str = ""
     kind: Literal["local", "slurm"] = "slurm"
@@ -164,11 +162,11 @@ class Profile(BaseModel):
     local_is_ram: bool = False  # /tmp in memory (LUMI): staged data counts against --mem
     node: NodeShape = NodeShape()
     topology: Optional[Topology] = None
-    env: dict[str, str] = {}
-    debug_env: dict[str, str] = {}
+    env: dict[str, str] = field(default_factory=dict)
+    debug_env: dict[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
-    partitions: dict[str, Partition] = {}
+    partitions: dict[str, Partition] = field(default_factory=dict)
     container: ContainerSettings = ContainerSettings()
     cluster_name: str = ""  # filled by discovery
 
@@ -184,46 +182,149 @@ class Profile(BaseModel):
         return ""
 
 
-def user_profile_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+class _Topology:
+    """topology.Topology in the type hints: imported only once a profile has a topology."""
+
+
+class _Decline(Exception):
+    """A value is not plainly of its field's type: pydantic decides."""
+
+
+_SPECS: dict[type[Any], list[tuple[dataclasses.Field[Any], str, Any]]] = {}
+_MODELS: dict[type[Any], type[BaseModel]] = {}
+_SOURCE: dict[type[Any], type[Any]] = {}  # pydantic model -> its dataclass
+
+
+def _topology() -> type[Any]:
+    from .topology import Topology
+
+    return Topology
+
+
+def _specs(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], str, Any]]:
+    """(field, its key in the data, its type) per field of a dataclass, in order."""
+    if cls not in _SPECS:
+        hints = typing.get_type_hints(cls, localns={"Topology": _Topology})
+        fields = dataclasses.fields(cls)
+        _SPECS[cls] = [(f, f.metadata.get("alias") or f.name, hints[f.name]) for f in fields]
+    return _SPECS[cls]
+
+
+def _exact(tp: Any, value: Any) -> Any:
+    """`value` as pydantic would return it, when it already has exactly type `tp`."""
+    tp = _topology() if tp is _Topology else tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp in (str, bool, int) and type(value) is tp:
+        return value
+    if origin is Union and len(args) == 2 and args[1] is type(None):  # Optional[X]
+        return None if value is None else _exact(args[0], value)
+    if origin is Literal and type(value) is str and value in args:
+        return value
+    if origin is tuple and args[1:] == (...,) and type(value) in (list, tuple):
+        return tuple(_exact(args[0], item) for item in value)
+    if origin is dict and type(value) is dict:
+        return {_exact(args[0], k): _exact(args[1], v) for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return value if isinstance(value, tp) else _build(tp, value)
+    if isinstance(tp, type) and type(value) is dict and hasattr(tp, "model_validate"):
+        return tp.model_validate(value)  # a pydantic model: topology.Topology today
+    raise _Decline
+
+
+def _build(cls: type[Any], data: Any) -> Any:
+    """The dataclass from data that pydantic would take unchanged; else an exception."""
+    specs = _specs(cls)
+    if type(data) is not dict or not data.keys() <= {key for _, key, _ in specs}:
+        raise _Decline  # not a table, or an extra key
+    values: dict[str, Any] = {}
+    for spec, key, tp in (s for s in specs if s[1] in data):
+        before = spec.metadata.get("before")
+        values[spec.name] = _exact(tp, before(cls, data[key]) if before else data[key])
+    return cls(**values)  # TypeError when a required field is missing
+
+
+def _mirror(tp: Any) -> Any:
+    """`tp` with every dataclass in it replaced by its pydantic model."""
+    tp = _topology() if tp is _Topology else tp
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _model(tp)
+    origin, args = typing.get_origin(tp), tuple(_mirror(a) for a in typing.get_args(tp))
+    if origin is Union:
+        return Union.__getitem__(args)
+    return origin.__class_getitem__(args) if origin in (tuple, dict) else tp
+
+
+def _model(cls: type[Any]) -> type[BaseModel]:
+    """The pydantic model of a dataclass: same name, fields, aliases, defaults, validators."""
+    if cls in _MODELS:
+        return _MODELS[cls]
+    from pydantic import ConfigDict, Field, create_model, field_validator
+
+    fields: dict[str, Any] = {}
+    validators: dict[str, Any] = {}
+    for spec, key, tp in _specs(cls):
+        info: dict[str, Any] = {"alias": key} if key != spec.name else {}
+        if spec.default_factory is not dataclasses.MISSING:
+            info["default_factory"] = spec.default_factory
+        elif spec.default is not dataclasses.MISSING:
+            info["default"] = spec.default
+        fields[spec.name] = (_mirror(tp), Field(**info))
+        if spec.metadata.get("before"):
+            check = field_validator(spec.name, mode="before")(spec.metadata["before"])
+            validators[f"_before_{spec.name}"] = check
+    config = ConfigDict(frozen=True, extra="forbid")
+    model: type[BaseModel] = create_model(
+        cls.__name__, __config__=config, __validators__=validators, **fields
+    )
+    _MODELS[cls], _SOURCE[model] = model, cls
+    return model
+
+
+def _from_model(value: Any) -> Any:
+    """A validated pydantic value with its models turned back into the dataclasses."""
+    cls = _SOURCE.get(type(value))
+    if cls is not None:
+        return cls(**{f.name: _from_model(getattr(value, f.name)) for f in dataclasses.fields(cls)})
+    if type(value) is tuple:
+        return tuple(_from_model(item) for item in value)
+    if type(value) is dict:
+        return {k: _from_model(v) for k, v in value.items()}
+    return value
+
+
+def _validate(cls: type[R], data: Any) -> R:
+    if isinstance(data, cls):
+        return data  # as pydantic returns an instance of the model
+    try:
+        return typing.cast(R, _build(cls, data))
+    except (_Decline, HpclaunchError, ValueError, TypeError):
+        pass  # pydantic gives the value, or the error, it always gave
+    return typing.cast(R, _from_model(_model(cls).model_validate(data)))
+
+
+def user_profile_dir(environ: Mapping[str, str]) -> Path:
+    """Where a user's own profiles live (the request's environment decides)."""
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    base = environ.get("XDG_CONFIG_HOME") or str(home / ".config")
     return Path(base) / "hpclaunch" / "clusters"
 
 
-def read_toml(path: Path, field: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as handle:
-            data: dict[str, Any] = tomllib.load(handle)
-            return data
-    except OSError as exc:
-        raise UserError(
-            field, f"cannot read {path}: {exc.strerror}", "", "Check the path"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(field, f"{path} is not valid TOML: {exc}", "", "Fix the file") from None
-
-
 def _builtin(name: str) -> dict[str, Any]:
-    text = resources.files("hpclaunch.clusters").joinpath(f"{name}.toml").read_text("utf-8")
-    data: dict[str, Any] = tomllib.loads(text)
-    return data
-
-
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Deep merge of TOML tables: `over` wins key by key."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+    # A file beside this one, as bootstrap.py is (importlib.resources costs an import).
+    text = (Path(__file__).with_name("clusters") / f"{name}.toml").read_text("utf-8")
+    return loads(text, Path(name), "cluster profile")
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def load_profile(name: str, project_profiles: dict[str, Any] | None = None) -> Profile:
+def load_profile(
+    name: str,
+    project_profiles: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Profile:
     """Built-in < user file < project table, validated into a Profile."""
+    environ = {} if environ is None else environ
     if not _NAME.match(name) or ".." in name:
         raise UserError(
             "--cluster",
@@ -236,7 +337,7 @@ def load_profile(name: str, project_profiles: dict[str, Any] | None = None) -> P
     if name in BUILTIN:
         data = _builtin(name)
         found = True
-    user_file = user_profile_dir() / f"{name}.toml"
+    user_file = user_profile_dir(environ) / f"{name}.toml"
     if user_file.is_file():
         data = merge(data, read_toml(user_file, "cluster profile"))
         found = True
@@ -244,7 +345,8 @@ def load_profile(name: str, project_profiles: dict[str, Any] | None = None) -> P
         data = merge(data, project_profiles[name])
         found = True
     if not found:
-        known = sorted(set(BUILTIN) | set(list_user_profiles()) | set(project_profiles or {}))
+        users = list_user_profiles(environ)
+        known = sorted(set(BUILTIN) | set(users) | set(project_profiles or {}))
         raise UserError(
             "--cluster",
             f"unknown cluster {show(name)}",
@@ -254,7 +356,11 @@ def load_profile(name: str, project_profiles: dict[str, Any] | None = None) -> P
     data.setdefault("name", name)
     try:
         return Profile.model_validate(data)
-    except ValidationError as exc:
+    except ValueError as exc:  # pydantic's ValidationError (pydantic is loaded by then)
+        from pydantic import ValidationError
+
+        if not isinstance(exc, ValidationError):
+            raise
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise UserError(
@@ -265,8 +371,8 @@ def load_profile(name: str, project_profiles: dict[str, Any] | None = None) -> P
         ) from None
 
 
-def list_user_profiles() -> list[str]:
-    folder = user_profile_dir()
+def list_user_profiles(environ: Mapping[str, str]) -> list[str]:
+    folder = user_profile_dir(environ)
     if not folder.is_dir():
         return []
     return sorted(p.stem for p in folder.glob("*.toml"))

@@ -201,11 +201,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _locked(run_dir: Path) -> Iterator[None]:
-    """One writer of run.json at a time (read-modify-write from several processes)."""
+    """One writer of run.json at a time (read-modify-write from several processes): an
+    flock on the run folder itself, so no lock file is left among the run's files."""
     try:
-        fd = os.open(run_dir / f".{RECORD}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        yield  # a read-only run folder: nothing will be written anyway
+        yield  # no folder: nothing will be written anyway
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -7,9 +7,12 @@ turns a run's life into lines for a person (or one JSON object with --json).
 
 from __future__ import annotations
 
-from typing import TextIO
+import json
+import signal
+from typing import Optional, TextIO
 
-from . import launching
+from . import launching, records
+from .records import RunRecord
 
 
 def run_and_report(
@@ -39,12 +42,16 @@ def run_and_report(
     launching.announce(stream, started, as_json, **extra)
     if not attached:
         return 0
-    return _attached(started, out, err, foreground)
+    return _attached(started, out, err, foreground, as_json)
 
 
-def _attached(started: launching.Started, out: TextIO, err: TextIO, foreground: bool) -> int:
+def _attached(
+    started: launching.Started, out: TextIO, err: TextIO, foreground: bool, as_json: bool
+) -> int:
+    # With --json, stdout carries JSON only: the ranks' output goes to stderr.
+    ranks_out = err if as_json else out
     try:
-        code, state = launching.finish(started, out, err, is_tty=err.isatty())
+        code, state = launching.finish(started, ranks_out, err, is_tty=err.isatty())
     except KeyboardInterrupt:
         if foreground:
             raise  # the backend already ended the tasks; nothing keeps running
@@ -56,6 +63,53 @@ def _attached(started: launching.Started, out: TextIO, err: TextIO, foreground: 
             f"  cancel:  hpclaunch cancel {job}\n"
         )
         return 130
-    if code != 0 and not foreground:
-        err.write(f"hpclaunch: job {started.job_id} ended {state}, exit code {code}\n")
+    record = records.load(started.paths.run_dir)
+    err.write(f"hpclaunch: {summary(record)}\n")
+    if as_json:
+        end = {"run_id": record.run_id, "job_id": record.job_id, "state": state, "exit_code": code}
+        out.write(json.dumps(end) + "\n")
+        out.flush()
     return code
+
+
+def summary(record: RunRecord) -> str:
+    """One line for a finished run: state, exit code, wall time, and which rank failed
+    first with which exit code or signal (`status` prints the same)."""
+    text = f"run {record.run_id} {record.state}, exit code {record.exit_code}"
+    wall = _wall(record)
+    if wall is not None:
+        text += f", {_duration(wall)}"
+    failure = record.events.first_failure
+    if failure is not None and record.state != "COMPLETED":
+        rank, rc = failure
+        node = record.events.started.get(rank, "?")
+        how = f"killed by {_signal_name(-rc)}" if rc < 0 else f"exit code {rc}"
+        text += f"; rank {rank} on {node} failed first ({how})"
+    elif record.reason:
+        text += f" ({record.reason})"
+    return text
+
+
+def _wall(record: RunRecord) -> Optional[float]:
+    """Seconds the ranks ran (first start to last end), else submission to end."""
+    events = record.events
+    if events.first_start is not None and events.last_end is not None:
+        return max(0.0, events.last_end - events.first_start)
+    if record.submitted_at is not None and record.ended_at is not None:
+        return max(0.0, record.ended_at - record.submitted_at)
+    return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

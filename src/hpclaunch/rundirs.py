@@ -105,3 +105,16 @@ def remove(paths: RunPaths) -> None:
     shutil.rmtree(paths.run_dir, ignore_errors=True)
     if paths.run_dir not in paths.checkpoint_dir.parents:
         shutil.rmtree(paths.checkpoint_dir.parent, ignore_errors=True)
+
+
+def strip_to_record(paths: RunPaths) -> None:
+    """Remove everything of a run but its record (an interrupted start)."""
+    for child in list(paths.run_dir.iterdir()) if paths.run_dir.is_dir() else []:
+        if child.name == RECORD:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if paths.run_dir not in paths.checkpoint_dir.parents:
+        shutil.rmtree(paths.checkpoint_dir.parent, ignore_errors=True)

@@ -175,3 +175,15 @@ def comment(text: str) -> str:
 
 def lines(items: Iterable[str]) -> str:
     return "\n".join(items) + "\n"
+
+
+# What a local run's --setup lines are run as (backends/local.py): the lines as the batch
+# script would run them, then the environment they leave, after a marker line.
+SETUP_MARK = b"\n--- hpclaunch: environment after --setup ---\n"
+
+
+def setup_probe(lines: Sequence[str]) -> str:
+    """The --setup lines (the user's shell text, run as typed, as in the batch script,
+    stopped at the first failure), then the marker and `env -0`."""
+    mark = SETUP_MARK.decode()
+    return "\n".join(["set -e", *lines, f"printf '%s' {quote(mark)}", "env -0"]) + "\n"

@@ -3,18 +3,21 @@
 Tracked files (still present) and untracked files that are not ignored are copied into the
 run directory, so edits after submission never change what a queued job runs. Ignored
 entries (data, checkpoints, venvs) are symlinked instead: arguments naming them still
-resolve, and big data is never copied.
+resolve, and big data is never copied. hpclaunch's own output is never in a snapshot:
+the run root, when it lies inside the project, and wherever they are, run folders
+(<exp>/<run-id>/) and stage caches (.stage-cache/) that earlier runs left there.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
+import re
 import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -22,6 +25,7 @@ from typing import Optional
 from .errors import UserError
 from .project import GIT_TIMEOUT, git_root
 from .project import git as _git
+from .units import format_size
 
 FIELD = "code snapshot"
 FIX = "Use --no-snapshot to run the live project folder instead"
@@ -29,6 +33,10 @@ FIX = "Use --no-snapshot to run the live project folder instead"
 # and a nested .git folder can be gigabytes. __pycache__ is never linked either: the job
 # would then write its compiled cache into the live project's folder.
 SKIP_NAMES = frozenset({".git", "__pycache__"})
+# hpclaunch's output, recognised wherever an earlier run put it: <run-root>/<exp>/<run-id>/
+# (rundirs.new_run_id) and <run-root>/.stage-cache/ (stage.CACHE).
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9]{3}-[0-9a-f]{4}")
+STAGE_CACHE = ".stage-cache"
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class SnapshotPlan:
     links: tuple[str, ...]  # ignored entries, symlinked to root/<path>
     total_bytes: int
     largest: tuple[tuple[str, int], ...]  # the 5 biggest entries, biggest first
+    left_out: tuple[str, ...] = ()  # run roots etc. inside root: never copied nor linked
 
 
 @dataclass(frozen=True)
@@ -63,15 +72,16 @@ def _ls_files(root: Path, args: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _tree(top: str, rel: str = "") -> Iterator[tuple[str, int]]:
-    """(posix path relative to top, bytes) of every file and symlink in a copied folder."""
-    with os.scandir(os.path.join(top, rel)) as entries:
+def _tree(base: str, rel: str, gone: Callable[[str], bool]) -> Iterator[tuple[str, int]]:
+    """(posix path relative to base, bytes) of every file and symlink in the copied folder
+    base/rel, less what gone() leaves out."""
+    with os.scandir(os.path.join(base, rel)) as entries:
         for entry in entries:
-            if entry.name in SKIP_NAMES:
+            sub = f"{rel}/{entry.name}"
+            if entry.name in SKIP_NAMES or gone(sub):
                 continue
-            sub = f"{rel}/{entry.name}" if rel else entry.name
             if entry.is_dir(follow_symlinks=False):
-                yield from _tree(top, sub)
+                yield from _tree(base, sub, gone)
             elif entry.is_symlink():
                 yield sub, 0
             elif entry.is_file(follow_symlinks=False):
@@ -82,24 +92,77 @@ def _size(st: os.stat_result) -> int:
     return st.st_size if stat.S_ISREG(st.st_mode) else 0  # a symlink is copied, not followed
 
 
-def plan(root: Path) -> SnapshotPlan:
-    """What make() copies and links, found with two `git ls-files` calls from the top level."""
+def inside(top: Path, paths: Iterable[Path]) -> tuple[str, ...]:
+    """The paths strictly inside the project top, relative to it: each as it resolves (a
+    run root may be a link into the project, the project reached through a link) and as it
+    is named (a link in the project named as the run root). Never top or a folder above it:
+    a run root there leaves only its run folders out (make() writes in one)."""
+    real_top = os.path.realpath(top)
+    found: list[str] = []
+    for path in paths:
+        full = os.path.abspath(path)
+        named = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
+        for candidate in (os.path.realpath(full), named):
+            rel = os.path.relpath(candidate, real_top)
+            if rel not in (os.curdir, os.pardir) and not rel.startswith(os.pardir + os.sep):
+                found.append(Path(rel).as_posix())
+    # The outermost only: a folder under another left out one adds nothing.
+    return tuple(
+        rel for rel in dict.fromkeys(found) if not any(rel.startswith(o + "/") for o in found)
+    )
+
+
+_OUTPUT = re.compile(rf"(^|/)({re.escape(STAGE_CACHE)}|{RUN_ID.pattern})(/|$)")
+
+
+def _gone(left_out: tuple[str, ...]) -> Callable[[str], bool]:
+    """rel (relative to the top) is at or under a left-out folder, a run folder or a stage
+    cache."""
+
+    def gone(rel: str) -> bool:
+        if any(rel == out or rel.startswith(out + "/") for out in left_out):
+            return True
+        return _OUTPUT.search(rel) is not None
+
+    return gone
+
+
+def plan(root: Path, leave_out: Iterable[Path] = ()) -> SnapshotPlan:
+    """What make() copies and links, found with two `git ls-files` calls from the top level.
+    leave_out: folders hpclaunch writes (the run root, ...), left out where they lie inside
+    the project, ignored by git or not; run folders and stage caches always are."""
     top = git_root(root)
     if top is None:
         raise UserError(FIELD, f"{root} is not inside a git repository", "", FIX)
     base = str(top)
+    left_out = inside(top, leave_out)
+    gone = _gone(left_out)
+    # git does not even walk them (a run root may hold thousands of files); gone() decides,
+    # also when GIT_LITERAL_PATHSPECS makes these plain names.
+    paths = ["--", ".", *(f":(exclude,literal){rel}" for rel in left_out)]
     sizes: dict[str, int] = {}
-    for rel in _ls_files(top, ["--cached", "--others", "--exclude-standard"]):
+    for rel in _ls_files(top, ["--cached", "--others", "--exclude-standard", *paths]):
+        if gone(rel):
+            continue
         try:
             st = os.lstat(os.path.join(base, rel))
         except (FileNotFoundError, NotADirectoryError):
             continue  # tracked but deleted in the work tree: the job would not see it either
         if stat.S_ISDIR(st.st_mode):  # a submodule or a nested repository: the whole tree
-            sizes[rel] = sum(size for _, size in _tree(os.path.join(base, rel)))
+            sizes[rel] = sum(size for _, size in _tree(base, rel, gone))
         elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
             sizes[rel] = _size(st)
         # sockets and pipes are skipped: copying a named pipe blocks forever
-    ignored = ["--others", "--ignored", "--exclude-standard", "--directory"]
+    links = _links(top, paths, gone)
+    files = tuple(sorted(sizes))
+    largest = heapq.nlargest(5, ((rel, sizes[rel]) for rel in files), key=lambda kv: kv[1])
+    return SnapshotPlan(top, files, links, sum(sizes.values()), tuple(largest), left_out)
+
+
+def _links(top: Path, paths: list[str], gone: Callable[[str], bool]) -> tuple[str, ...]:
+    """The ignored entries to link. An ignored folder holding a left-out one is linked whole:
+    what the job writes there still lands in the live project."""
+    ignored = ["--others", "--ignored", "--exclude-standard", "--directory", *paths]
     links: list[str] = []
     kept: set[str] = set()
     for rel in sorted(_ls_files(top, ignored)):
@@ -108,11 +171,11 @@ def plan(root: Path) -> SnapshotPlan:
         # keep the outermost, so nothing is ever created through a link into the project.
         if "__pycache__" in parts or any("/".join(parts[:i]) in kept for i in range(len(parts))):
             continue
+        if gone(rel):
+            continue
         kept.add(rel)
         links.append(rel)
-    files = tuple(sorted(sizes))
-    largest = heapq.nlargest(5, ((rel, sizes[rel]) for rel in files), key=lambda kv: kv[1])
-    return SnapshotPlan(top, files, tuple(links), sum(sizes.values()), tuple(largest))
+    return tuple(links)
 
 
 def human(n: int) -> str:
@@ -136,45 +199,27 @@ def check_limit(p: SnapshotPlan, limit_bytes: int) -> None:
     raise UserError(
         "--snapshot-limit",
         f"the code snapshot is {human(p.total_bytes)}",
-        f"limit {human(limit_bytes).replace('.0 ', ' ')}",
+        f"limit {format_size(limit_bytes)}",
         f"Largest: {largest}; git-ignore them (they are then linked, not copied), "
         "raise --snapshot-limit, or use --no-snapshot",
     )
 
 
-def _under(rel: str, ex: Optional[str]) -> bool:
-    return ex is not None and (ex in ("", rel) or rel.startswith(ex + "/"))
-
-
-def _excluded(root: Path, exclude: Optional[Path]) -> Optional[str]:
-    """exclude relative to root ("" = all of root); None when it is outside the project."""
-    if exclude is None:
-        return None
-    # Resolved: git's top level is a real path, while the caller's may go through a
-    # symlink (/home -> /gpfs/home on many clusters).
-    real_root, real_ex = Path(os.path.realpath(root)), Path(os.path.realpath(exclude))
-    if real_root == real_ex or real_ex in real_root.parents:
-        return ""
-    if real_root in real_ex.parents:
-        return real_ex.relative_to(real_root).as_posix()
-    return None
-
-
 def make(p: SnapshotPlan, dest: Path, exclude: Optional[Path] = None) -> SnapshotStats:
-    """Copy p.files into dest (a new folder) and link p.links; nothing from at/under exclude."""
+    """Copy p.files into dest (a new folder) and link p.links; nothing that plan() left
+    out, nor at/under exclude when that lies inside the project."""
     start = time.perf_counter()
     dest.mkdir(parents=True)  # FileExistsError if it exists: never mix two snapshots
-    excluded = _excluded(p.root, exclude)
+    gone = _gone(p.left_out + inside(p.root, [] if exclude is None else [exclude]))
     copies: list[tuple[str, str]] = []  # source, target
     for rel in p.files:
-        if _under(rel, excluded):
+        if gone(rel):
             continue
         src = os.path.join(p.root, rel)
         if os.path.isdir(src) and not os.path.islink(src):  # submodule: the whole tree
             copies += [
-                (os.path.join(src, sub), os.path.join(dest, rel, sub))
-                for sub, _ in _tree(src)
-                if not _under(f"{rel}/{sub}", excluded)
+                (os.path.join(p.root, sub), os.path.join(dest, sub))
+                for sub, _ in _tree(str(p.root), rel, gone)
             ]
         else:
             copies.append((src, os.path.join(dest, rel)))
@@ -200,7 +245,7 @@ def make(p: SnapshotPlan, dest: Path, exclude: Optional[Path] = None) -> Snapsho
         # so never writes into the live project.
         for rel in p.links:
             target = os.path.join(dest, rel)
-            if _under(rel, excluded) or os.path.lexists(target):
+            if gone(rel) or os.path.lexists(target):
                 continue
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.symlink(os.path.join(p.root, rel), target)

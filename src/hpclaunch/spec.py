@@ -103,7 +103,7 @@ class JobSpec:
     # The folder every node's tasks use for staged data ($HPCLAUNCH_LOCAL), as shell text.
     local_dir: str = ""
     snapshot: bool = False  # run from a copy of the project's code made at submission
-    snapshot_limit_mb: int = 200
+    snapshot_limit_bytes: int = 200 * 2**20  # 0: no limit
     # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

@@ -10,12 +10,12 @@ are kept by the system ("low-noise mode"). Clusters whose table is not regular g
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
 
-
-class Topology(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+@dataclass(frozen=True)
+class Topology:
+    """Validated (pydantic, extra keys refused) as a field of profiles.Profile."""
 
     numa_of_gpu: tuple[int, ...] = ()
     cores_per_numa: int = 0

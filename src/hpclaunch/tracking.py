@@ -10,6 +10,7 @@ from typing import Optional
 
 from . import records, states
 from .backends import for_record
+from .backends.watchdog import launcher_alive
 from .errors import HpclaunchError
 from .monitor import JobStatus, job_exit_code
 from .records import RunRecord
@@ -20,11 +21,38 @@ _OPEN = {"CREATED"}  # recorded before the backend answered: ask it
 def needs_asking(record: RunRecord) -> bool:
     if record.backend != "slurm" or not record.job_id or record.step:
         return False
+    return _is_open(record)
+
+
+def _is_open(record: RunRecord) -> bool:
     return record.state in _OPEN or states.is_active(states.parse(record.state))
+
+
+def _local_truth(record: RunRecord) -> RunRecord:
+    """A local run recorded as running whose launcher is gone (SIGKILLed, the machine
+    rebooted) did not run on: its watchdog ended the ranks. Say so in the record."""
+    if record.backend != "local" or not _is_open(record) or "launcher_pid" not in record.extra:
+        return record
+    pid, started = record.extra.get("launcher_pid"), record.extra.get("launcher_started")
+    if launcher_alive(pid if isinstance(pid, int) else None, _float(started)):
+        return record
+    reason = f"hpclaunch (pid {pid}) ended before the run; its ranks were ended"
+    records.update(
+        record.path,
+        state=states.State.CANCELLED.value,
+        exit_code=states.exit_code_for(states.State.CANCELLED),
+        reason=reason,
+    )
+    return records.load(record.path)
+
+
+def _float(value: object) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:
     """The same runs, those that may have changed asked about in one call."""
+    runs = [_local_truth(r) for r in runs]
     asking = [r for r in runs if needs_asking(r)]
     if not asking:
         return list(runs)

@@ -84,3 +84,32 @@ def format_memory(mebibytes: int) -> str:
     if mebibytes % 1024 == 0:
         return f"{mebibytes // 1024}G"
     return f"{mebibytes}M"
+
+
+_SIZE_FACTOR = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "": 1 << 20}
+
+
+def parse_size(text: str, field: str = "--snapshot-limit") -> int:
+    """Bytes for a Slurm-style size: `1K` = 1024, `500M`, `2G`, `1T`; a plain number is
+    megabytes (MiB), as for --mem."""
+    match = _MEM_RE.match(text.strip())
+    if not match:
+        raise UserError(
+            field,
+            f"{show(text)} is not a size",
+            "",
+            "Use a number with an optional K, M, G or T suffix, e.g. 500M or 64K "
+            "(a plain number is megabytes)",
+        )
+    return int(match.group(1)) * _SIZE_FACTOR[match.group(2).upper()]
+
+
+def format_size(nbytes: int) -> str:
+    """The shortest exact form parse_size() reads back: 1024 -> 1K, 200 MiB -> 200M, 0 -> 0;
+    a size that is not whole KiB in bytes (1000 -> '1000 bytes')."""
+    if nbytes == 0:
+        return "0"
+    for unit in "TGMK":
+        if nbytes % _SIZE_FACTOR[unit] == 0:
+            return f"{nbytes // _SIZE_FACTOR[unit]}{unit}"
+    return f"{nbytes} bytes"

@@ -50,6 +50,10 @@ class Backend(ABC):
     def start(self, launch: Launch) -> str:
         """Start the run's job; return its job id. Nothing may be left running on error."""
 
+    def record_extra(self, job_id: str) -> dict[str, object]:
+        """What the run record should also keep about a job this backend started."""
+        return {}
+
     @abstractmethod
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         """The state of every id in one round trip (ids it does not know may be absent)."""

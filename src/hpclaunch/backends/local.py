@@ -8,9 +8,13 @@ on a cluster (it is the same code, node/stage_guard.py, run in-process).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from .. import render, shell
@@ -22,6 +26,10 @@ from ..spec import JobSpec
 from ..users import user_name, with_user
 from .base import Backend, Launch
 from .localtasks import LocalPlan, LocalTasks, free_port, local_job_id
+from .watchdog import Watchdog, launcher_alive, process_start
+
+PREFIX = "local-"  # local job ids read "local-123": never taken for a Slurm job id
+OWNER = ".hpclaunch-launcher"  # in the node-local folder: "pid start" of the launcher
 
 
 def local_values(spec: JobSpec, job_id: int, environ: Mapping[str, str]) -> dict[str, str]:
@@ -58,7 +66,8 @@ class LocalBackend(Backend):
     def start(self, launch: Launch) -> str:
         spec, plan, paths = launch.spec, launch.plan, launch.paths
         job_id = local_job_id()
-        values = local_values(spec, job_id, launch.environ)
+        base = with_user(run_setup(spec.setup, launch.environ, launch.cwd, paths))
+        values = local_values(spec, job_id, base)
         env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
         local_dir = ""
         if spec.stage or spec.stage_out:  # every local "node" is this machine: one folder
@@ -77,18 +86,33 @@ class LocalBackend(Backend):
                 job_id=job_id,
                 cpus_per_task=spec.cpus_per_task,
                 cwd=launch.cwd,
-                base_env=with_user(launch.environ),
-            )
+                base_env=base,
+            ),
+            watchdog=Watchdog(str(paths.events), grace_s=5.0),
+            time_limit_s=spec.time_s,
         )
-        stage_spec = _stage_in(spec, paths, local_dir, {**launch.environ, **values})
         try:
+            stage_spec = _stage_in(spec, paths, local_dir, {**base, **values})
             tasks.spawn()
         except BaseException:
-            if stage_spec is not None:
-                stage_guard.finish(stage_spec, local_dir, "local")
+            tasks.abort()
+            if local_dir:
+                stage_guard.finish({}, local_dir, "local")  # partly staged data goes too
             raise
-        self._jobs[str(job_id)] = _Job(tasks, stage_spec, local_dir)
-        return str(job_id)
+        self._jobs[PREFIX + str(job_id)] = _Job(tasks, stage_spec, local_dir)
+        return PREFIX + str(job_id)
+
+    def record_extra(self, job_id: str) -> dict[str, object]:
+        """Who supervises the run (so that another process can tell whether it still
+        runs, and cancel it) and the task process groups."""
+        job = self._jobs[job_id]
+        me = os.getpid()
+        return {
+            "launcher_pid": me,
+            "launcher_started": process_start(me),
+            "pgids": job.tasks.pgids,
+            "local_dir": job.local_dir,
+        }
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         found: dict[str, JobStatus] = {}
@@ -127,10 +151,14 @@ class LocalBackend(Backend):
             self._finish_staging(job)
             raise
         self._finish_staging(job)
-        if job.tasks.cancelled:
+        if job.tasks.timed_out:
+            state = "TIMEOUT"
+        elif job.tasks.cancelled:
             code, state = 121, "CANCELLED"
+        elif job.tasks.stopped_by is not None:
+            state = "CANCELLED"  # Ctrl-C (130) or a signal to hpclaunch (128+N)
         else:
-            state = "COMPLETED" if code == 0 else ("CANCELLED" if code == 130 else "FAILED")
+            state = "COMPLETED" if code == 0 else "FAILED"
         job.code, job.state = code, state
         return code, state
 
@@ -149,7 +177,60 @@ def _stage_in(
     stage_spec = render.stage_json(spec, paths)
     try:
         stage_guard.prepare(stage_spec, local_dir, environ)
+        marker = Path(local_dir) / OWNER  # `hpclaunch clean` asks it whether we still run
+        marker.write_text(f"{os.getpid()} {process_start(os.getpid())}\n", encoding="utf-8")
     except OSError as exc:
         stage_guard.finish({}, local_dir, "local")
         raise HpclaunchError(f"staging failed: {exc}") from None
     return stage_spec
+
+
+def run_setup(
+    lines: Sequence[str], environ: Mapping[str, str], cwd: Path, paths: RunPaths
+) -> dict[str, str]:
+    """--setup lines run before the ranks, through bash as in the batch script (stopped
+    at the first failure); the environment they leave is the tasks'. Their output goes
+    to logs/batch.out, where a cluster's batch shell writes it."""
+    if not lines:
+        return dict(environ)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    with open(paths.logs / "batch.out", "ab") as log:
+        done = subprocess.run(
+            ["bash", "-c", shell.setup_probe(lines)],
+            env=dict(environ),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            check=False,
+        )
+    out, _, dump = done.stdout.partition(shell.SETUP_MARK)
+    with open(paths.logs / "batch.out", "ab") as log:
+        log.write(out)
+    if done.returncode != 0:
+        raise HpclaunchError(
+            f"a --setup line failed (exit {done.returncode}); see {paths.logs / 'batch.out'}"
+        )
+    env: dict[str, str] = {}
+    for item in dump.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name:
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
+
+
+def cancel_recorded(pid: Optional[int], started: Optional[float], pgids: Sequence[int]) -> bool:
+    """Cancel a local run another process supervises: SIGTERM its launcher, which ends
+    the tasks and records the end; when the launcher is gone, end the task groups."""
+    if launcher_alive(pid, started):
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        return True
+    ended = False
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            ended = True
+        except OSError:
+            pass
+    return ended

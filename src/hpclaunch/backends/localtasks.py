@@ -25,6 +25,7 @@ from typing import TextIO
 
 from ..logs import LogFollower
 from ..monitor import exit_code_of, first_failure
+from .watchdog import Watchdog
 
 _TICK_S = 0.1  # how often task states and logs are looked at
 _SETTLE_S = 1.0  # how long SIGKILLed groups may take to disappear
@@ -234,17 +235,26 @@ def _describe(rc: int) -> str:
     return f"exited with code {rc}"
 
 
+class _TimeLimit(Exception):
+    """The run's -t/--time passed: end it as Slurm ends a job at its limit (TIMEOUT)."""
+
+
 def _supervise(
     procs: list[subprocess.Popen[bytes]],
     follower: LogFollower,
     err: TextIO,
     deadline: float | None = None,
+    limit: float | None = None,
 ) -> int | None:
-    """Stream logs until every task ended (None) or one failed (its return code)."""
+    """Stream logs until every task ended (None) or one failed (its return code).
+    TimeoutError at `deadline` (the caller stops waiting), _TimeLimit at `limit`."""
     running = list(range(len(procs)))
     while running:
-        if deadline is not None and time.monotonic() > deadline:
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
             raise TimeoutError("local tasks still running")
+        if limit is not None and now > limit:
+            raise _TimeLimit()
         for t in list(running):
             rc = procs[t].poll()
             if rc is None:
@@ -262,16 +272,29 @@ def _supervise(
     return None
 
 
+EXIT_TIMEOUT = 124  # as `hpclaunch run --wait` reports Slurm's TIMEOUT
+
+
 class LocalTasks:
     """One emulated step: its tasks started (`spawn`), then watched (`supervise`) until
-    they end, one fails (the others are ended, like srun --kill-on-bad-exit), the caller
-    is interrupted, or `cancel` ends them. No task process outlives `supervise`, except
-    when it gives up waiting at a deadline (TimeoutError: the tasks go on)."""
+    they end, one fails (the others are ended, like srun --kill-on-bad-exit), the time
+    limit passes, the caller is interrupted, or `cancel` ends them. No task process
+    outlives `supervise`, except when it gives up waiting at a deadline (TimeoutError:
+    the tasks go on). A watchdog, when given, ends them if this process dies first."""
 
-    def __init__(self, plan: LocalPlan) -> None:
+    def __init__(
+        self,
+        plan: LocalPlan,
+        watchdog: Watchdog | None = None,
+        time_limit_s: float | None = None,
+    ) -> None:
         self.plan = plan
         self.procs: list[subprocess.Popen[bytes]] = []
         self.cancelled = False
+        self.timed_out = False
+        self.stopped_by: int | None = None  # 130 Ctrl-C, 128+N a signal to hpclaunch
+        self._watchdog = watchdog
+        self._limit = None if time_limit_s is None else time.monotonic() + time_limit_s
 
     def spawn(self) -> None:
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
@@ -279,21 +302,31 @@ class LocalTasks:
         python = sys.executable or "python3"
         try:
             for task in range(self.plan.ntasks):
-                self.procs.append(
-                    subprocess.Popen(
-                        [python, "-I", "-S", "-c", _EXEC_TASK, *self.plan.task_argv],
-                        env=step_env(self.plan, task, host),
-                        cwd=self.plan.cwd,
-                        stdin=subprocess.DEVNULL,  # as in a batch job
-                        start_new_session=True,
-                    )
+                proc = subprocess.Popen(
+                    [python, "-I", "-S", "-c", _EXEC_TASK, *self.plan.task_argv],
+                    env=step_env(self.plan, task, host),
+                    cwd=self.plan.cwd,
+                    stdin=subprocess.DEVNULL,  # as in a batch job
+                    start_new_session=True,
                 )
+                self.procs.append(proc)
+                if self._watchdog is not None:
+                    self._watchdog.watch(proc.pid)
         except BaseException:
-            _stop(self.procs, 0.0, None)
+            self.abort()
             raise
+
+    def abort(self) -> None:
+        """Start failed or was interrupted: end what started, let the watchdog go."""
+        _stop(self.procs, 0.0, None)
+        self._close_watchdog()
 
     def running(self) -> bool:
         return any(p.poll() is None for p in self.procs)
+
+    @property
+    def pgids(self) -> list[int]:
+        return [p.pid for p in self.procs]
 
     def cancel(self) -> None:
         """SIGTERM every task's process group; `supervise` ends what is left."""
@@ -303,29 +336,38 @@ class LocalTasks:
     def supervise(self, out: TextIO, err: TextIO, deadline: float | None = None) -> int:
         """Stream the tasks' logs until the step ends; its exit code: 0 when every task
         succeeded; else the first failing rank's code from its exit file (or the first
-        failed task's return code, signal N -> 128+N); 130 on Ctrl-C, 128+N on
-        SIGTERM/SIGHUP."""
+        failed task's return code, signal N -> 128+N); 124 at the time limit; 130 on
+        Ctrl-C, 128+N on SIGTERM/SIGHUP."""
         follower = LogFollower(self.plan.log_dir, out, err)
         failed: int | None = None
-        stopped_by: int | None = None
         with _signals_raise():
             try:
-                failed = _supervise(self.procs, follower, err, deadline)
+                failed = _supervise(self.procs, follower, err, deadline, self._limit)
             except TimeoutError:
                 follower.poll()
                 raise
+            except _TimeLimit:
+                self.timed_out = True
             except KeyboardInterrupt:
-                stopped_by = 130
+                self.stopped_by = 130
             except _Terminated as e:
-                stopped_by = 128 + e.signum
+                self.stopped_by = 128 + e.signum
             _stop(self.procs, self.plan.kill_grace_s, follower)
             follower.drain()
-        if stopped_by is not None:
-            return stopped_by
+        self._close_watchdog()
+        if self.timed_out:
+            return EXIT_TIMEOUT
+        if self.stopped_by is not None:
+            return self.stopped_by
         if failed is None:
             return 0
         rank_code = first_failure(self.plan.log_dir)
         return rank_code if rank_code is not None else exit_code_of(failed)
+
+    def _close_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
 
 
 def run_local(plan: LocalPlan, out: TextIO, err: TextIO) -> int:

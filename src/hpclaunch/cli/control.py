@@ -16,19 +16,20 @@ from .common import RUN_ARG_HELP, environ, find_run_dir
 @click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
 def cancel_cmd(run: str, as_json: bool) -> int:
-    """Cancel a run's Slurm job (scancel)."""
-    from .. import records
+    """Cancel a run: scancel its Slurm job; for a local run, end its ranks (the
+    hpclaunch process that supervises them records how the run ended)."""
+    from .. import states, tracking
     from ..errors import UserError
     from ..handle import Run
 
     run_dir = find_run_dir(run)
-    record = records.load(run_dir)
-    if record.backend != "slurm" or not record.job_id:
+    record = tracking.refresh_one(run_dir)
+
+    if not record.job_id:
+        raise UserError("RUN", f"{record.run_id} has no job", "it was never started", "")
+    if record.state != "CREATED" and not states.is_active(record.state):
         raise UserError(
-            "RUN",
-            f"{record.run_id} is a local run",
-            "",
-            "Local runs end with Ctrl-C in their terminal",
+            "RUN", f"{record.run_id} has already ended ({record.state})", "", "Nothing to cancel"
         )
     if record.step:
         raise UserError(
@@ -41,7 +42,8 @@ def cancel_cmd(run: str, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
     else:
-        click.echo(f"cancelled job {record.job_id} (run {record.run_id})")
+        what = "local run" if record.backend == "local" else "job"
+        click.echo(f"cancelled {what} {record.job_id} (run {record.run_id})")
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import click
 
-from ..errors import USER_ERROR_EXIT, HpclaunchError, UserError, _one_line
+from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError, _one_line
 from .clean_cmd import clean_cmd
 from .control import cancel_cmd, rerun_cmd
 from .env import env_group
@@ -77,7 +77,24 @@ def _cmd(exc: click.UsageError) -> str:
     return exc.ctx.command.name or "" if exc.ctx and exc.ctx.command else ""
 
 
+def _interrupt_on_signals() -> None:
+    """SIGTERM/SIGHUP become an exception, so that packing, staging and starting clean up
+    after themselves and record how the run ended (the default would just die)."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    _interrupt_on_signals()
+    from .. import logs
+    from .common import environ
+
+    logs.configure(no_color=bool(environ().get("NO_COLOR")))
     try:
         code = cli.main(args=argv, prog_name="hpclaunch", standalone_mode=False)
     except click.UsageError as exc:
@@ -86,9 +103,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     except HpclaunchError as exc:
         print(exc.line(), file=sys.stderr)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        print("hpclaunch: aborted", file=sys.stderr)
+    except click.exceptions.Abort as exc:
+        # click turns KeyboardInterrupt (and so SIGTERM/SIGHUP, see above) into Abort.
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, Interrupted):
+            print(f"hpclaunch: interrupted (signal {cause.signum})", file=sys.stderr)
+            sys.exit(128 + cause.signum)
+        print("hpclaunch: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Interrupted as exc:
+        print(f"hpclaunch: interrupted (signal {exc.signum})", file=sys.stderr)
+        sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
         print("hpclaunch: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -72,7 +72,8 @@ def _row(rec: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
 def status_cmd(run: str, as_json: bool) -> int:
     """Show a run's state, job id, exit code and where it lives."""
-    from .. import tracking
+    from .. import states, tracking
+    from ..reporting import summary
 
     run_dir = find_run_dir(run)
     record = tracking.refresh_one(run_dir)
@@ -93,6 +94,8 @@ def status_cmd(run: str, as_json: bool) -> int:
     ):
         if value not in (None, ""):
             click.echo(f"{key:10} {value}")
+    if record.state != "CREATED" and not states.is_active(record.state):
+        click.echo(f"{'summary':10} {summary(record)}")
     return 0
 
 

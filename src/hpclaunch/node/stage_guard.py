@@ -180,16 +180,24 @@ def run_all(commands: List[List[str]], width: int) -> None:
     pending = list(commands)
     running = []  # type: List[Tuple[str, subprocess.Popen[bytes]]]
     failure = ""
-    while pending or running:
-        while pending and len(running) < width and not failure:
-            argv = pending.pop(0)
-            running.append((argv[0], subprocess.Popen(argv, stderr=subprocess.PIPE)))
-        if not running:
-            break
-        name, proc = running.pop(0)
-        _, err = proc.communicate()
-        if proc.returncode != 0 and not failure:
-            failure = "%s failed: %s" % (name, err.decode(errors="replace").strip())
+    try:
+        while pending or running:
+            while pending and len(running) < width and not failure:
+                argv = pending.pop(0)
+                running.append((argv[0], subprocess.Popen(argv, stderr=subprocess.PIPE)))
+            if not running:
+                break
+            name, proc = running[0]
+            _, err = proc.communicate()
+            running.pop(0)
+            if proc.returncode != 0 and not failure:
+                failure = "%s failed: %s" % (name, err.decode(errors="replace").strip())
+    except BaseException:
+        # Interrupted: no unpacking may go on writing into a folder about to be removed.
+        for _, proc in running:
+            proc.kill()
+            proc.wait()
+        raise
     if failure:
         raise OSError(failure)
 

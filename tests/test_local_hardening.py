@@ -1,0 +1,237 @@
+"""A newcomer's bad day with local runs (issue: hardening): an interrupted launcher
+leaves nothing running, the record tells the truth, `logs --follow` returns, `cancel`
+and `clean` work without Slurm and without $USER; "the same command locally" runs the
+--setup lines, enforces -t and names what cannot apply; every run ends with a summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import VENV_BIN
+
+HPCLAUNCH = str(VENV_BIN / "hpclaunch")
+SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {
+        "PATH": f"{VENV_BIN}:/usr/bin:/bin",  # no Slurm on this PATH
+        "HOME": str(tmp_path),
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+        "HPCLAUNCH_CLUSTER": "local",
+        "LANG": "C.UTF-8",
+    }  # no USER, no LOGNAME: as under cron or in a CI container
+    env.update(extra)
+    return env
+
+
+def _hpclaunch(
+    tmp_path: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HPCLAUNCH, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+        text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [HPCLAUNCH, "run", *args], cwd=tmp_path, env=_env(tmp_path), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    return next((tmp_path / "runs" / "default").iterdir())
+
+
+def _wait_for(check: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _rank_pids(run_dir: Path) -> list[int]:
+    lines = (run_dir / "logs" / "ranks.tsv").read_text().splitlines()
+    return [int(line.split("\t")[3]) for line in lines]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def _ranks_up(tmp_path: Path, count: int) -> bool:
+    runs = tmp_path / "runs" / "default"
+    if not runs.is_dir() or not any(runs.iterdir()):
+        return False
+    logs = _run_dir(tmp_path) / "logs"
+    return sum(1 for p in logs.glob("rank-*.out") if "up" in p.read_text()) == count
+
+
+def _status(tmp_path: Path) -> dict[str, Any]:
+    proc = _hpclaunch(tmp_path, "status", "last", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def test_sigkilled_launcher_leaves_nothing_running(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("x")
+    launcher = _start(tmp_path, "--tasks-per-node", "2", "--stage", "data", "--",
+                      sys.executable, "-c", SLEEPER)  # fmt: skip
+    _wait_for(lambda: _ranks_up(tmp_path, 2))
+    run_dir = _run_dir(tmp_path)
+    pids = _rank_pids(run_dir)
+    record = json.loads((run_dir / "run.json").read_text())
+    local_dir = Path(record["local_dir"])
+    assert record["job_id"].startswith("local-") and local_dir.is_dir()
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    _wait_for(lambda: not any(_alive(p) for p in pids), timeout=30)
+    status = _status(tmp_path)
+    assert (status["state"], status["exit_code"]) == ("CANCELLED", 121), status
+    assert "ended before the run" in status["reason"]
+    follow = _hpclaunch(tmp_path, "logs", "last", "--follow", timeout=60)
+    assert follow.returncode == 0 and "up" in follow.stdout
+    cleaned = _hpclaunch(tmp_path, "clean", "--json")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert json.loads(cleaned.stdout)["removed"] == [str(local_dir)]
+    assert not local_dir.exists()
+
+
+def test_cancel_ends_a_local_run_from_another_terminal(tmp_path: Path) -> None:
+    launcher = _start(tmp_path, "--tasks-per-node", "2", "--", sys.executable, "-c", SLEEPER)
+    _wait_for(lambda: _ranks_up(tmp_path, 2))
+    pids = _rank_pids(_run_dir(tmp_path))
+    cancel = _hpclaunch(tmp_path, "cancel", "last")
+    assert cancel.returncode == 0, cancel.stderr
+    assert launcher.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not any(_alive(p) for p in pids)
+    assert _status(tmp_path)["state"] == "CANCELLED"
+    again = _hpclaunch(tmp_path, "cancel", "last")
+    assert again.returncode == 2 and "already ended (CANCELLED)" in again.stderr
+
+
+def test_setup_lines_time_limit_and_notes_locally(tmp_path: Path) -> None:
+    greet = "import os; print(os.environ['GREETING'], os.environ['RANK'])"
+    proc = _hpclaunch(tmp_path, "run", "--setup", "export GREETING=hi-from-setup",
+                      "--mem", "1G", "-p", "debug", "--tasks-per-node", "2", "--",
+                      sys.executable, "-c", greet)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "hi-from-setup 0" in proc.stdout and "hi-from-setup 1" in proc.stdout
+    notes = [line for line in proc.stderr.splitlines() if "note:" in line]
+    assert notes == [
+        "hpclaunch: note: --mem, --partition do not apply to a local run (no Slurm): ignored"
+    ]
+    started = time.monotonic()
+    timed = _hpclaunch(tmp_path, "run", "-t", "0:02", "--", sys.executable, "-c", SLEEPER)
+    assert timed.returncode == 124, timed.stderr
+    assert time.monotonic() - started < 30
+    assert _status(tmp_path)["state"] == "TIMEOUT"
+    failing = _hpclaunch(tmp_path, "run", "--setup", "false", "--", "true")
+    assert failing.returncode == 1 and "a --setup line failed" in failing.stderr
+
+
+def test_every_run_ends_with_a_summary_and_json_stays_json(tmp_path: Path) -> None:
+    code = "import os, sys; rank = os.environ['RANK']; sys.exit(3 if rank == '1' else 0)"
+    proc = _hpclaunch(tmp_path, "run", "--tasks-per-node", "2", "--", sys.executable, "-c", code)
+    assert proc.returncode == 3
+    last = proc.stderr.splitlines()[-1]
+    assert re.match(r"hpclaunch: run \S+ FAILED, exit code 3, \d+\.\ds; rank 1 on \S+ failed "
+                    r"first \(exit code 3\)$", last), last  # fmt: skip
+    status = _hpclaunch(tmp_path, "status", "last")
+    assert last.removeprefix("hpclaunch: ") in status.stdout
+    as_json = _hpclaunch(tmp_path, "run", "--json", "--", sys.executable, "-c", "print('hi')")
+    assert as_json.returncode == 0
+    objects = [json.loads(line) for line in as_json.stdout.splitlines()]  # JSON only
+    assert objects[0]["job_id"].startswith("local-")
+    assert objects[-1]["state"] == "COMPLETED" and "hi" in as_json.stderr
+
+
+def _on_a_terminal(tmp_path: Path, **env: str) -> str:
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [HPCLAUNCH, "run", "--tasks-per-node", "2", "--", sys.executable, "-c", "print('hi')"],
+        cwd=tmp_path, env=_env(tmp_path, **env), stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait(timeout=60)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_ranks_are_coloured_on_a_terminal_only(tmp_path: Path) -> None:
+    coloured = _on_a_terminal(tmp_path)
+    assert "\x1b[36m[" in coloured and "\x1b[33m[" in coloured  # rank 0 and rank 1
+    assert "\x1b[" not in _on_a_terminal(tmp_path, NO_COLOR="1").replace("\x1b[K", "")
+    piped = _hpclaunch(tmp_path, "run", "--", sys.executable, "-c", "print('hi')")
+    assert "\x1b[" not in piped.stdout
+
+
+def _dataset(folder: Path, files: int, size: int) -> None:
+    folder.mkdir()
+    block = os.urandom(size)
+    for n in range(files):
+        (folder / f"f{n:04d}.bin").write_bytes(block)
+
+
+def _local_dirs() -> set[Path]:
+    return set(Path("/tmp").glob("root-hpclaunch-*"))
+
+
+@pytest.mark.parametrize("moment", ["packing", "staging"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_start_leaves_only_a_record(tmp_path: Path, moment: str, sig: int) -> None:
+    _dataset(tmp_path / "data", files=600, size=512 * 1024)  # 300 MiB: packing takes a while
+    cache = tmp_path / "runs" / ".stage-cache"
+    if moment == "staging":  # packed by an earlier run: this one goes straight to unpacking
+        first = _hpclaunch(tmp_path, "run", "--stage", "data", "--", "true", timeout=300)
+        assert first.returncode == 0, first.stderr
+        for run in (tmp_path / "runs" / "default").iterdir():
+            subprocess.run(["rm", "-rf", str(run)], check=True)
+    before = _local_dirs()
+    launcher = _start(tmp_path, "--stage", "data", "--", sys.executable, "-c", SLEEPER)
+
+    def started() -> bool:
+        if moment == "packing":
+            return cache.is_dir() and any(p.name.startswith(".") for p in cache.iterdir())
+        return bool(_local_dirs() - before)
+
+    _wait_for(started, timeout=120)
+    os.kill(launcher.pid, sig)
+    assert launcher.wait(timeout=60) == 128 + sig
+    assert _local_dirs() == before  # no partly staged data left in /tmp
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no partial pack
+    [run_dir] = list((tmp_path / "runs" / "default").iterdir())
+    assert [p.name for p in run_dir.iterdir()] == ["run.json"]
+    status = _status(tmp_path)
+    assert status["state"] == "CANCELLED" and "interrupted by" in status["reason"], status
