@@ -133,3 +133,9 @@ def test_index_appends_from_many_processes_stay_whole(tmp_path: Path) -> None:
     assert all(p.wait(120) == 0 for p in procs)
     listing = index.read(env)
     assert len(listing.entries) == 400 and listing.skipped == []
+
+
+@pytest.mark.parametrize("option", ["--run-root", "--exp", "--job-name", "--venv", "--container"])
+def test_a_line_break_names_the_option_given(tmp_path: Path, option: str) -> None:
+    proc = _cli(tmp_path, "run", option, "a\nb", "--dry-run", "--", "true")
+    _one_line_error(proc, f"{option}:")

@@ -133,6 +133,10 @@ def _convert(name: str, value: Any, where: str) -> Any:
         return value
     if not isinstance(value, str):
         raise UserError(field, f"{show(value)} is not text", "", f"Use e.g. {opt.example}")
+    if any(c in value for c in "\n\r\x00"):
+        # Names and paths never hold these; refused here, the field named as given
+        # (later they would surface in whatever they became part of, e.g. --output).
+        raise UserError(field, f"{show(value)} holds a line break or NUL", "", "Remove it")
     return value
 
 

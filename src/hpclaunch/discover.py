@@ -63,19 +63,22 @@ def _int(text: str) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
+_NO_TIME = ("infinite", "unlimited", "n/a")
+
+
 @functools.lru_cache(maxsize=1)
 def partitions() -> dict[str, Partition]:
     """Every partition with its limits; node shape = the largest node in it, so that a
     request is refused only when no node of the partition could ever hold it."""
-    out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%G|%m|%s|%d"])
+    out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%G|%m|%s|%d|%L"])
     if out is None:
         return {}
     found: dict[str, dict[str, int]] = {}  # sinfo prints one row per node shape
     for line in out.splitlines():
         fields = line.split("|")
-        if len(fields) != 8:
+        if len(fields) != 9:
             continue
-        name, limit, count, cpus, gres, mem, max_nodes, tmp_disk = fields
+        name, limit, count, cpus, gres, mem, max_nodes, tmp_disk, default_limit = fields
         default = name.endswith("*")
         name = name.rstrip("*")
         entry = found.setdefault(
@@ -87,8 +90,10 @@ def partitions() -> dict[str, Partition]:
         entry["memory_mb"] = max(entry["memory_mb"], _int(mem) or 0)
         if _int(tmp_disk):  # 0 = not configured
             entry["local_disk_mb"] = max(entry.get("local_disk_mb", 0), _int(tmp_disk) or 0)
-        if limit.lower() not in ("infinite", "unlimited", "n/a"):
+        if limit.lower() not in _NO_TIME:
             entry["max_time"] = parse_time(limit, "sinfo time limit")
+        if default_limit.lower() not in _NO_TIME:  # n/a: no DefaultTime (MaxTime applies)
+            entry["default_time"] = parse_time(default_limit, "sinfo default time")
         job_max = _int(max_nodes.rpartition("-")[2])  # "1-infinite", "1-4"
         if job_max:
             entry["max_nodes"] = job_max

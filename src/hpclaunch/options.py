@@ -45,7 +45,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "gpus-per-node",
         "int",
-        "GPUs per node (LUMI: GCDs, default 8).",
+        "GPUs per node (LUMI: GCDs; default 8 on whole-node partitions such as standard-g "
+        "or with --exclusive, 1 on small-g and dev-g).",
         "--gpus-per-node 8",
         metavar="G",
     ),

@@ -42,6 +42,10 @@ def _time(cls: Any, value: Any) -> Any:
     return parse_time(value, "max_time") if isinstance(value, str) else value
 
 
+def _default_time(cls: Any, value: Any) -> Any:
+    return parse_time(value, "default_time") if isinstance(value, str) else value
+
+
 def _memory(cls: Any, value: Any) -> Any:
     return parse_memory(value, "node.memory") if isinstance(value, str) else value
 
@@ -68,6 +72,9 @@ class _Record:
 @dataclass(frozen=True)
 class Partition(_Record):
     max_time: Optional[int] = _field(before=_time)  # seconds; None = no limit
+    default_time: Optional[int] = _field(before=_default_time)  # Slurm's DefaultTime, if known
+    # GPUs per node without --gpus-per-node; None: see resources.default_gpus.
+    gpus_default: Optional[int] = None
     max_nodes: Optional[int] = None  # per job
     nodes: Optional[int] = None  # nodes in the partition (from sinfo)
     whole_node: bool = False

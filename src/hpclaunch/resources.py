@@ -4,16 +4,20 @@ chosen partition and the node shape (or, locally, this machine and the rank limi
 When a limit breaks because of a product (nodes x tasks, tasks x CPUs), the error
 names the factor the user gave, found in `sources` (which layer gave each value): an
 error about an option the user never typed sends them looking in the wrong place.
+The batch script says, in comments, what a request that left something out got (GPUs
+per node, the time limit) and how to ask for something else.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import UserError
 from .profiles import Partition, Profile
+from .spec import JobSpec
 from .units import format_memory, format_time, parse_memory
 
 MAX_LOCAL_RANKS = 256
@@ -52,6 +56,10 @@ class Request:
     @property
     def whole_node(self) -> bool:
         return bool(self.part and self.part.whole_node)
+
+    @property
+    def exclusive(self) -> bool:
+        return bool(self.values.get("exclusive", False))
 
 
 def check_resources(req: Request) -> Resources:
@@ -94,10 +102,14 @@ def _usable_cpus(req: Request) -> Optional[int]:
     return req.profile.node.usable_cpus or part_cpus or req.profile.node.cpus
 
 
+def gpus_on_node(profile: Profile, part: Optional[Partition]) -> int:
+    if part and part.gpus is not None:
+        return part.gpus
+    return profile.node.gpus
+
+
 def _node_gpus(req: Request) -> int:
-    if req.part and req.part.gpus is not None:
-        return req.part.gpus
-    return req.profile.node.gpus
+    return gpus_on_node(req.profile, req.part)
 
 
 def _node_memory(req: Request) -> Optional[int]:
@@ -128,9 +140,25 @@ def _nodes(req: Request) -> int:
     return nodes
 
 
+def default_gpus(
+    profile: Profile, part: Optional[Partition], exclusive: bool, node_gpus: int
+) -> int:
+    """GPUs per node when --gpus-per-node is not given. On one-task-per-GPU sites (LUMI)
+    every job on a partition is a GPU job: all of a node the job owns (a whole-node
+    partition, or --exclusive), else the partition's `gpus_default` (LUMI's partial-node
+    partitions: 1), else 1. Elsewhere the partition's `gpus_default`, else none. Without
+    a partition (local, inside an allocation) none."""
+    if part is None:
+        return 0
+    if profile.one_task_per_gpu and (part.whole_node or exclusive):
+        return node_gpus
+    if part.gpus_default is not None:
+        return min(part.gpus_default, node_gpus)
+    return min(1, node_gpus) if profile.one_task_per_gpu else 0
+
+
 def _gpus_per_node(req: Request, node_gpus: int) -> int:
-    # Whole-node partitions of one-task-per-GPU sites (LUMI standard-g) get every GPU.
-    default = node_gpus if (req.whole_node and req.profile.one_task_per_gpu) else 0
+    default = default_gpus(req.profile, req.part, req.exclusive, node_gpus)
     gpus: int = req.values.get("gpus_per_node", default)
     if gpus < 0:
         raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
@@ -235,6 +263,68 @@ def _time(req: Request) -> Optional[int]:
             f"Ask for {format_time(part.max_time)} or less, or pick another partition",
         )
     return time_s
+
+
+# -- what the dry-run says about defaults ---------------------------------------------
+
+
+def default_notes(spec: JobSpec, profile: Profile) -> list[str]:
+    """Comment lines on what the job gets because the request left it out (GPUs per
+    node, the time limit) and how to ask for something else."""
+    if profile.kind == "local" or not spec.partition:  # no partition: a step of an allocation
+        return []
+    given = {key for key, _ in spec.sources}
+    part = profile.partition(spec.partition)
+    notes = []
+    if "gpus_per_node" not in given and spec.gpus_per_node and part is not None:
+        notes.append(_gpus_note(spec, profile, part))
+    if spec.time_s is None:
+        notes.append(_time_note(spec.partition, part))
+    return [
+        "# " + line
+        for note in notes
+        for line in textwrap.wrap(note, 86, break_long_words=False, break_on_hyphens=False)
+    ]
+
+
+def _gpus_note(spec: JobSpec, profile: Profile, part: Partition) -> str:
+    name, gpus, most = spec.partition, spec.gpus_per_node, gpus_on_node(profile, part)
+    count = f"{gpus} GPU{'s' if gpus > 1 else ''} per node by default"
+    if spec.tasks_per_node == gpus:
+        mem = f" and {format_memory(spec.mem_per_gpu_mb)}" if spec.mem_per_gpu_mb else ""
+        count += f" (one rank with {spec.cpus_per_task} CPUs{mem} per GPU)"
+    if part.whole_node:
+        return (
+            f"{name} allocates whole nodes: all {count}; use fewer with --gpus-per-node N "
+            "(the whole node is still allocated)"
+        )
+    if gpus == most and spec.exclusive:
+        return (
+            f"--exclusive takes whole nodes of {name}: all {count}; "
+            "use fewer with --gpus-per-node N"
+        )
+    more = ""
+    if profile.one_task_per_gpu:  # --exclusive: every GPU, ranks bound to their cores
+        bound = ", ranks bound to their GPUs' cores" if profile.cpu_bind != "none" else ""
+        more = f" (all {most} GPUs{bound})"
+    return (
+        f"{name} allocates parts of nodes: {count}; ask for more with --gpus-per-node N "
+        f"(up to {most}) or take whole nodes with --exclusive{more}"
+    )
+
+
+def _time_note(name: str, part: Optional[Partition]) -> str:
+    """Slurm gives a job without --time its partition's DefaultTime (else MaxTime)."""
+    most = format_time(part.max_time) if part and part.max_time else ""
+    ask = f"ask for up to {most} with -t TIME" if most else "ask for a limit with -t TIME"
+    if part and part.default_time:
+        default = format_time(part.default_time)
+        return f"no -t/--time: Slurm gives the job {name}'s default time limit, {default}; {ask}"
+    without = f"its MaxTime, {most}" if most else "its MaxTime"
+    return (
+        f"no -t/--time: Slurm applies {name}'s DefaultTime (scontrol show partition {name} "
+        f"shows it; without one, {without}); {ask}"
+    )
 
 
 # -- naming the field to blame --------------------------------------------------------
