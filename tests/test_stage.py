@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import render, stage
+from hpclaunch import render, rundirs, stage
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
 from hpclaunch.spec import JobSpec, StageItem
@@ -114,8 +114,8 @@ def test_node_side_unpacks_copies_back_and_cleans(tmp_path: Path) -> None:
     assert set(env) == {"HPCLAUNCH_DATA_DATA", "HPCLAUNCH_DATA_ONE"}
 
 
-def _paths(tmp_path: Path) -> render.RunPaths:
-    return render.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
+def _paths(tmp_path: Path) -> rundirs.RunPaths:
+    return rundirs.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
 
 
 def test_leftovers_are_only_this_users(tmp_path: Path) -> None:

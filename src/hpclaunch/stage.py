@@ -6,11 +6,16 @@ A directory is packed into a few tars (one folder of them) kept under the run ro
 unchanged dataset reuses the same files, a touched one packs again. Each node then reads
 those few big files instead of every small one (node/stage_guard.py), side by side,
 which is what makes many small files cheap on a parallel file system.
+
+Only folders, regular files and symlinks to them are staged: a FIFO, a device or a
+socket (the source, or anywhere in its tree) is refused from its type before anything
+is opened, and what the user cannot read is named before packing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -55,34 +60,138 @@ def parse(text: str, cwd: Path) -> tuple[str, str]:
     return path, name or default_name(path)
 
 
+# What a file that is neither a folder, a regular file nor a symlink is, in words.
+SPECIAL = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device",
+           stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}  # fmt: skip
+SHOWN = 3  # problem entries a refusal names before "and N more"
+
+
+def _is_data(mode: int) -> bool:
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+
+
+def _special(path: str, mode: int) -> str:
+    """'a FIFO', or for a symlink 'a symlink to the FIFO /p', or '' when path is data
+    (a folder, a regular file, a symlink to one or a dangling symlink: staged as a link).
+    os.stat follows a link without opening what it finds."""
+    if stat.S_ISLNK(mode):
+        with contextlib.suppress(OSError):
+            target = os.stat(path).st_mode
+            if not _is_data(target):
+                noun = SPECIAL.get(stat.S_IFMT(target), "special file")
+                return f"a symlink to the {noun} {os.path.realpath(path)}"
+        return ""
+    return "" if _is_data(mode) else f"a {SPECIAL.get(stat.S_IFMT(mode), 'special file')}"
+
+
+def _cannot_read(path: str, reason: str = os.strerror(errno.EACCES)) -> UserError:
+    fix = "Make it readable (chmod u+rX) or stage something else"
+    return UserError("--stage", f"cannot read {path}: {reason}", "", fix)
+
+
+def check_source(path: str) -> os.stat_result:
+    """Refuse a source that is not a folder or a regular file (or a symlink to one), or
+    that the user cannot read, from os.lstat, os.stat and os.access alone: opening a
+    FIFO blocks until a writer comes and /dev/zero never ends, so nothing is opened."""
+    try:
+        what = _special(path, os.lstat(path).st_mode)
+        info = os.stat(path)
+    except OSError as exc:
+        raise _cannot_read(path, exc.strerror or str(exc)) from None
+    if what:
+        raise UserError(
+            "--stage",
+            f"{path} is {what}",
+            "only folders and regular files can be staged",
+            "Stage a folder or a regular file instead (write the data to a file first)",
+        )
+    if not os.access(path, os.R_OK | (os.X_OK if stat.S_ISDIR(info.st_mode) else 0)):
+        raise _cannot_read(path)
+    return info
+
+
 def kind_of(path: str) -> str:
-    if os.path.isdir(path):
+    if stat.S_ISDIR(check_source(path).st_mode):
         return DIRECTORY
     if path.endswith(ARCHIVES):
         return ARCHIVE
     try:
-        with open(path, "rb") as handle:
-            if handle.read(4) == SQUASHFS_MAGIC:
-                return SQUASHFS
+        # O_NONBLOCK: were the file swapped for a FIFO since check_source, the open
+        # returns at once and fstat refuses it; a /proc file that claims to be regular
+        # (kmsg) does not block the read either.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            mode = os.fstat(fd).st_mode
+            magic = os.read(fd, 4) if stat.S_ISREG(mode) else b""
+        finally:
+            os.close(fd)
     except OSError as exc:
-        raise UserError("--stage", f"cannot read {path}: {exc.strerror}", "", "Check it") from None
-    return FILE
+        raise _cannot_read(path, exc.strerror or str(exc)) from None
+    if not stat.S_ISREG(mode):
+        check_source(path)  # refuses it, naming what it has become
+        raise _cannot_read(path, "it changed while being read")
+    return SQUASHFS if magic == SQUASHFS_MAGIC else FILE
+
+
+def _refuse(root: str, special: list[str], unreadable: list[str]) -> None:
+    """One line naming the first few special entries (else those the user cannot
+    read), sorted, and how many more."""
+    found = sorted(special or unreadable)
+    if not found:
+        return
+    count, them = len(found), "it" if len(found) == 1 else "them"
+    listed = ", ".join(found[:SHOWN]) + (f" and {count - SHOWN} more" if count > SHOWN else "")
+    if special:
+        raise UserError(
+            "--stage",
+            f"{root} holds {'a special file' if count == 1 else f'{count} special files'}: "
+            f"{listed}",
+            "a staged folder may hold only folders, regular files and symlinks to them",
+            f"Remove {them} or stage the folder's regular files only",
+        )
+    raise UserError(
+        "--stage",
+        f"{root} holds {'an entry' if count == 1 else f'{count} entries'} you cannot read: "
+        f"{listed}",
+        "every file and folder of a staged folder must be readable by you",
+        f"Make {them} readable (chmod u+rX) or remove {them}",
+    )
 
 
 def manifest(root: str) -> list[tuple[str, int, int, bool]]:
-    """(relative path, size, mtime_ns, is_dir) of everything under root, sorted."""
+    """(relative path, size, mtime_ns, is_dir) of everything under root, sorted.
+
+    Every listing of a staged tree (planning, hashing, packing) comes here, so here a
+    tree holding a FIFO, device or socket (or a symlink to one) is refused and what the
+    user cannot read is named: from entry types (lstat), os.stat of a symlink's target
+    and os.access, never by opening a file."""
+    check_source(root)
     out: list[tuple[str, int, int, bool]] = []
+    special: list[str] = []
+    unreadable: list[str] = []
     stack = [""]
     while stack:
         rel = stack.pop()
         with os.scandir(os.path.join(root, rel) if rel else root) as entries:
             for entry in entries:
                 path = f"{rel}/{entry.name}" if rel else entry.name
-                info = entry.stat(follow_symlinks=False)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed while listed: no longer part of the tree
                 is_dir = stat.S_ISDIR(info.st_mode)
-                out.append((path, 0 if is_dir else info.st_size, info.st_mtime_ns, is_dir))
-                if is_dir:
+                what = _special(entry.path, info.st_mode)
+                if what:
+                    special.append(f"{entry.path} is {what}")
+                elif stat.S_ISLNK(info.st_mode):
+                    pass  # packed as a link (tar without -h): its target is not read
+                # A folder needs x too: r alone lists its names but reaches nothing.
+                elif not os.access(entry.path, os.R_OK | (os.X_OK if is_dir else 0)):
+                    unreadable.append(entry.path + ("/" if is_dir else ""))
+                elif is_dir:
                     stack.append(path)
+                out.append((path, 0 if is_dir else info.st_size, info.st_mtime_ns, is_dir))
+    _refuse(root, special, unreadable)
     out.sort()
     return out
 
