@@ -32,14 +32,22 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _check(hpc: Hpc, proc: subprocess.CompletedProcess[str], reference: Path, hosts: int) -> None:
+def _check(
+    hpc: Hpc,
+    proc: subprocess.CompletedProcess[str],
+    reference: Path,
+    hosts: int,
+    as_json: bool = False,
+) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted((hpc.cwd / "out").glob("params-*.json"))
     assert len(files) == 4, (files, proc.stderr[-2000:])
     assert_params_equal_reference(files, reference)
     assert len({r["host"] for r in load_params(list(files))}) == hosts
-    # Streamed output is tagged [node rank]; the loss lines come from rank 0.
-    assert "[" in proc.stdout and " 0] " in proc.stdout, proc.stdout[-2000:]
+    # Streamed output is tagged [node rank]; the loss lines come from rank 0. With --json
+    # stdout holds JSON only, so the ranks' output streams to stderr.
+    streamed = proc.stderr if as_json else proc.stdout
+    assert "[" in streamed and " 0] " in streamed, streamed[-2000:]
 
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
@@ -121,9 +129,10 @@ def test_run_inside_salloc_is_a_step(hpc: Hpc, reference: Path) -> None:
         timeout=400,
     )
     hosts = 2 if testbed.layout() == "netns" else 1
-    _check(hpc, proc, reference, hosts)
-    line = json.loads(proc.stdout.splitlines()[0])
-    assert line["step"] is True
+    _check(hpc, proc, reference, hosts, as_json=True)
+    lines = [json.loads(text) for text in proc.stdout.splitlines()]  # JSON only
+    line = lines[0]
+    assert line["step"] is True and lines[-1]["state"] == "COMPLETED"
     # salloc says which job it granted: the step ran inside that job, no new job.
     assert f"Granted job allocation {line['job_id']}" in proc.stderr
 

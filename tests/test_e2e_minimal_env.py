@@ -45,4 +45,4 @@ def test_staged_job_and_local_run_without_user(hpc: Hpc) -> None:
     local = hpc.run("run", "--cluster", "local", "--json", "--", "python3", "-c", PROBE)
     assert local.returncode == 0, local.stderr
     assert json.loads(local.stdout.splitlines()[0])["run_id"]
-    assert f"user {testbed.USER} rank 0" in local.stdout
+    assert f"user {testbed.USER} rank 0" in local.stderr  # --json: stdout holds JSON only
