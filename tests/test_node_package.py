@@ -27,7 +27,12 @@ from hpclaunch import node, venvs
 NODE_DIR = Path(node.__file__).parent
 GOLDEN = Path(__file__).parent / "golden"
 # The oldest Python each shipped file promises to run on.
-PROMISED = {node.BOOTSTRAP: (3, 8), node.STAGE_GUARD: (3, 6), node.VENV_PROBE: (3, 8)}
+PROMISED = {
+    node.BOOTSTRAP: (3, 8),
+    node.LOADER: (3, 8),
+    node.STAGE_GUARD: (3, 6),
+    node.VENV_PROBE: (3, 8),
+}
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {
     node.BOOTSTRAP: {
@@ -47,7 +52,7 @@ SHARED = {
 # hpclaunch.node's names that only the host uses.
 HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
-    "LOGS",
+    "LOGS", "LOADER", "BOOTSTRAP_MODULE",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 
@@ -120,6 +125,8 @@ def test_imports_nothing_of_hpclaunch(path: Path) -> None:
         for name in names:
             top = name.split(".")[0]
             assert top != "hpclaunch", f"{path.name}:{item.lineno}: imports {name}"
+            if path.name == node.LOADER and name == node.BOOTSTRAP_MODULE:
+                continue  # the bootstrap itself, shipped beside the loader
             if path.name in PROMISED and hasattr(sys, "stdlib_module_names"):
                 assert top in sys.stdlib_module_names, f"{path.name}: {name} is not stdlib"
 
@@ -158,8 +165,10 @@ def test_parses_as_its_oldest_python(name: str) -> None:
 def test_bootstrap_runs_a_rank_and_writes_its_events(python: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / node.LOGS).mkdir(parents=True)
-    boot = run_dir / node.RUN_DIR_NAME[node.BOOTSTRAP]
-    shutil.copyfile(node.path(node.BOOTSTRAP), boot)
+    for shipped in (node.LOADER, node.BOOTSTRAP):  # as launching.py ships them
+        shutil.copyfile(node.path(shipped), run_dir / node.RUN_DIR_NAME[shipped])
+    boot = run_dir / node.RUN_DIR_NAME[node.LOADER]
+    assert boot.name == "bootstrap.py"  # what the batch scripts (and golden files) name
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         node.HPCLAUNCH_RUN_DIR: str(run_dir),
@@ -195,6 +204,8 @@ def test_bootstrap_runs_a_rank_and_writes_its_events(python: str, tmp_path: Path
         "time": end["time"],
     }
     assert before <= start["time"] <= end["time"] <= time.time()
+    # The bootstrap ran from bytecode cached beside it, for the next ranks to load.
+    assert list((run_dir / "__pycache__").glob(node.BOOTSTRAP_MODULE + ".*.pyc"))
 
 
 def test_bootstrap_events_record_failures_and_never_stop_a_rank(tmp_path: Path) -> None:

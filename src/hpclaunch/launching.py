@@ -9,13 +9,14 @@ caller passes streams (the CLI does; the Python API stays quiet by default).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -25,6 +26,7 @@ from .backends.base import Backend, Launch
 from .errors import HpclaunchError
 from .preparing import Prepared, prepare_spec
 from .snapshot import human
+from .spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Planned:
     notes: tuple[str, ...] = ()  # said on stderr before anything happens
 
     @property
-    def spec(self) -> Any:
+    def spec(self) -> JobSpec:
         return self.prepared.spec
 
 
@@ -62,8 +64,7 @@ class Started:
     paths: rundirs.RunPaths
     job_id: str
     backend: Backend
-    spec: Any
-    stage_cleanup: list[Any] = field(default_factory=list)
+    spec: Optional[JobSpec]  # None for a run found again from its record
 
 
 def plan(req: Request) -> Planned:
@@ -79,8 +80,8 @@ def plan(req: Request) -> Planned:
 
 
 def _render(
-    spec: Any, prepared: Prepared, paths: rundirs.RunPaths, job_cwd: Path
-) -> tuple[Any, render.BatchPlan]:
+    spec: JobSpec, prepared: Prepared, paths: rundirs.RunPaths, job_cwd: Path
+) -> tuple[JobSpec, render.BatchPlan]:
     """The batch plan for a job that starts in job_cwd (the snapshot, when there is one)."""
     if spec.container and spec.container.cwd != str(job_cwd):
         spec = replace(spec, container=replace(spec.container, cwd=str(job_cwd)))
@@ -172,7 +173,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
 
 
 def _record_interrupted(
-    req: Request, spec: Any, paths: rundirs.RunPaths, exc: KeyboardInterrupt
+    req: Request, spec: JobSpec, paths: rundirs.RunPaths, exc: KeyboardInterrupt
 ) -> None:
     """Nothing remains of a run interrupted while it started but its record, which
     says how it ended (and the index, so that `hpclaunch runs` shows it)."""
@@ -197,7 +198,7 @@ def _record_interrupted(
 
 def _write_run_files(
     paths: rundirs.RunPaths,
-    spec: Any,
+    spec: JobSpec,
     batch: render.BatchPlan,
     backend: Backend,
     req: Request,
@@ -205,12 +206,13 @@ def _write_run_files(
 ) -> None:
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
     paths.job_sh.write_bytes(batch.script.encode("utf-8", "surrogateescape"))
-    shipped = [node.BOOTSTRAP]
+    shipped = [node.LOADER, node.BOOTSTRAP]
     if spec.stage or spec.stage_out:
         shipped.append(node.STAGE_GUARD)
         records.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
     for source in shipped:
         shutil.copyfile(node.path(source), paths.run_dir / node.RUN_DIR_NAME[source])
+    _precompile(paths.run_dir / node.RUN_DIR_NAME[node.BOOTSTRAP])
     records.write_json(paths.run_dir / "spec.json", spec.to_record())
     records.create(
         paths.run_dir,
@@ -241,6 +243,15 @@ def _write_run_files(
     )
 
 
+def _precompile(module: Path) -> None:
+    """The bootstrap's bytecode, made once here: ranks whose Python is this one load it
+    instead of compiling (others compile once, on the first rank)."""
+    import py_compile
+
+    with contextlib.suppress(py_compile.PyCompileError, OSError):  # else ranks compile it
+        py_compile.compile(str(module), doraise=True)
+
+
 def finish(
     started: Started,
     out: TextIO,
@@ -265,8 +276,8 @@ def announce(stream: TextIO, started: Started, as_json: bool, **extra: object) -
             "run_id": paths.run_id,
             "job_id": started.job_id,
             "run_dir": str(paths.run_dir),
-            "cluster": spec.cluster,
-            "exp": spec.exp,
+            "cluster": spec.cluster if spec else None,
+            "exp": spec.exp if spec else None,
             **extra,
         }
         stream.write(json.dumps(data) + "\n")

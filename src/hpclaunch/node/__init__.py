@@ -33,9 +33,17 @@ from pathlib import Path
 
 # --- the shipped files: name here -> name in a run directory
 BOOTSTRAP = "bootstrap.py"
+LOADER = "bootstrap_loader.py"  # runs the bootstrap from cached bytecode
 STAGE_GUARD = "stage_guard.py"
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
-RUN_DIR_NAME = {BOOTSTRAP: "bootstrap.py", STAGE_GUARD: "stage_node.py"}
+# The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
+# under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
+BOOTSTRAP_MODULE = "hpclaunch_bootstrap"
+RUN_DIR_NAME = {
+    LOADER: "bootstrap.py",
+    BOOTSTRAP: BOOTSTRAP_MODULE + ".py",
+    STAGE_GUARD: "stage_node.py",
+}
 # How they are started: isolated, no site (they need only the standard library).
 PYTHON_FLAGS = ("-I", "-S")
 
