@@ -230,10 +230,16 @@ def test_bind_to_a_new_destination_in_a_writable_image(
     assert (writable_image / "hpclaunch-double" / "deeper" / "data").is_dir()
     assert not (IMAGE / "hpclaunch-double").exists()
     # Only for explicit binds: a current directory the image lacks is not made (warned).
-    proc = run("exec", str(writable_image), "pwd", cwd=REPO)
+    # A folder outside /tmp, /var/tmp and $HOME, which Apptainer mounts by itself (the
+    # checkout may lie under any of them).
+    elsewhere = Path(tempfile.mkdtemp(prefix="hpclaunch-cwd-", dir="/srv"))
+    try:
+        proc = run("exec", str(writable_image), "pwd", cwd=elsewhere)
+    finally:
+        elsewhere.rmdir()
     assert proc.returncode == 0, proc.stderr
-    assert f"not mounting the current directory {REPO}" in proc.stderr
-    assert not (writable_image / REPO.relative_to("/")).exists()
+    assert f"not mounting the current directory {elsewhere}" in proc.stderr
+    assert not (writable_image / elsewhere.relative_to("/")).exists()
 
 
 def test_bind_to_a_new_destination_in_a_read_only_image_is_fatal(image: Path) -> None:
