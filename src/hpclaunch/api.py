@@ -120,11 +120,32 @@ def runs(
     environ: Optional[Mapping[str, str]] = None,
 ) -> list[Run]:
     """Recorded runs, newest first (their states brought up to date in one call)."""
-    env = os.environ if environ is None else environ
-    entries = [e for e in index.live(env) if not exp or e.get("exp") == exp]
-    found = [records.load(Path(e["run_dir"])) for e in entries[:limit]]
+    found = recorded(exp, state, limit=limit, environ=environ)
+    return [Run(record.path) for record in found]
+
+
+def recorded(
+    exp: Optional[str] = None,
+    state: Optional[str] = None,
+    *,
+    limit: Optional[int] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    warn: Optional[index.Warn] = None,
+) -> list[records.RunRecord]:
+    """The records of the newest `limit` runs (of `exp`), brought up to date with one
+    status call per backend, then those in `state`. A damaged record is skipped (said
+    through `warn`), never the end of the listing."""
     wanted = check_state(state) if state else None
-    return [Run(r.path) for r in tracking.refresh(found) if wanted is None or r.state == wanted]
+    env = environment() if environ is None else environ
+    entries = [e for e in index.live(env, warn) if not exp or e.get("exp") == exp]
+    found = []
+    for entry in entries[:limit]:
+        try:
+            found.append(records.load(Path(entry["run_dir"])))
+        except records.DamagedRecord as exc:
+            if warn is not None:
+                warn(str(exc))
+    return [r for r in tracking.refresh(found) if wanted is None or r.state == wanted]
 
 
 def check_state(state: str) -> str:

@@ -138,7 +138,7 @@ class Run:
                 pgids,
             )
             return
-        for_record(record.backend, record.step).cancel(record.job_id)
+        for_record(record.backend).cancel(record.job_id)
 
     def result(self) -> Any:
         """The JSON value rank 0 wrote to $HPCLAUNCH_RESULT_FILE, or None."""

@@ -24,7 +24,7 @@ def pick(profile_kind: str, in_allocation: bool) -> Backend:
     return SlurmBackend()
 
 
-def for_record(backend: str, step: bool = False) -> Backend:
+def for_record(backend: str) -> Backend:
     """The backend that answers for a run recorded with `backend` ("local", "slurm")."""
     return pick("local" if backend == "local" else "slurm", in_allocation=False)
 

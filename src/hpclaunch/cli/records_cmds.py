@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Optional
 
 import click
@@ -25,20 +24,10 @@ _HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool) -> int:
     """List runs, newest first, from any directory (one squeue and one sacct call for all)."""
-    from .. import index, records, tracking
-    from ..api import check_state
+    from ..api import recorded
 
-    wanted = check_state(state) if state else None
-    entries = [e for e in index.live(environ(), warn) if not exp or e.get("exp") == exp]
-    loaded = []
-    for entry in entries[:limit]:
-        try:
-            loaded.append(records.load(Path(entry["run_dir"])))
-        except records.DamagedRecord as exc:
-            warn(str(exc))
-    rows = [_row(rec) for rec in tracking.refresh(loaded)]
-    if wanted:
-        rows = [row for row in rows if str(row["state"]).upper() == wanted]
+    found = recorded(exp, state, limit=limit, environ=environ(), warn=warn)
+    rows = [_row(rec) for rec in found]
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
