@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import hpclaunch
 from conftest import VENV_BIN
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
@@ -111,6 +112,8 @@ def test_sigkilled_launcher_leaves_nothing_running(tmp_path: Path) -> None:
     status = _status(tmp_path)
     assert (status["state"], status["exit_code"]) == ("CANCELLED", 121), status
     assert "ended before the run" in status["reason"]
+    found = hpclaunch.get("last", environ=_env(tmp_path))  # another process's run
+    assert found.wait(timeout=30) == 121
     follow = _hpclaunch(tmp_path, "logs", "last", "--follow", timeout=60)
     assert follow.returncode == 0 and "up" in follow.stdout
     cleaned = _hpclaunch(tmp_path, "clean", "--json")

@@ -24,7 +24,8 @@ from .logs import LogFollower
 from .records import RunRecord
 from .rundirs import RunPaths
 
-_POLL_FIRST_S, _POLL_MAX_S = 0.2, 5.0
+_POLL_S = 0.25  # how often new log lines are looked for
+_LOOK_FIRST_S, _LOOK_MAX_S = 2.0, 10.0  # how often the run's state is asked (backed off)
 
 
 class Run:
@@ -95,16 +96,7 @@ class Run:
             return finish(started, out, err, timeout=timeout)[0]
         # A run another process supervises (local, step): its record says when it ended.
         deadline = None if timeout is None else time.monotonic() + timeout
-        follower = LogFollower(self._dir / "logs", out, err)
-        pause = _POLL_FIRST_S
-        while states.is_active(states.parse(record.state)) or record.state == "CREATED":
-            follower.poll()
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {record.run_id} still {record.state}")
-            time.sleep(pause)
-            pause = min(pause * 1.5, _POLL_MAX_S)
-            record = self.record
-        follower.drain()
+        record = follow_to_end(self._dir, LogFollower(self._dir / "logs", out, err), deadline)
         return record.exit_code if record.exit_code is not None else 120
 
     def logs(self, rank: Optional[int] = None) -> str:
@@ -128,15 +120,7 @@ class Run:
         if record.backend == "local":
             from .backends.local import cancel_recorded
 
-            extra = record.extra
-            pgids = [g for g in extra.get("pgids", []) if isinstance(g, int)]
-            pid = extra.get("launcher_pid")
-            started = extra.get("launcher_started")
-            cancel_recorded(
-                pid if isinstance(pid, int) else None,
-                float(started) if isinstance(started, (int, float)) else None,
-                pgids,
-            )
+            cancel_recorded(record.launcher_pid, record.launcher_started, record.pgids)
             return
         for_record(record.backend).cancel(record.job_id)
 
@@ -146,6 +130,28 @@ class Run:
             return json.loads((self._dir / node.RESULT_JSON).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
+
+
+def follow_to_end(
+    run_dir: Path, follower: LogFollower, deadline: Optional[float] = None
+) -> RunRecord:
+    """Print the ranks' new lines until the run's record, brought up to date (backed
+    off: one status call every few seconds), says it has ended; TimeoutError at
+    `deadline` (the run goes on)."""
+    next_look, pause = 0.0, _LOOK_FIRST_S
+    while True:
+        follower.poll()
+        now = time.monotonic()
+        if now >= next_look:
+            record = tracking.refresh_one(run_dir)
+            if record.state != "CREATED" and not states.is_active(record.state):
+                break
+            next_look, pause = now + pause, min(pause * 1.2, _LOOK_MAX_S)
+        if deadline is not None and now > deadline:
+            raise TimeoutError(f"run {record.run_id} still {record.state}")
+        time.sleep(_POLL_S)
+    follower.drain()
+    return record
 
 
 def _paths(record: RunRecord) -> RunPaths:

@@ -75,6 +75,25 @@ class RunRecord:
         return Path(self.run_dir)
 
     @property
+    def launcher_pid(self) -> Optional[int]:
+        """The hpclaunch process supervising a local run (backends/local.py)."""
+        pid = self.extra.get("launcher_pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+    @property
+    def launcher_started(self) -> Optional[float]:
+        started = self.extra.get("launcher_started")
+        if isinstance(started, bool) or not isinstance(started, (int, float)):
+            return None
+        return float(started)
+
+    @property
+    def pgids(self) -> list[int]:
+        """A local run's task process groups."""
+        found = self.extra.get("pgids")
+        return [g for g in found if isinstance(g, int)] if isinstance(found, list) else []
+
+    @property
     def world_size(self) -> Optional[int]:
         return self.nodes * self.tasks_per_node if self.nodes and self.tasks_per_node else None
 

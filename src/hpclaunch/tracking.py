@@ -31,10 +31,10 @@ def _is_open(record: RunRecord) -> bool:
 def _local_truth(record: RunRecord) -> RunRecord:
     """A local run recorded as running whose launcher is gone (SIGKILLed, the machine
     rebooted) did not run on: its watchdog ended the ranks. Say so in the record."""
-    if record.backend != "local" or not _is_open(record) or "launcher_pid" not in record.extra:
+    pid = record.launcher_pid
+    if record.backend != "local" or not _is_open(record) or pid is None:
         return record
-    pid, started = record.extra.get("launcher_pid"), record.extra.get("launcher_started")
-    if launcher_alive(pid if isinstance(pid, int) else None, _float(started)):
+    if launcher_alive(pid, record.launcher_started):
         return record
     reason = f"hpclaunch (pid {pid}) ended before the run; its ranks were ended"
     records.update(
@@ -44,10 +44,6 @@ def _local_truth(record: RunRecord) -> RunRecord:
         reason=reason,
     )
     return records.load(record.path)
-
-
-def _float(value: object) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:

@@ -120,8 +120,8 @@ class LocalBackend(Backend):
             job = self._jobs.get(job_id)
             if job is None:
                 continue
-            state = job.state if job.code is not None or not job.tasks.running() else "RUNNING"
-            found[job_id] = JobStatus(state, "", None)
+            # RUNNING until wait() has supervised the end (and ended the rest).
+            found[job_id] = JobStatus(job.state, "", None)
         return found
 
     def cancel(self, job_id: str) -> None:

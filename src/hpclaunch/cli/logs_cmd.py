@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -12,8 +13,6 @@ import click
 
 from ..logs import LogFollower
 from .common import RUN_ARG_HELP, find_run_dir
-
-_LOOK_S = 2.0  # how often --follow asks whether the run has ended (one call, backed off)
 
 
 @click.command("logs", epilog=RUN_ARG_HELP)
@@ -54,21 +53,9 @@ def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool, as_json:
 
 
 def _follow(follower: LogFollower, run_dir: Path) -> None:
-    """Until the run has ended: the record (brought up to date) says so."""
-    from .. import states, tracking
+    """Until the run has ended (or Ctrl-C): handle.follow_to_end."""
+    from ..handle import follow_to_end
 
-    last_look = 0.0
-    pause = _LOOK_S
-    try:
-        while True:
-            follower.poll()
-            if time.monotonic() - last_look > pause:
-                last_look = time.monotonic()
-                pause = min(pause * 1.2, 10.0)
-                state = tracking.refresh_one(run_dir).state
-                if state != "CREATED" and not states.is_active(state):
-                    break
-            time.sleep(0.25)
-    except KeyboardInterrupt:
-        pass
+    with contextlib.suppress(KeyboardInterrupt):
+        follow_to_end(run_dir, follower)
     time.sleep(0.3)
