@@ -13,7 +13,6 @@ import contextlib
 import json
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -286,7 +285,3 @@ def announce(stream: TextIO, started: Started, as_json: bool, **extra: object) -
             f"run {paths.run_id}  {started.backend.kind} {started.job_id}  {paths.run_dir}\n"
         )
     stream.flush()
-
-
-def default_streams() -> tuple[TextIO, TextIO]:
-    return sys.stdout, sys.stderr

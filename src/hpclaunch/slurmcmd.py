@@ -60,10 +60,6 @@ def query(argv: Sequence[str], timeout: float = 15.0) -> Optional[str]:
         return None
 
 
-def available(command: str = "sbatch") -> bool:
-    return shutil.which(command) is not None
-
-
 def start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """Start a long-running Slurm command (an srun step) without waiting for it."""
     try:
