@@ -137,7 +137,9 @@ def recorded(
     through `warn`), never the end of the listing."""
     wanted = check_state(state) if state else None
     env = environment() if environ is None else environ
-    entries = [e for e in index.live(env, warn) if not exp or e.get("exp") == exp]
+    entries = [
+        e for e in index.live(env, warn) if not e.get("sweep") and (not exp or e.get("exp") == exp)
+    ]
     found = []
     for entry in entries[:limit]:
         try:
@@ -160,8 +162,14 @@ def check_state(state: str) -> str:
 
 
 def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
-    """A run by id, unique id prefix, Slurm job id, or "last"."""
-    entry = index.find(ref, os.environ if environ is None else environ)
+    """A run by id, unique id prefix, Slurm job id, or "last"; a sweep's point by
+    "SWEEP:INDEX"."""
+    env = os.environ if environ is None else environ
+    if ":" in ref:  # SWEEP:INDEX: a point of a sweep
+        from .sweeps.ops import point_folder
+
+        return Run(point_folder(ref, env))
+    entry = index.find(ref, env)
     return Run(Path(entry["run_dir"]))
 
 

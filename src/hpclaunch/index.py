@@ -95,7 +95,7 @@ def live(environ: Mapping[str, str], warn: Optional[Warn] = None) -> list[dict[s
 
 def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> dict[str, Any]:
     """RUN = a run id, a unique prefix of one, a Slurm job id, or `last`."""
-    entries = live(environ, warn)
+    entries = [e for e in live(environ, warn) if not e.get("sweep")]  # a sweep is no run
     if not entries:
         raise UserError(
             "RUN", f"no runs recorded yet ({show(ref)})", "", "Start one with hpclaunch run"

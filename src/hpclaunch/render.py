@@ -160,7 +160,7 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         f"--cpus-per-task={_slurm_cpus(spec) * (spec.ntasks // spec.nodes)}",
         "--kill-on-bad-exit=0",
         profile.python, *node.PYTHON_FLAGS,
-        str(paths.run_dir / node.RUN_DIR_NAME[node.STAGE_GUARD]), "run",
+        str(paths.shipped(node.STAGE_GUARD)), "run",
         str(paths.run_dir / node.STAGE_JSON),
     ]  # fmt: skip
     marks = shell.quote(str(paths.run_dir / node.STAGE_MARKS))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import UserError
-from .node import EVENTS
+from .node import EVENTS, LOADER, RUN_DIR_NAME
 
 RECORD = "run.json"
 
@@ -27,6 +27,13 @@ class RunPaths:
     run_id: str
     run_dir: Path
     checkpoint_dir: Path
+    # Where the shipped files (bootstrap, stage guard) lie: the run folder, or for the
+    # points of a sweep the sweep folder (one copy for all of them).
+    shipped_dir: Optional[Path] = None
+
+    def shipped(self, name: str) -> Path:
+        """A shipped file (node.BOOTSTRAP, node.STAGE_GUARD, ...) as the job sees it."""
+        return (self.shipped_dir or self.run_dir) / RUN_DIR_NAME[name]
 
     @property
     def logs(self) -> Path:
@@ -38,7 +45,7 @@ class RunPaths:
 
     @property
     def bootstrap(self) -> Path:
-        return self.run_dir / "bootstrap.py"
+        return self.shipped(LOADER)
 
     @property
     def record(self) -> Path:

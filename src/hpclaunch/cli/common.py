@@ -7,7 +7,10 @@ from typing import Any
 
 import click
 
-RUN_ARG_HELP = "RUN is a run id, a unique prefix of one, a Slurm job id, or `last`."
+RUN_ARG_HELP = (
+    "RUN is a run id, a unique prefix of one, a Slurm job id, or `last`; a point of a "
+    "sweep is SWEEP:INDEX."
+)
 
 
 def environ() -> dict[str, str]:
@@ -24,5 +27,9 @@ def warn(line: str) -> None:
 def find_run_dir(ref: str) -> Path:
     from .. import index
 
+    if ":" in ref:  # SWEEP:INDEX: a point of a sweep, a run folder like any other
+        from ..sweeps.ops import point_folder
+
+        return point_folder(ref, environ())
     entry: dict[str, Any] = index.find(ref, environ(), warn)
     return Path(entry["run_dir"])

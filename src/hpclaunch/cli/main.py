@@ -19,11 +19,13 @@ from .env import env_group
 from .logs_cmd import logs_cmd
 from .records_cmds import runs_cmd, show_cmd, status_cmd
 from .run_cmd import run_cmd
+from .sweep_cmd import sweep_group
 
 EPILOG = """\b
 Examples:
   hpclaunch run -N 2 --tasks-per-node 4 --wait -- python train.py --lr 3e-4
   hpclaunch run --cluster lumi -N 4 -A project_465000000 -t 1:00:00 --dry-run -- python train.py
+  hpclaunch sweep --grid lr=0.1,0.01 --repeat 2 --max-parallel 4 -- python train.py --lr {lr}
   hpclaunch runs
   hpclaunch logs last --rank 0 --follow
 """
@@ -52,6 +54,7 @@ cli.add_command(cancel_cmd)
 cli.add_command(env_group)
 cli.add_command(rerun_cmd)
 cli.add_command(clean_cmd)
+cli.add_command(sweep_group)
 
 
 def _usage_line(exc: click.UsageError) -> str:

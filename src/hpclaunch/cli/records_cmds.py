@@ -26,8 +26,12 @@ def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool
     """List runs, newest first, from any directory (one squeue and one sacct call for all)."""
     from ..api import recorded
 
-    found = recorded(exp, state, limit=limit, environ=environ(), warn=warn)
+    env = environ()
+    found = recorded(exp, state, limit=limit, environ=env, warn=warn)
     rows = [_row(rec) for rec in found]
+    rows += _sweep_rows(env, exp, state, limit)
+    rows.sort(key=lambda r: str(r["run_id"]), reverse=True)  # ids sort by time
+    rows = rows[:limit]
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -42,6 +46,46 @@ def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool
     for line in table:
         click.echo("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]))
     return 0
+
+
+def _sweep_rows(
+    env: dict[str, str], exp: Optional[str], state: Optional[str], limit: int
+) -> list[dict[str, Any]]:
+    """A sweep is one line: its array job ids and its points' counts per state (all
+    sweeps refreshed together: one squeue, at most one sacct)."""
+    from pathlib import Path
+
+    from .. import index
+    from ..sweeps import ops, record, track
+
+    entries = [e for e in index.live(env) if e.get("sweep") and (not exp or e.get("exp") == exp)]
+    sweeps = []
+    for entry in entries[:limit]:
+        try:
+            sweeps.append(Path(entry["run_dir"]))
+        except (KeyError, TypeError):
+            continue
+    rows = []
+    for sweep in track.refresh_all([d for d in sweeps if record.is_sweep(d)]):
+        counts = sweep.counts()
+        if state and state.upper() not in counts:
+            continue
+        arrays = ",".join(str(a["job_id"]) for a in sweep.data.get("arrays") or [])
+        rows.append(
+            {
+                "run_id": sweep.sweep_id,
+                "job_id": arrays or None,
+                "cluster": sweep.data.get("cluster"),
+                "state": " ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+                "exit_code": None if sweep.active() else ops.exit_code(sweep),
+                "exp": sweep.data.get("exp"),
+                "run_dir": str(sweep.sweep_dir),
+                "sweep": True,
+                "points": len(sweep.points),
+                "counts": counts,
+            }
+        )
+    return rows
 
 
 def _row(rec: Any) -> dict[str, Any]:

@@ -90,6 +90,9 @@ HPCLAUNCH_CACHE_DIRS = "HPCLAUNCH_CACHE_DIRS"
 HPCLAUNCH_VENV = "HPCLAUNCH_VENV"
 HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
+PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
+HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
 
 # --- what venv_probe.py writes into a venv, and the request for the image's packages only
 VENV_RECORD = "hpclaunch-venv.json"

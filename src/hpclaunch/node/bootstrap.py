@@ -57,6 +57,9 @@ HPCLAUNCH_GPU_UNSET = "HPCLAUNCH_GPU_UNSET"
 HPCLAUNCH_CACHE_DIRS = "HPCLAUNCH_CACHE_DIRS"
 HPCLAUNCH_VENV = "HPCLAUNCH_VENV"
 HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
+HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
+PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
+HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
 
 # Placeholder name -> the variable that holds its value.
 PLACEHOLDERS = {
@@ -126,12 +129,14 @@ def tasks_on_node(spec: str, node_index: int) -> Optional[int]:
     return None
 
 
-def expand(arg: str, values: Dict[str, str]) -> str:
+def expand(arg: str, values: Dict[str, str], any_escape: bool = False) -> str:
     """Replace ``{name}`` by its value and ``{{name}}`` by ``{name}`` for known names.
 
     Every other character is kept, including other brace text (JSON, ``{x}``, ``{{x}}``)
     and surrogate-escaped bytes. Scans left to right; at each ``{`` the escaped form
-    ``{{name}}`` is tried before ``{name}``.
+    ``{{name}}`` is tried before ``{name}``. In a sweep (``any_escape``) every
+    ``{{identifier}}`` is a literal ``{identifier}``: there an unknown ``{x}`` was refused
+    at submission with the fix "write {{x}}".
     """
     if "{" not in arg:
         return arg
@@ -146,7 +151,7 @@ def expand(arg: str, values: Dict[str, str]) -> str:
         out.append(arg[i:start])
         if arg.startswith("{{", start) and arg.startswith("}}", close):
             name = arg[start + 2 : close]
-            if name in values:
+            if name in values or (any_escape and _identifier(name)):
                 out.append("{" + name + "}")
                 i = close + 2
                 continue
@@ -157,6 +162,10 @@ def expand(arg: str, values: Dict[str, str]) -> str:
         else:
             out.append("{")
             i = start + 1
+
+
+def _identifier(name: str) -> bool:
+    return name.isidentifier() and name.isascii()
 
 
 def _int(value: Optional[str], default: int) -> int:
@@ -459,6 +468,11 @@ def enter(argv: List[str], env: Env) -> List[str]:
     return argv
 
 
+def _unhex(encoded: str) -> List[str]:
+    """Arguments that travel hex-encoded, comma-separated (any bytes, no quoting)."""
+    return [os.fsdecode(bytes.fromhex(h)) for h in encoded.split(",")]
+
+
 def run(argv: List[str]) -> int:
     """Everything but the final exit; returns the program's returncode (negative: signal)."""
     env = os.environ
@@ -467,7 +481,10 @@ def run(argv: List[str]) -> int:
     if encoded is not None and len(argv) < 2:
         # srun splits its command line at an argument that is exactly ":" (heterogeneous
         # steps), so such a program line travels here hex-encoded, comma-separated.
-        argv = argv[:1] + [os.fsdecode(bytes.fromhex(h)) for h in encoded.split(",")]
+        argv = argv[:1] + _unhex(encoded)
+    extra = env.pop(HPCLAUNCH_POINT_ARGS, None)
+    if extra:  # a sweep point's own arguments (a --configs .txt line), after the program's
+        argv = argv + _unhex(extra)
     if len(argv) < 2:
         os.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
@@ -477,7 +494,11 @@ def run(argv: List[str]) -> int:
     set_gpu_visibility(env)
     make_cache_dirs(env.get(HPCLAUNCH_CACHE_DIRS, ""))
     values = {name: env[var] for name, var in PLACEHOLDERS.items()}
-    args = [expand(arg, values) for arg in argv[1:]]
+    # A sweep point's parameters join the rank placeholders ({lr} beside {rank}).
+    names = env.get(HPCLAUNCH_PARAM_NAMES)
+    for name in filter(None, (names or "").split(",")):
+        values.setdefault(name, env.get(PARAM_PREFIX + name.upper(), ""))
+    args = [expand(arg, values, names is not None) for arg in argv[1:]]
 
     rank = _int(env["RANK"], 0)
     node = node_name(env)

@@ -1,0 +1,196 @@
+"""`hpclaunch sweep`: submit a sweep (every run option + sweep options), and its
+subcommands status, wait, retry, cancel, throttle."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import click
+
+from .run_cmd import _with_options
+
+SWEEP_HELP = """Run PROGRAM once per point of a hyper-parameter sweep: one Slurm job array.
+
+\b
+  hpclaunch sweep [RUN OPTIONS] [SWEEP OPTIONS] -- PROGRAM [ARGS]...
+  hpclaunch sweep status|wait|retry|cancel|throttle SWEEP ...
+
+\b
+Every point is a complete run (nodes, ranks, containers, staging: every run option).
+Points come from --grid NAME=V1,V2 (repeatable: the product), --configs FILE (.txt: one
+line of extra arguments per point; .json/.jsonl/.toml/.yaml: a list of NAME -> value
+mappings), --repeat N (parameter seed = 0..N-1) or --optuna SPACE --trials N --metric M.
+A point's program sees {name} placeholders expanded in its arguments (beside {rank};
+{{x}} is a literal {x}), HPCLAUNCH_PARAM_<NAME>, HPCLAUNCH_PARAMS (JSON),
+HPCLAUNCH_SWEEP_ID, HPCLAUNCH_POINT, HPCLAUNCH_POINTS, and HPCLAUNCH_RESULT_FILE,
+where rank 0 writes its metrics as a JSON object.
+
+\b
+SWEEP is a sweep id, a unique prefix, an array job id or `last`; a point is SWEEP:INDEX
+wherever a command takes a run (logs, status, show, cancel).
+"""
+
+
+class _SweepGroup(click.Group):
+    """`sweep -- PROGRAM` submits; `sweep status ...` and the others are subcommands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and (args[0] in self.commands or args[0] in ("-h", "--help")):
+            return super().parse_args(ctx, args)
+        return super().parse_args(ctx, ["submit", *args])
+
+
+@click.group("sweep", cls=_SweepGroup, help=SWEEP_HELP)
+def sweep_group() -> None:
+    pass
+
+
+@sweep_group.command(
+    "submit",
+    hidden=True,
+    help=SWEEP_HELP,
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
+)
+@_with_options
+@click.option(
+    "--grid",
+    "grids",
+    multiple=True,
+    metavar="NAME=V1,V2,...",
+    help="A parameter and its values (repeatable: the Cartesian product).",
+)
+@click.option(
+    "--configs",
+    metavar="FILE",
+    help="One configuration per point: .txt (extra arguments per line), "
+    ".json, .jsonl, .toml ([[points]]) or .yaml (a list of mappings).",
+)
+@click.option(
+    "--repeat", type=int, metavar="N", help="Every point N times with the parameter seed = 0..N-1."
+)
+@click.option(
+    "--max-parallel",
+    type=int,
+    metavar="P",
+    help="At most P points at once (local default 1). Change later: sweep throttle.",
+)
+@click.option(
+    "--optuna",
+    metavar="SPACE_FILE",
+    help="Asynchronous Optuna search over the space in this TOML/YAML file.",
+)
+@click.option("--trials", type=int, metavar="N", help="Optuna: number of trials (points).")
+@click.option("--metric", metavar="NAME", help="Optuna: the result key to optimise.")
+@click.option(
+    "--direction",
+    type=click.Choice(["minimize", "maximize"]),
+    default="minimize",
+    help="Optuna: minimize (default) or maximize the metric.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the array script(s), the sbatch line(s) and the point table.",
+)
+@click.option("--wait", is_flag=True, help="Follow the sweep until every point ended.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"sweep_id": ..., "job_ids": [...]}.')
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
+def submit_cmd(
+    program: tuple[str, ...],
+    grids: tuple[str, ...],
+    configs: Optional[str],
+    repeat: Optional[int],
+    max_parallel: Optional[int],
+    optuna: Optional[str],
+    trials: Optional[int],
+    metric: Optional[str],
+    direction: str,
+    dry_run: bool,
+    wait: bool,
+    as_json: bool,
+    **options: Any,
+) -> int:
+    from ..api import request
+    from ..sweeps.submit import SweepOptions
+    from .sweep_report import submit_and_report
+
+    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    req = request(program, given, argv=sys.argv)
+    opts = SweepOptions(grids, configs, repeat, max_parallel, optuna, trials, metric, direction)
+    return submit_and_report(req, opts, dry_run=dry_run, wait=wait, as_json=as_json)
+
+
+@sweep_group.command("status")
+@click.argument("sweep")
+@click.option("--metric", metavar="NAME", help="Also name the best point by this result key.")
+@click.option(
+    "--direction",
+    type=click.Choice(["minimize", "maximize"]),
+    default=None,
+    help="Best = lowest (minimize, default) or highest value.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: sweep_id, points, best.")
+def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_json: bool) -> int:
+    """The point table (index, parameters, state, exit code, metrics, attempts), the
+    counts per state and, with --metric, the best point."""
+    from .common import environ
+    from .sweep_report import print_status
+
+    return print_status(sweep, environ(), metric, direction, as_json)
+
+
+@sweep_group.command("wait")
+@click.argument("sweep")
+def wait_cmd(sweep: str) -> int:
+    """Follow SWEEP until every point ended: exit 0 when all completed, else the
+    lowest-index failed point's code. Asks Slurm after 1, 2, 4, 8 s, then every 10 s."""
+    from ..sweeps import ops
+    from .common import environ
+
+    return ops.wait(ops.find(sweep, environ()), sys.stdout, sys.stdout.isatty())
+
+
+@sweep_group.command("retry")
+@click.argument("sweep")
+@click.option("--failed", is_flag=True, help="Every point that did not complete (the default).")
+@click.option("--points", metavar="3,7,10-12", help="Just these points.")
+def retry_cmd(sweep: str, failed: bool, points: Optional[str]) -> int:
+    """Resubmit only some points, as one array of just them, into the same sweep
+    (earlier attempts' logs are kept under the point's attempts/)."""
+    from .sweep_report import retry_and_report
+
+    return retry_and_report(sweep, failed, points)
+
+
+@sweep_group.command("cancel")
+@click.argument("sweep")
+@click.option("--points", metavar="3,7", help="Just these points (default: every open one).")
+def cancel_cmd(sweep: str, points: Optional[str]) -> int:
+    """Cancel every pending or running point of SWEEP, or just some (one scancel)."""
+    from ..sweeps import ops, record
+    from .common import environ
+
+    folder = ops.find(sweep, environ())
+    total = len(record.load(folder)["points"])
+    chosen = ops.parse_points(points, total) if points else None
+    done = ops.cancel(folder, chosen)
+    print(f"cancelled: {' '.join(done)}" if done else "nothing to cancel: no point is open")
+    return 0
+
+
+@sweep_group.command("throttle")
+@click.argument("sweep")
+@click.argument("parallel", metavar="P", type=int)
+def throttle_cmd(sweep: str, parallel: int) -> int:
+    """At most P points of SWEEP at once from now on (scontrol update ArrayTaskThrottle)."""
+    from ..sweeps import ops
+    from .common import environ
+
+    for array_id, value in ops.throttle(ops.find(sweep, environ()), parallel):
+        print(f"array {array_id}: at most {value} at once")
+    return 0
+
+
+__all__ = ["json", "sweep_group"]

@@ -1,0 +1,176 @@
+"""What the sweep commands print: the submission line (or one JSON object), the dry-run
+text, the status table with counts and the best point."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from ..errors import UserError
+from ..launching import Request
+from ..sweeps import ops, submit, track
+from ..sweeps.submit import SweepOptions
+
+
+def submit_and_report(
+    req: Request, opts: SweepOptions, *, dry_run: bool, wait: bool, as_json: bool
+) -> int:
+    sp = submit.plan(req, opts)
+    for note in sp.planned.notes:
+        print(note, file=sys.stderr)
+    if dry_run:
+        if as_json:
+            print(json.dumps(_dry_json(sp), indent=2))
+        else:
+            sys.stdout.write(submit.describe(sp, req.environ))
+        return 0
+    data = submit.start(req, sp)
+    job_ids = [str(a["job_id"]) for a in data.get("arrays") or []]
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "sweep_id": sp.paths.run_id,
+                    "job_ids": job_ids,
+                    "sweep_dir": str(sp.paths.run_dir),
+                    "points": len(sp.points),
+                }
+            )
+        )
+    else:
+        where = f"arrays {','.join(job_ids)}" if job_ids else "local"
+        print(f"sweep {sp.paths.run_id}  {where}  {len(sp.points)} points  {sp.paths.run_dir}")
+    sys.stdout.flush()
+    if sp.local:
+        from ..sweeps.local import run_local
+
+        return run_local(req, sp, data, sys.stderr if as_json else sys.stdout)
+    if not wait:
+        return 0
+    try:
+        return ops.wait(
+            sp.paths.run_dir, sys.stderr if as_json else sys.stdout, sys.stdout.isatty()
+        )
+    except KeyboardInterrupt:
+        print(
+            f"hpclaunch: detached; the sweep goes on (hpclaunch sweep wait {sp.paths.run_id})",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _dry_json(sp: submit.SweepPlan) -> dict[str, Any]:
+    return {
+        "sweep_id": sp.paths.run_id,
+        "sweep_dir": str(sp.paths.run_dir),
+        "script": sp.array_script,
+        "point_script": sp.point_template.replace(sp.token, "0"),
+        "sbatch": sp.sbatch_argvs(),
+        "points": [
+            {"index": p.index, "params": dict(p.params), "args": list(p.args)} for p in sp.points
+        ],
+    }
+
+
+def print_status(
+    ref: str,
+    environ: Mapping[str, str],
+    metric: Optional[str],
+    direction: Optional[str],
+    as_json: bool,
+) -> int:
+    folder = ops.find(ref, environ)
+    sweep = track.refresh(folder)
+    options = sweep.data.get("sweep") or {}
+    if sweep.data.get("kind") == "optuna":
+        from ..sweeps import trials
+
+        open_ = {int(r.extra.get("point", -1)) for r in sweep.points if track._is_open(r)}
+        trials.fail_stale(folder, sweep.sweep_id, lambda idx: {i for i in idx if i in open_})
+        metric = metric or options.get("metric")
+        direction = direction or options.get("direction")
+    rows = [track.point_row(sweep, r) for r in sweep.points]
+    best = track.best(rows, metric, direction or "minimize") if metric else None
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "sweep_id": sweep.sweep_id,
+                    "points": rows,
+                    "best": best,
+                    "counts": sweep.counts(),
+                    "metric": metric,
+                }
+            )
+        )
+        return 0
+    sys.stdout.write(table(rows))
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(sweep.counts().items()))
+    print(f"{len(rows)} points: {counts}")
+    if metric:
+        print(_best_line(best, metric, direction or "minimize"))
+    return 0
+
+
+def _best_line(best: Optional[dict[str, Any]], metric: str, direction: str) -> str:
+    if best is None:
+        return f"best ({metric}, {direction}): none yet (no point's result has {metric})"
+    value = (best.get("result") or {}).get(metric)
+    return f"best ({metric}, {direction}): point {best['index']}  {_params(best)}  {metric}={value}"
+
+
+def _params(row: Mapping[str, Any]) -> str:
+    text = " ".join(f"{k}={_short(v)}" for k, v in (row.get("params") or {}).items())
+    args = row.get("args") or []
+    if args:
+        from .. import shell
+
+        text = (text + " " if text else "") + shell.command(list(args))
+    return text or "-"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """POINT PARAMS STATE EXIT RESULT TRIES, aligned; one line a point."""
+    head = ("POINT", "PARAMS", "STATE", "EXIT", "RESULT", "TRIES")
+    body = [
+        (
+            str(r["index"]),
+            _params(r),
+            str(r["state"]),
+            "-" if r["exit_code"] is None else str(r["exit_code"]),
+            " ".join(f"{k}={_short(v)}" for k, v in (r.get("result") or {}).items()) or "-",
+            str(r.get("attempts", 1)),
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    return "\n".join(lines) + "\n"
+
+
+def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
+    from ..sweeps import record
+    from .common import environ
+
+    env = environ()
+    folder = ops.find(ref, env)
+    data = record.load(folder)
+    chosen = ops.parse_points(points, len(data["points"])) if points and not failed else None
+    if data.get("backend") == "local":
+        raise UserError(
+            "sweep retry",
+            "a local sweep's points are not resubmitted",
+            "",
+            "Run the sweep again with the points that failed",
+        )
+    done = ops.retry(folder, chosen, env)
+    print(f"sweep {data['sweep_id']}: resubmitted as arrays {','.join(done)}")
+    return 0

@@ -1,0 +1,1 @@
+"""Sweeps: many runs as Slurm job arrays."""

@@ -1,0 +1,399 @@
+"""A sweep of P points as Slurm job arrays: how to split it, whether it fits, its status.
+
+A sweep is ONE `sbatch --array` job, split only where the site forces it: every array
+task id must be < MaxArraySize (slurm.conf(5)), so point p runs as task
+p - offset of the part whose offset is (p // MaxArraySize) * MaxArraySize. The job
+script computes `point = offset + SLURM_ARRAY_TASK_ID`.
+
+Everything here is pure: the caller runs the Slurm commands named by the constants
+below and passes their text in, so that tests feed recorded output and the number of
+calls made to slurmctld stays the caller's to count (one squeue + one sacct per refresh,
+whatever the number of arrays).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Optional
+
+from .. import states
+from ..errors import UserError
+
+# slurm.conf(5) defaults, used when `scontrol show config` does not print the key.
+DEFAULT_MAX_ARRAY_SIZE: Final = 1001
+DEFAULT_MAX_JOB_COUNT: Final = 10000
+
+# ---------------------------------------------------------------------------- splitting
+
+
+@dataclass(frozen=True)
+class ArrayPart:
+    """One `sbatch --array` job of a sweep."""
+
+    offset: int  # point index = offset + SLURM_ARRAY_TASK_ID
+    task_ids: tuple[int, ...]  # the array task ids (point - offset), sorted
+    throttle: Optional[int]  # the %N of this part, None = no throttle
+
+    def spec(self) -> str:
+        """The --array value: runs compressed ("0-999%3", "3,7,10-12%2")."""
+        text = compress(self.task_ids)
+        return text if self.throttle is None else f"{text}%{self.throttle}"
+
+    def points(self) -> tuple[int, ...]:
+        return tuple(self.offset + task for task in self.task_ids)
+
+
+def compress(ids: Iterable[int]) -> str:
+    """Sorted task ids as Slurm's array range text: 0,1,2,3,7 -> "0-3,7"."""
+    pieces: list[str] = []
+    start = last = -2
+    for task in ids:
+        if task == last + 1:
+            last = task
+            continue
+        if start >= 0:
+            pieces.append(_span(start, last))
+        start = last = task
+    if start >= 0:
+        pieces.append(_span(start, last))
+    return ",".join(pieces)
+
+
+def _span(start: int, last: int) -> str:
+    return str(start) if start == last else f"{start}-{last}"
+
+
+def expand(spec: str) -> tuple[int, ...]:
+    """Array range text back to task ids: "[0-3,7%2]" and "0-3,7" -> (0, 1, 2, 3, 7);
+    "0-6:3" (sbatch's step form) -> (0, 3, 6). ValueError on anything else.
+
+    squeue shortens very long range lists with a trailing "..."; the piece it cut is
+    dropped (it may be a number cut short), so the answer is then a prefix."""
+    text = spec.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    text = text.partition("%")[0]
+    pieces = text.split(",") if text else []
+    if pieces and pieces[-1].endswith("..."):
+        pieces.pop()
+    ids: list[int] = []
+    for piece in pieces:
+        span, _, step_text = piece.partition(":")
+        first, dash, last = span.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"not an array range: {spec!r}")
+        if step_text and (not step_text.isdigit() or int(step_text) < 1):
+            raise ValueError(f"not an array step: {spec!r}")
+        step = int(step_text) if step_text else 1
+        ids.extend(range(int(first), int(last if dash else first) + 1, step))
+    return tuple(ids)
+
+
+def split(
+    points: Sequence[int], max_array_size: int, max_parallel: Optional[int]
+) -> list[ArrayPart]:
+    """The fewest arrays that run `points` (any subset of 0..P-1, e.g. a retry), in point
+    order, with --max-parallel shared between them (see share_throttle).
+
+    Offsets are multiples of max_array_size, so a point always lands in the same part
+    and task ids stay < MaxArraySize as Slurm requires."""
+    if max_array_size < 1:
+        raise UserError(
+            "sweep",
+            "this cluster accepts no job arrays",
+            limit="MaxArraySize 0",
+            fix="Ask the site admins to set MaxArraySize in slurm.conf",
+        )
+    wanted = sorted(set(points))
+    if wanted and wanted[0] < 0:
+        raise UserError("points", f"point {wanted[0]} is negative", fix="Points start at 0")
+    groups: dict[int, list[int]] = {}
+    for point in wanted:
+        offset = point - point % max_array_size
+        groups.setdefault(offset, []).append(point - offset)
+    if max_parallel is not None and 1 <= max_parallel < len(groups):
+        raise UserError(
+            "--max-parallel",
+            f"the sweep needs {len(groups)} job arrays (MaxArraySize {max_array_size}) "
+            "and each runs at least one point at a time",
+            limit=f"{max_parallel} < {len(groups)}",
+            fix=f"Use --max-parallel {len(groups)} or more, or fewer points per sweep",
+        )
+    throttles = share_throttle(max_parallel, [len(ids) for ids in groups.values()])
+    return [
+        ArrayPart(offset, tuple(ids), throttle)
+        for (offset, ids), throttle in zip(groups.items(), throttles)
+    ]
+
+
+def share_throttle(total: Optional[int], sizes: Sequence[int]) -> list[Optional[int]]:
+    """--max-parallel `total` shared between arrays of `sizes` tasks.
+
+    Every part gets 1, the rest is shared in proportion to what each part can still use
+    (size - 1), and what rounding leaves over goes to the first parts. A share never
+    exceeds its part's size (a %N above the size throttles nothing and would hide
+    slots from the other parts), so the sum is min(total, sum(sizes)), never more than
+    total. UserError when total < len(sizes): each array runs at least one task."""
+    if total is None:
+        return [None] * len(sizes)
+    if total < 1:
+        raise UserError("--max-parallel", f"{total} runs nothing", limit="at least 1")
+    if any(size < 1 for size in sizes):
+        raise ValueError(f"array sizes must be >= 1: {list(sizes)}")
+    count = len(sizes)
+    if total < count:
+        raise UserError(
+            "--max-parallel",
+            f"the sweep needs {count} job arrays and each runs at least one point at a time",
+            limit=f"{total} < {count}",
+            fix=f"Use --max-parallel {count} or more",
+        )
+    room = sum(sizes) - count
+    budget = min(total, sum(sizes)) - count  # <= room, so no floor below exceeds its size
+    shares = [1 + (budget * (size - 1) // room if room else 0) for size in sizes]
+    left = budget - (sum(shares) - count)
+    while left > 0:  # fewer than `count` slots left; room remains since budget <= room
+        for i, size in enumerate(sizes):
+            if left > 0 and shares[i] < size:
+                shares[i] += 1
+                left -= 1
+    return list(shares)
+
+
+# -------------------------------------------------------------------------- site limits
+
+# The caller formats {user} and runs this; no accounting database (sacctmgr fails or
+# prints nothing) means max_submit_jobs=None. The QOS limit MaxSubmitJobsPerUser is not
+# read: which QOS a job gets depends on the request, and sbatch's refusal names it.
+SACCTMGR_ARGV_TEMPLATE: Final[list[str]] = [
+    "sacctmgr", "-n", "-P", "show", "assoc", "where", "user={user}",
+    "format=Cluster,Account,User,Partition,MaxSubmit",
+]  # fmt: skip
+
+# Counting what is queued for check_fits (count the non-empty lines). -r: slurmctld
+# counts each array task as a job, so a pending array must count once per task.
+# - with max_submit_jobs: the user's own jobs that count against MaxSubmitJobs
+#   (pending and running): [*SQUEUE_COUNT_ARGV, "-u", user]
+# - without: every job record slurmctld holds, all users, finished ones it still keeps
+#   (MinJobAge) included, as MaxJobCount counts them: [*SQUEUE_COUNT_ARGV, "-t", "all"]
+SQUEUE_COUNT_ARGV: Final[list[str]] = ["squeue", "-h", "-r", "-o", "%i"]
+
+
+def sacctmgr_argv(user: str) -> list[str]:
+    return [arg.replace("{user}", user) for arg in SACCTMGR_ARGV_TEMPLATE]
+
+
+@dataclass(frozen=True)
+class SiteLimits:
+    max_array_size: int  # scontrol show config MaxArraySize (default 1001 when absent)
+    max_job_count: int  # MaxJobCount (default 10000)
+    max_submit_jobs: Optional[int]  # from sacctmgr when an accounting database answers
+
+
+def parse_config(text: str) -> tuple[int, int]:
+    """(MaxArraySize, MaxJobCount) from `scontrol show config` text."""
+    config: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            config.setdefault(key.strip(), value.strip())
+    return limits_from_config(config)
+
+
+def limits_from_config(config: Mapping[str, str]) -> tuple[int, int]:
+    """The same from an already parsed config (discover.slurm_config(): no second call)."""
+    return (
+        _count(config.get("MaxArraySize"), DEFAULT_MAX_ARRAY_SIZE),
+        _count(config.get("MaxJobCount"), DEFAULT_MAX_JOB_COUNT),
+    )
+
+
+def _count(text: Optional[str], default: int) -> int:
+    # MaxArraySize = 0 is meaningful (arrays disabled), so only a missing value defaults.
+    return int(text) if text is not None and text.strip().isdigit() else default
+
+
+def parse_max_submit(
+    text: str,
+    user: str,
+    account: Optional[str],
+    partition: Optional[str],
+    *,
+    cluster: Optional[str] = None,
+) -> Optional[int]:
+    """MaxSubmit of the user's most specific association in SACCTMGR_ARGV_TEMPLATE's output
+    (user+account+partition > user+account > user); None = no limit (empty MaxSubmit).
+
+    account/partition None (the job takes the user's defaults, unknown here): rows of any
+    account/partition qualify, and among equally specific rows the lowest limit counts,
+    so that a refusal here is never one sbatch would not make for some default."""
+    best = -1  # the score below, -1 = no row yet
+    limits: list[Optional[int]] = []
+    for line in text.splitlines():
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) < 5 or fields[2] != user:
+            continue
+        row_cluster, row_account, _, row_partition, max_submit = fields[:5]
+        if cluster is not None and row_cluster != cluster:
+            continue
+        if account is not None and row_account != account:
+            continue
+        if row_partition and partition is not None and row_partition != partition:
+            continue
+        score = 2 * (account is not None) + (bool(row_partition) and partition is not None)
+        value = int(max_submit) if max_submit.isdigit() else None
+        if score > best:
+            best, limits = score, [value]
+        elif score == best:
+            limits.append(value)
+    numbers = [value for value in limits if value is not None]
+    return min(numbers) if numbers else None
+
+
+def check_fits(points: int, limits: SiteLimits, queued_now: int) -> None:
+    """UserError when slurmctld would refuse `points` array tasks: each counts as one job.
+
+    queued_now counts array tasks one by one (see SQUEUE_COUNT_ARGV): the user's own jobs
+    when limits.max_submit_jobs is set, else every job record of all users."""
+    if points >= limits.max_job_count:  # never fits, whatever is queued
+        raise UserError(
+            "sweep",
+            f"{points} points do not fit the cluster's job table",
+            limit=f"MaxJobCount {limits.max_job_count}",
+            fix="Run fewer points per sweep (split the --configs)",
+        )
+    if limits.max_submit_jobs is not None:
+        if points > limits.max_submit_jobs - queued_now:
+            raise UserError(
+                "sweep",
+                f"{points} points do not fit what one user may queue",
+                limit=f"MaxSubmitJobs {limits.max_submit_jobs}, {queued_now} already queued",
+                fix="Run fewer points per sweep (split the --configs), wait for queued "
+                "jobs to end, or ask the site admins for a higher MaxSubmitJobs",
+            )
+        return
+    # slurmctld refuses when job count + new tasks reaches MaxJobCount (job_mgr.c).
+    if points > limits.max_job_count - 1 - queued_now:
+        raise UserError(
+            "sweep",
+            f"{points} points do not fit the cluster's job table now",
+            limit=f"MaxJobCount {limits.max_job_count}, {queued_now} jobs held by all users",
+            fix="Run fewer points per sweep (split the --configs) or wait for jobs to end",
+        )
+
+
+# -------------------------------------------------------------------------------- status
+
+# -r: one line per array task, pending ones too (without it: "66|0-5%2|66|PENDING|None").
+# %A is the task's own job id once it has one; the caller appends ["-j", "A1,A2"].
+SQUEUE_ARGV: Final[list[str]] = ["squeue", "-r", "-h", "-t", "all", "-o", "%F|%K|%A|%T|%r"]
+# The caller runs ["sacct", "-X" or "-c", "-n", "-P", "-j", IDS, "-o", SACCT_FIELDS]. With
+# a database, IDS are the array ids. With -c (jobcomp/filetxt, Slurm 22.05) sacct knows no
+# arrays: JobID is the task's own id, `-j ARRAY_ID` finds only the task that took that id,
+# so IDS are the keys of tasks_by_job_id() and that map is parse_sacct's `known`.
+SACCT_FIELDS: Final = "JobID,JobIDRaw,State,ExitCode"
+
+
+@dataclass(frozen=True)
+class TaskState:
+    array_job_id: str
+    task_id: int
+    job_id: str  # the task's own job id when known, else ""
+    state: str  # normalised Slurm state word, e.g. "PENDING", "CANCELLED"
+    reason: str  # squeue %r, "" when None
+    exit_code: Optional[int]  # sacct "3:0" -> 3, "0:15" -> 128+15; None when unknown
+
+
+TaskKey = tuple[str, int]
+
+
+@functools.lru_cache(maxsize=512)
+def _state(word: str) -> str:
+    # Cached: a 10,000-task listing holds a handful of distinct words.
+    return states.parse(word).value
+
+
+def _tasks(text: str) -> tuple[int, ...]:
+    if text.isdigit():  # the common case, kept off the slow path
+        return (int(text),)
+    try:
+        return expand(text)
+    except ValueError:
+        return ()  # "N/A": not an array task
+
+
+def parse_squeue(text: str) -> dict[TaskKey, TaskState]:
+    """Array tasks in SQUEUE_ARGV's output; other jobs are skipped.
+
+    Tasks not started yet share one record, the array's own (%A = %F): no task owns that
+    id until one task is left in it, which then runs under it."""
+    rows: list[tuple[str, tuple[int, ...], str, str, str]] = []
+    sharing: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|", 4)
+        if len(fields) != 5:
+            continue
+        array_id, task_text, job_id, word, reason = fields
+        tasks = _tasks(task_text)
+        if tasks and array_id.isdigit():
+            rows.append((array_id, tasks, job_id, word, "" if reason == "None" else reason))
+            sharing[job_id] = sharing.get(job_id, 0) + len(tasks)
+    found: dict[TaskKey, TaskState] = {}
+    for array_id, tasks, job_id, word, reason in rows:
+        own = job_id if sharing[job_id] == 1 and job_id.isdigit() else ""
+        state = _state(word)
+        for task in tasks:
+            found[(array_id, task)] = TaskState(array_id, task, own, state, reason, None)
+    return found
+
+
+def tasks_by_job_id(tasks: Mapping[TaskKey, TaskState]) -> dict[str, list[TaskKey]]:
+    """The job ids sacct -c knows these tasks by: a task's own id, else its array's id
+    (the tasks still sharing the array's record). Keep it across refreshes (update it
+    with each squeue answer): once a task ends, squeue forgets it after MinJobAge."""
+    ids: dict[str, list[TaskKey]] = {}
+    for key, task in tasks.items():
+        ids.setdefault(task.job_id or task.array_job_id, []).append(key)
+    return ids
+
+
+def parse_sacct(
+    text: str, known: Optional[Mapping[str, Sequence[TaskKey]]] = None
+) -> dict[TaskKey, TaskState]:
+    """Array tasks in `sacct -n -P -o SACCT_FIELDS` output; later records of a task win
+    (a requeued task has several), steps and other jobs are skipped. Records without the
+    array form (sacct -c) are placed by `known` (tasks_by_job_id), else skipped."""
+    found: dict[TaskKey, TaskState] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) < 4 or "." in fields[0]:
+            continue
+        job, raw, word, code = fields[:4]
+        array_id, sep, task_text = job.partition("_")
+        if sep:
+            keys = [(array_id, task) for task in _tasks(task_text)]
+            # A bracket record is the pending remainder: its JobIDRaw is the array's id.
+            own = raw if len(keys) == 1 and "[" not in task_text else ""
+        elif known is not None and job in known:
+            keys = list(known[job])
+            own = job if len(keys) == 1 else ""
+        else:
+            continue
+        state = _state(word)
+        exit_code = None if state in _ACTIVE_WORDS else _exit_code(code)
+        for key in keys:
+            found[key] = TaskState(key[0], key[1], own, state, "", exit_code)
+    return found
+
+
+_ACTIVE_WORDS: Final = frozenset(state.value for state in states.ACTIVE)
+
+
+def _exit_code(text: str) -> Optional[int]:
+    """sacct's "code:signal": a signal means the shell's 128+N, else the code."""
+    code, sep, signal = text.strip().partition(":")
+    if not code.isdigit() or (sep and not signal.isdigit()):
+        return None
+    return 128 + int(signal) if sep and int(signal) else int(code)

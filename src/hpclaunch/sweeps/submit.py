@@ -1,0 +1,399 @@
+"""A sweep from request to queued arrays: plan (nothing written: what --dry-run shows),
+then start: the sweep folder, one code snapshot, the shipped files once, a folder per
+point, and one sbatch call per array part (one for any sweep under MaxArraySize).
+
+Every bad request is refused in `plan`, before anything is written or submitted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import (
+    __version__,
+    codeplan,
+    discover,
+    index,
+    launching,
+    node,
+    records,
+    render,
+    rundirs,
+    slurmcmd,
+    users,
+)
+from ..errors import HpclaunchError, UserError
+from . import arrays, record, script
+from .points import Point, build_points, check_placeholders
+
+MAX_POINTS = 1_000_000  # beyond any site's queue; refused instantly, before building
+TRIAL_MODULE = "hpclaunch.sweeps.pointcmd"
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    grids: tuple[str, ...] = ()
+    configs: Optional[str] = None
+    repeat: Optional[int] = None
+    max_parallel: Optional[int] = None
+    optuna: Optional[str] = None
+    trials: Optional[int] = None
+    metric: Optional[str] = None
+    direction: str = "minimize"
+
+    def to_record(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    planned: launching.Planned  # the sweep as one run: spec, profile, code, sweep paths
+    options: SweepOptions
+    points: list[Point]
+    token: str
+    point_template: str  # a point's job.sh with the token where its number goes
+    array_script: str
+    parts: list[arrays.ArrayPart]
+    space: tuple[Any, ...] = ()  # Optuna's SpaceParam entries
+
+    @property
+    def paths(self) -> rundirs.RunPaths:
+        return self.planned.paths
+
+    @property
+    def local(self) -> bool:
+        return self.planned.prepared.profile.kind == "local"
+
+    def sbatch_argvs(self) -> list[list[str]]:
+        job_sh = self.paths.job_sh
+        return [script.sbatch_argv(job_sh, p.spec(), p.offset) for p in self.parts]
+
+
+def _at_least_one(field: str, value: Optional[int]) -> None:
+    if value is not None and value < 1:
+        raise UserError(field, f"{value} is below 1", "at least 1", f"Give {field} 1 or more")
+
+
+def sweep_points(req: launching.Request, opts: SweepOptions) -> tuple[list[Point], tuple[Any, ...]]:
+    """The point table (Optuna: one empty point per trial) and the Optuna space."""
+    for field, value in (
+        ("--repeat", opts.repeat),
+        ("--max-parallel", opts.max_parallel),
+        ("--trials", opts.trials),
+    ):
+        _at_least_one(field, value)
+    configs = Path(opts.configs) if opts.configs else None
+    if configs is not None and not configs.is_absolute():
+        configs = req.cwd / configs
+    if not opts.optuna:
+        for field, value in (("--trials", opts.trials), ("--metric", None)):
+            if value is not None:
+                raise UserError(field, "only with --optuna", "", "Add --optuna SPACE_FILE")
+        points = build_points(opts.grids, configs, opts.repeat, MAX_POINTS)
+        check_placeholders(req.program, points)
+        return points, ()
+    from . import space
+
+    if opts.grids or configs or opts.repeat:
+        raise UserError(
+            "--optuna",
+            "cannot be combined with --grid, --configs or --repeat",
+            "",
+            "Put every parameter in the space file",
+        )
+    if opts.trials is None or not opts.metric:
+        missing = "--trials N" if opts.trials is None else "--metric NAME"
+        raise UserError("--optuna", f"needs {missing}", "", f"Add {missing}")
+    space.require_optuna()
+    path = Path(opts.optuna) if Path(opts.optuna).is_absolute() else req.cwd / opts.optuna
+    found = space.read_space(path)
+    probe = [Point(0, {p.name: "" for p in found})]
+    check_placeholders(req.program, probe)
+    return [Point(i, {}) for i in range(opts.trials)], found
+
+
+def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
+    points, found_space = sweep_points(req, opts)
+    planned = launching.plan(req)
+    spec, paths = planned.spec, planned.paths
+    if planned.prepared.in_allocation:
+        # sbatch works inside an allocation too: the sweep is its own jobs, not steps.
+        planned = replace(planned, prepared=replace(planned.prepared, in_allocation=False))
+    token = script.new_token()
+    point = script.point_paths(paths, token)
+    template = render.plan(spec, planned.prepared.profile, point, planned.code.cwd).script
+    parts: list[arrays.ArrayPart] = []
+    trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
+    if planned.prepared.profile.kind != "local":
+        limits = site_limits(req)
+        arrays.check_fits(len(points), limits, queued_jobs())
+        parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
+        if trial_cmd:
+            check_trial_python(trial_cmd)
+    text = script.array_script(spec, paths, planned.code.cwd, len(points), trial_cmd)
+    return SweepPlan(planned, opts, points, token, template, text, parts, found_space)
+
+
+def site_limits(req: launching.Request) -> arrays.SiteLimits:
+    config = discover.slurm_config() or {}
+    max_array = _int(config.get("MaxArraySize"), 1001)
+    max_jobs = _int(config.get("MaxJobCount"), 10000)
+    user = users.user_name(req.environ)
+    argv = [a.replace("{user}", user) for a in arrays.SACCTMGR_ARGV_TEMPLATE]
+    answer = slurmcmd.query(argv, timeout=10)
+    account = req.options.get("account")
+    partition = req.options.get("partition")
+    max_submit = (
+        arrays.parse_max_submit(answer, user, account, partition) if answer is not None else None
+    )
+    return arrays.SiteLimits(max_array, max_jobs, max_submit)
+
+
+def _int(text: Optional[str], default: int) -> int:
+    try:
+        return int(str(text).split()[0])
+    except (ValueError, IndexError):
+        return default
+
+
+def queued_jobs() -> int:
+    """Jobs (array tasks counted one by one) queued now: one squeue call."""
+    out = slurmcmd.query(["squeue", "-h", "-r", "-o", "%i"], timeout=30)
+    return len(out.splitlines()) if out else 0
+
+
+def check_trial_python(trial_cmd: Sequence[str]) -> None:
+    """Ask and tell run on the batch host with this hpclaunch: it must be importable with
+    optuna by this interpreter, from a path the nodes share (not /tmp, node-local)."""
+    import subprocess
+
+    python = trial_cmd[0]
+    where = [python, *(str(Path(m.__file__ or "").parent) for m in _modules())]
+    private = [p for p in where if p.startswith(("/tmp/", "/dev/shm/"))]
+    if private:
+        raise UserError(
+            "--optuna",
+            f"{private[0]} is node-local",
+            "ask and tell run on the batch host",
+            "Install hpclaunch and optuna on shared storage",
+        )
+    probe = [python, "-c", f"import {TRIAL_MODULE}, optuna"]
+    done = subprocess.run(probe, capture_output=True, text=True, check=False, timeout=120)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(
+            "--optuna",
+            f"{python} cannot import hpclaunch and optuna ({last})",
+            "",
+            "pip install 'hpclaunch[optuna]' into that interpreter",
+        )
+
+
+def _modules() -> list[Any]:
+    import optuna
+
+    import hpclaunch
+
+    return [hpclaunch, optuna]
+
+
+def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
+    """Write the sweep and submit its arrays; returns the sweep record. Nothing is left
+    behind (folder, index entry) when any step before Slurm's acceptance fails."""
+    paths = rundirs.create(sp.paths)
+    if paths.run_id != sp.paths.run_id:
+        raise HpclaunchError(f"sweep id collision on {sp.paths.run_id}; run the command again")
+    spec = sp.planned.spec
+    try:
+        data = _write_sweep(req, sp)
+        if sp.space:
+            from . import trials
+
+            trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
+        if sp.local:
+            return data
+        job_ids = _submit_parts(req, sp)
+    except BaseException:
+        rundirs.remove(paths)
+        raise
+    data = record.update(paths.run_dir, arrays=_array_entries(sp, job_ids, attempt=1))
+    _write_point_records(sp, data, job_ids)
+    index.add(
+        {
+            "run_id": paths.run_id,
+            "run_dir": str(paths.run_dir),
+            "job_id": job_ids[0],
+            "exp": spec.exp,
+            "cluster": spec.cluster,
+            "submitted_at": time.time(),
+            "sweep": True,
+            "points": len(sp.points),
+        },
+        req.environ,
+    )
+    return data
+
+
+def _submit_parts(req: launching.Request, sp: SweepPlan) -> list[str]:
+    """One sbatch per part; a part Slurm refuses cancels the parts already queued."""
+    from ..backends.slurm import submission_env
+
+    env = submission_env(sp.planned.plan, req.environ)
+    job_ids: list[str] = []
+    try:
+        for argv in sp.sbatch_argvs():
+            out = slurmcmd.run(argv, env=env)
+            job_id = out.strip().split(";")[0]
+            if not job_id.isdigit():
+                raise HpclaunchError(f"sbatch printed no job id: {out.strip()!r}")
+            job_ids.append(job_id)
+    except BaseException:
+        if job_ids:
+            slurmcmd.query(["scancel", *job_ids])
+        raise
+    return job_ids
+
+
+def _array_entries(sp: SweepPlan, job_ids: Sequence[str], attempt: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "job_id": j,
+            "offset": p.offset,
+            "spec": p.spec(),
+            "points": len(p.task_ids),
+            "attempt": attempt,
+            "submitted_at": time.time(),
+        }
+        for p, j in zip(sp.parts, job_ids)
+    ]
+
+
+def _write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
+    from ..launching import _precompile
+
+    paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
+    code = codeplan.write_code(planned.code, paths, rundirs.absolute(spec.run_root, req.cwd))
+    paths.job_sh.write_bytes(sp.array_script.encode("utf-8", "surrogateescape"))
+    import shutil
+
+    shipped = [node.LOADER, node.BOOTSTRAP]
+    if spec.stage or spec.stage_out:
+        shipped.append(node.STAGE_GUARD)
+    for source in shipped:
+        shutil.copyfile(node.path(source), paths.shipped(source))
+    _precompile(paths.shipped(node.BOOTSTRAP))
+    records.write_json(paths.run_dir / "spec.json", spec.to_record())
+    _write_points(sp)
+    if spec.stage:
+        from .. import stage
+
+        stage.pack_all(spec.stage)
+    data = {
+        "sweep_id": paths.run_id,
+        "exp": spec.exp,
+        "cluster": spec.cluster,
+        "backend": "local" if sp.local else "slurm",
+        "sweep_dir": str(paths.run_dir),
+        "submitted_at": time.time(),
+        "command": list(req.program),
+        "argv": records.masked_argv(list(req.argv)),
+        "options": records.masked_options(req.options),
+        "sweep": sp.options.to_record(),
+        "cwd": str(req.cwd),
+        "code": code,
+        "hpclaunch_version": __version__,
+        "kind": "optuna" if sp.space else "grid",
+        "arrays": [],
+        "space": [dict(p.__dict__) for p in sp.space],
+        "points": [
+            {"index": p.index, "params": dict(p.params), "args": list(p.args), "source": p.source}
+            for p in sp.points
+        ],
+    }
+    record.write(paths.run_dir, data)
+    return data
+
+
+def _write_points(sp: SweepPlan) -> None:
+    """A folder per point: job.sh (the template, numbered), params.env, logs/."""
+    spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
+    stage_json = render.stage_json(spec, script.point_paths(sp.paths, sp.token))
+    for point in sp.points:
+        paths = script.point_paths(sp.paths, str(point.index))
+        (paths.run_dir / "logs").mkdir(parents=True)
+        paths.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        text = script.point_script(sp.point_template, sp.token, point.index)
+        record.write_new(paths.job_sh, text)
+        if not sp.space:  # an Optuna point writes its own when it asks
+            record.write_new(
+                paths.run_dir / record.PARAMS_ENV, script.params_env(sweep_id, total, point)
+            )
+        if spec.stage or spec.stage_out:
+            stage_json["run_dir"] = str(paths.run_dir)
+            records.write_json(paths.run_dir / node.STAGE_JSON, stage_json)
+
+
+def _write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[str]) -> None:
+    """Each point's run.json: a run record like any other (status/logs/show SWEEP:I)."""
+    import json
+
+    spec, now = sp.planned.spec, time.time()
+    task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    for point in sp.points:
+        paths = script.point_paths(sp.paths, str(point.index))
+        job = task_of.get(point.index)
+        entry = {
+            "run_id": f"{sp.paths.run_id}:{point.index}",
+            "sweep_id": sp.paths.run_id,
+            "point": point.index,
+            "exp": spec.exp,
+            "cluster": spec.cluster,
+            "backend": data["backend"],
+            "run_dir": str(paths.run_dir),
+            "checkpoint_dir": str(paths.checkpoint_dir),
+            "job_id": job,
+            "job_ids": [job] if job else [],
+            "submitted_at": now,
+            "attempts": 1,
+            "state": "PENDING",
+            "exit_code": None,
+            "command": [*data["command"], *point.args],
+            "params": dict(point.params),
+            "nodes": spec.nodes,
+            "tasks_per_node": spec.tasks_per_node,
+            "launcher": spec.launcher,
+            "job_name": spec.job_name,
+            "hpclaunch_version": __version__,
+        }
+        record.write_new(paths.record, json.dumps(entry, indent=2, sort_keys=True) + "\n")
+
+
+def describe(sp: SweepPlan, environ: Any) -> str:
+    """The --dry-run text: the array script, the sbatch line(s), the point table."""
+    out = [sp.array_script.rstrip("\n"), ""]
+    if sp.local:
+        out.append(
+            f"# --cluster local: {len(sp.points)} points run here, "
+            f"{sp.options.max_parallel or 1} at a time"
+        )
+    else:
+        out += script.submit_lines(sp.sbatch_argvs(), dict(sp.planned.plan.secret_env))
+    out += [
+        "",
+        "# each point's job.sh (point 0 shown):",
+        script.point_script(sp.point_template, sp.token, 0).rstrip("\n"),
+        "",
+    ]
+    if sp.space:
+        out.append(f"# {len(sp.points)} Optuna trials over: {', '.join(p.name for p in sp.space)}")
+    else:
+        out += script.preview_table(sp.points)
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["SweepOptions", "SweepPlan", "describe", "plan", "start"]
