@@ -300,7 +300,7 @@ def test_grid_refusals(grids: list[str], field: str, words: tuple[str, ...]) -> 
 
 def test_nothing_to_sweep() -> None:
     err = refused(lambda: build_points([], None, None), "sweep", "nothing to sweep over")
-    assert err.fix == "give --grid NAME=V1,V2, --configs FILE, --repeat N or --optuna SPACE"
+    assert err.fix == "Give --grid NAME=V1,V2, --configs FILE, --repeat N or --optuna SPACE"
 
 
 @pytest.mark.parametrize("repeat", [0, -1])
@@ -452,8 +452,8 @@ def test_placeholder_unknown_everywhere() -> None:
     )
     assert err.problem == "unknown placeholder {x} in argument '--x={x}'"
     assert err.limit == "known: " + ", ".join(sorted([*RANK_PLACEHOLDERS, "lr"]))
-    assert err.fix == "write {{x}} for a literal {x}"
-    assert err.line().endswith(". write {{x}} for a literal {x}")
+    assert err.fix == "Write {{x}} for a literal {x}"
+    assert err.line().endswith(". Write {{x}} for a literal {x}")
 
 
 def test_placeholder_case_matters() -> None:

@@ -225,3 +225,33 @@ def _replace(path: Path, text: str) -> None:
     tmp.write_text(text)
     os.chmod(tmp, path.stat().st_mode)
     os.replace(tmp, path)
+
+
+class min_job_age:
+    """Make slurmctld forget finished jobs soon (MinJobAge, `scontrol reconfigure`) and
+    restore the configuration afterwards; it purges on its own cycle (every 60 s)."""
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+        self.saved = ""
+
+    def __enter__(self) -> min_job_age:
+        conf = conf_path()
+        self.saved = conf.read_text()
+        text = "\n".join(
+            f"MinJobAge={self.seconds}" if line.startswith("MinJobAge=") else line
+            for line in self.saved.splitlines()
+        )
+        _replace(conf, text + "\n")
+        _slurm(["scontrol", "reconfigure"], timeout=30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _replace(conf_path(), self.saved)
+        _slurm(["scontrol", "reconfigure"], timeout=30)
+
+
+def known_to_controller(job_id: str) -> bool:
+    """Whether slurmctld still holds the job's record (not yet purged)."""
+    done = _slurm(["scontrol", "-o", "show", "job", job_id])
+    return done.returncode == 0 and "JobId=" in done.stdout

@@ -78,11 +78,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_issued: list[int] = []  # the ids this process handed out (a local sweep starts several)
+_issuing = threading.Lock()
+
+
 def local_job_id() -> int:
     """A job id for a local run: two runs started at once (different pids) or one after
-    the other (different milliseconds) get different ids; below 2**31 like Slurm's."""
+    the other (different milliseconds) get different ids, and so do runs this process
+    starts in the same millisecond (the points of a local sweep, whose MASTER_PORT comes
+    from it); below 2**31 like Slurm's."""
     ms = time.time_ns() // 1_000_000
-    return (os.getpid() * 1_000_003 + ms) % (2**31 - 1) or 1
+    job_id = (os.getpid() * 1_000_003 + ms) % (2**31 - 1) or 1
+    with _issuing:
+        while job_id in _issued:
+            job_id = job_id % (2**31 - 2) + 1
+        _issued.append(job_id)
+    return job_id
 
 
 def short_hostname() -> str:

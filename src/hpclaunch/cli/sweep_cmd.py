@@ -41,6 +41,20 @@ class _SweepGroup(click.Group):
             return super().parse_args(ctx, args)
         return super().parse_args(ctx, ["submit", *args])
 
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The submitting form's help (every run and sweep option), then the subcommands."""
+        submit = self.commands["submit"]
+        submit.format_help(
+            click.Context(
+                submit,
+                info_name=ctx.info_name,
+                parent=ctx.parent,
+                max_content_width=ctx.max_content_width,
+            ),
+            formatter,
+        )
+        self.format_commands(ctx, formatter)
+
 
 @click.group("sweep", cls=_SweepGroup, help=SWEEP_HELP)
 def sweep_group() -> None:

@@ -1,14 +1,10 @@
 """A sweep of P points as Slurm job arrays: how to split it, whether it fits, its status.
 
-A sweep is ONE `sbatch --array` job, split only where the site forces it: every array
-task id must be < MaxArraySize (slurm.conf(5)), so point p runs as task
-p - offset of the part whose offset is (p // MaxArraySize) * MaxArraySize. The job
-script computes `point = offset + SLURM_ARRAY_TASK_ID`.
-
-Everything here is pure: the caller runs the Slurm commands named by the constants
-below and passes their text in, so that tests feed recorded output and the number of
-calls made to slurmctld stays the caller's to count (one squeue + one sacct per refresh,
-whatever the number of arrays).
+A sweep is ONE `sbatch --array` job, split only where the site forces it: every task id
+must be < MaxArraySize (slurm.conf(5)). The job script computes `point = offset +
+SLURM_ARRAY_TASK_ID`. Pure: the caller runs the Slurm commands named by the constants
+below (one squeue + one sacct per refresh, whatever the number of arrays) and passes
+their text in, so tests feed recorded output.
 """
 
 from __future__ import annotations

@@ -214,8 +214,7 @@ def _resubmit(
     from ..users import with_user
 
     env = {k: v for k, v in with_user(environ).items() if k not in RESOLVED_SBATCH_ENV}
-    config = discover.slurm_config() or {}
-    max_array = int(str(config.get("MaxArraySize", "1001")).split()[0] or 1001)
+    max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
     parts = arrays.split(wanted, max_array, parallel)
     job_sh = sweep.sweep_dir / "job.sh"

@@ -17,13 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import records, slurmcmd
+from .. import records, slurmcmd, states
 from ..errors import HpclaunchError
 from . import arrays, record, script
 from .points import Point
 from .space import SpaceParam
-
-ALIVE_STATES = "PD,R,CG,RQ,S,CF,RS,RH"  # queued, running, requeued, suspended
 
 
 def space_of(data: dict[str, Any]) -> tuple[SpaceParam, ...]:
@@ -43,11 +41,15 @@ def alive_points(data: dict[str, Any]) -> Any:
         offsets = {str(a["job_id"]): int(a["offset"]) for a in data.get("arrays") or []}
         if not offsets:
             return set()
-        argv = ["squeue", "-r", "-h", "-t", ALIVE_STATES, "-o", "%F|%K|%i|%T|%r"]
-        out = slurmcmd.query([*argv, "-j", ",".join(offsets)], timeout=30)
+        out = slurmcmd.query([*arrays.SQUEUE_ARGV, "-j", ",".join(offsets)], timeout=30)
         if out is None:  # Slurm does not answer: fail nobody on a guess
             return set(indices)
-        held = {offsets[a] + t for (a, t) in arrays.parse_squeue(out) if a in offsets}
+        tasks = arrays.parse_squeue(out).values()
+        held = {
+            offsets[t.array_job_id] + t.task_id
+            for t in tasks
+            if t.array_job_id in offsets and states.is_active(states.parse(t.state))
+        }
         return {i for i in indices if i in held}
 
     return alive

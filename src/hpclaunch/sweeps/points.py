@@ -115,7 +115,7 @@ def build_points(
     """Every point of the sweep, in order; UserError before anything is built if the
     request is empty, inconsistent or over ``max_points``."""
     if not grids and configs is None and repeat is None:
-        fix = "give --grid NAME=V1,V2, --configs FILE, --repeat N or --optuna SPACE"
+        fix = "Give --grid NAME=V1,V2, --configs FILE, --repeat N or --optuna SPACE"
         raise UserError("sweep", "nothing to sweep over", "", fix)
     if repeat is not None and repeat < 1:
         raise UserError(REPEAT, f"--repeat {repeat} is below 1", "", "Give --repeat 1 or more")
@@ -395,4 +395,4 @@ def _unknown(name: str, arg: str, point: Point, word: str) -> None:
         where = f" {word} point {point.index}" + (f" ({point.source})" if point.source else "")
     problem = f"unknown placeholder {{{name}}} in argument {arg!r}{where}"
     known = "known: " + ", ".join(sorted({*RANK_PLACEHOLDERS, *point.params}))
-    raise UserError("PROGRAM", problem, known, f"write {{{{{name}}}}} for a literal {{{name}}}")
+    raise UserError("PROGRAM", problem, known, f"Write {{{{{name}}}}} for a literal {{{name}}}")

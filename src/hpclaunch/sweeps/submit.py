@@ -131,7 +131,7 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
     if planned.prepared.profile.kind != "local":
         limits = site_limits(req)
-        arrays.check_fits(len(points), limits, queued_jobs())
+        arrays.check_fits(len(points), limits, queued_jobs(limits, users.user_name(req.environ)))
         parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
         if trial_cmd:
             check_trial_python(trial_cmd)
@@ -140,30 +140,23 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
 
 
 def site_limits(req: launching.Request) -> arrays.SiteLimits:
-    config = discover.slurm_config() or {}
-    max_array = _int(config.get("MaxArraySize"), 1001)
-    max_jobs = _int(config.get("MaxJobCount"), 10000)
+    """MaxArraySize and MaxJobCount (the cached `scontrol show config`), MaxSubmitJobs
+    where an accounting database answers sacctmgr."""
+    max_array, max_jobs = arrays.limits_from_config(discover.slurm_config() or {})
     user = users.user_name(req.environ)
-    argv = [a.replace("{user}", user) for a in arrays.SACCTMGR_ARGV_TEMPLATE]
-    answer = slurmcmd.query(argv, timeout=10)
-    account = req.options.get("account")
-    partition = req.options.get("partition")
+    answer = slurmcmd.query(arrays.sacctmgr_argv(user), timeout=10)
+    account, partition = req.options.get("account"), req.options.get("partition")
     max_submit = (
         arrays.parse_max_submit(answer, user, account, partition) if answer is not None else None
     )
     return arrays.SiteLimits(max_array, max_jobs, max_submit)
 
 
-def _int(text: Optional[str], default: int) -> int:
-    try:
-        return int(str(text).split()[0])
-    except (ValueError, IndexError):
-        return default
-
-
-def queued_jobs() -> int:
-    """Jobs (array tasks counted one by one) queued now: one squeue call."""
-    out = slurmcmd.query(["squeue", "-h", "-r", "-o", "%i"], timeout=30)
+def queued_jobs(limits: arrays.SiteLimits, user: str) -> int:
+    """Jobs counted against the limit that applies (array tasks one by one): the user's
+    own for MaxSubmitJobs, every record slurmctld holds for MaxJobCount. One squeue."""
+    scope = ["-u", user] if limits.max_submit_jobs is not None else ["-t", "all"]
+    out = slurmcmd.query([*arrays.SQUEUE_COUNT_ARGV, *scope], timeout=30)
     return len(out.splitlines()) if out else 0
 
 
@@ -215,19 +208,18 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
             from . import trials
 
             trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
-        if sp.local:
-            return data
-        job_ids = _submit_parts(req, sp)
+        job_ids = [] if sp.local else _submit_parts(req, sp)
     except BaseException:
         rundirs.remove(paths)
         raise
-    data = record.update(paths.run_dir, arrays=_array_entries(sp, job_ids, attempt=1))
-    _write_point_records(sp, data, job_ids)
+    if job_ids:
+        data = record.update(paths.run_dir, arrays=_array_entries(sp, job_ids, attempt=1))
+        _write_point_records(sp, data, job_ids)
     index.add(
         {
             "run_id": paths.run_id,
             "run_dir": str(paths.run_dir),
-            "job_id": job_ids[0],
+            "job_id": job_ids[0] if job_ids else None,
             "exp": spec.exp,
             "cluster": spec.cluster,
             "submitted_at": time.time(),

@@ -108,7 +108,6 @@ def _ended(rec: RunRecord, end: dict[str, Any]) -> dict[str, Any]:
 def _ask_slurm(rest: Sequence[RunRecord], asked: list[str]) -> dict[Path, dict[str, Any]]:
     keys = {rec.path: _task_key(str(rec.job_id)) for rec in rest}
     array_ids = sorted({k[0] for k in keys.values()}, key=_numeric)
-    learnt: dict[Path, dict[str, Any]] = {}
     found: dict[tuple[str, int], arrays.TaskState] = {}
     try:
         out = slurmcmd.run([*arrays.SQUEUE_ARGV, "-j", ",".join(array_ids)], timeout=30)
@@ -118,15 +117,16 @@ def _ask_slurm(rest: Sequence[RunRecord], asked: list[str]) -> dict[Path, dict[s
     asked.append("squeue")
     missing = [r for r in rest if keys[r.path] not in found]
     if missing:
-        own = [_own_job_id(r) for r in missing]
-        ids = sorted({keys[r.path][0] for r in missing} | {j for j in own if j}, key=_numeric)
-        accounted = _sacct(ids)
+        # The completion file (sacct -c) knows a task only by its own job id (recorded
+        # when the point started, or seen in squeue), a never-started one by its array's.
+        known: dict[str, list[tuple[str, int]]] = {}
+        for rec in missing:
+            own = _own_job_id(rec) or keys[rec.path][0]
+            known.setdefault(own, []).append(keys[rec.path])
+        ids = sorted({keys[r.path][0] for r in missing} | set(known), key=_numeric)
+        found.update(_sacct(ids, known))
         asked.append("sacct")
-        by_own = {t.job_id: t for t in accounted.values() if t.job_id}
-        for rec, own_id in zip(missing, own):
-            task = accounted.get(keys[rec.path]) or (by_own.get(own_id) if own_id else None)
-            if task is not None:
-                found[keys[rec.path]] = task
+    learnt: dict[Path, dict[str, Any]] = {}
     for rec in rest:
         task = found.get(keys[rec.path])
         if task is not None:
@@ -144,16 +144,21 @@ def _task_key(job: str) -> tuple[str, int]:
 
 
 def _own_job_id(rec: RunRecord) -> str:
+    """The task's own job id: seen in squeue before, or noted when the point started."""
+    if rec.extra.get("slurm_job_id"):
+        return str(rec.extra["slurm_job_id"])
     start = record.point_started(rec.path, str(rec.job_id))
     return str(start.get("job_id") or "") if start else ""
 
 
-def _sacct(ids: Sequence[str]) -> dict[tuple[str, int], arrays.TaskState]:
+def _sacct(
+    ids: Sequence[str], known: dict[str, list[tuple[str, int]]]
+) -> dict[tuple[str, int], arrays.TaskState]:
     """One sacct call: the accounting database, else the job completion file."""
     for mode in _SACCT_MODES:
         argv = ["sacct", *mode, "-n", "-P", "-j", ",".join(ids), "-o", arrays.SACCT_FIELDS]
         try:
-            return arrays.parse_sacct(slurmcmd.run(argv, timeout=30))
+            return arrays.parse_sacct(slurmcmd.run(argv, timeout=30), known)
         except SlurmError:
             continue
     return {}
@@ -162,6 +167,8 @@ def _sacct(ids: Sequence[str]) -> dict[tuple[str, int], arrays.TaskState]:
 def _from_task(rec: RunRecord, task: arrays.TaskState) -> dict[str, Any]:
     state = states.parse(task.state)
     changes: dict[str, Any] = {"state": state.value, "reason": task.reason}
+    if task.job_id and task.job_id != task.array_job_id:
+        changes["slurm_job_id"] = task.job_id  # what sacct -c will know it by
     if not states.is_active(state) and state != states.State.UNKNOWN:
         end = record.point_end(rec.path, str(rec.job_id))
         if end is not None:  # the point said how it ended (its event beats sacct's word)
@@ -195,9 +202,12 @@ def point_row(sweep: Sweep, rec: RunRecord) -> dict[str, Any]:
 
 
 def best(rows: Sequence[dict[str, Any]], metric: str, direction: str) -> Optional[dict[str, Any]]:
-    """The point with the best finite `metric` in its result (lowest index on ties)."""
+    """The completed point with the best finite `metric` in its result (lowest index on
+    ties); a failed point's metrics are no candidate."""
     scored = []
     for row in rows:
+        if row.get("state", "COMPLETED") != "COMPLETED":
+            continue
         value = (row.get("result") or {}).get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
