@@ -19,7 +19,7 @@ _OPEN = {"CREATED"}  # recorded before the backend answered: ask it
 
 
 def needs_asking(record: RunRecord) -> bool:
-    if record.backend != "slurm" or not record.job_id or record.step:
+    if record.backend != "slurm" or not record.job_id or record.step or _is_point(record):
         return False
     return _is_open(record)
 
@@ -46,9 +46,19 @@ def _local_truth(record: RunRecord) -> RunRecord:
     return records.load(record.path)
 
 
+def _is_point(record: RunRecord) -> bool:
+    return "sweep_id" in record.extra
+
+
 def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:
     """The same runs, those that may have changed asked about in one call."""
     runs = [_local_truth(r) for r in runs]
+    if any(_is_point(r) and r.backend == "slurm" for r in runs):
+        # A sweep's points (SWEEP:I): their own end events, one squeue -r, one sacct.
+        from .sweeps.pointstate import refresh_points
+
+        changed = refresh_points(runs, [])
+        runs = [changed.get(r.path, r) for r in runs]
     asking = [r for r in runs if needs_asking(r)]
     if not asking:
         return list(runs)

@@ -12,7 +12,7 @@ from typing import Any, Optional, TextIO
 
 from .. import discover, index, records, slurmcmd, states
 from ..errors import UserError, show
-from . import arrays, record, track
+from . import arrays, pointstate, record, track
 
 # Waiting: ask again after 1, 2, 4, 8 s, then every 10 s (one squeue, rarely one sacct).
 WAIT_INTERVALS_S = (1.0, 2.0, 4.0, 8.0, 10.0)
@@ -132,7 +132,7 @@ def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
     open_ = [
         r
         for r in sweep.points
-        if track._is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
+        if pointstate.is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
     ]
     if sweep.data.get("backend") == "local":
         from ..backends.local import cancel_recorded
@@ -156,7 +156,7 @@ def throttle(sweep_dir: Path, parallel: int) -> list[tuple[str, int]]:
     sweep = track.refresh(sweep_dir)
     open_arrays: dict[str, int] = {}
     for rec in sweep.points:
-        if track._is_open(rec) and rec.job_id:
+        if pointstate.is_open(rec) and rec.job_id:
             array_id = str(rec.job_id).partition("_")[0]
             open_arrays[array_id] = open_arrays.get(array_id, 0) + 1
     ids = sorted(open_arrays, key=int)
@@ -184,7 +184,7 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
     )
     if not wanted:
         raise UserError("sweep retry", "every point completed", "", "Nothing to retry")
-    busy = [i for i in wanted if track._is_open(by_index[i])]
+    busy = [i for i in wanted if pointstate.is_open(by_index[i])]
     if busy:
         raise UserError(
             "sweep retry",

@@ -1,9 +1,6 @@
-"""A sweep brought up to date with the scheduler's load in mind: the points' own end
-events first (no Slurm call), then ONE `squeue -r -t all -j A1,A2,...` for the arrays of
-the points still open, then at most ONE sacct call (the database, else the job
-completion file, `sacct -c`) for the points neither knows. What is learnt is written
-into the points' run.json, so a sweep whose jobs Slurm purged long ago (MinJobAge)
-still reads right, and a finished sweep asks Slurm nothing at all.
+"""A sweep as of now: its record and its points' records, brought up to date together
+(pointstate.py: the points' own events, one squeue, at most one sacct; local points from
+their launcher's liveness), and what the status table shows of them.
 """
 
 from __future__ import annotations
@@ -14,13 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import records, slurmcmd, states, tracking
-from ..errors import SlurmError
-from ..monitor import job_exit_code
+from .. import records, tracking
 from ..records import RunRecord
-from . import arrays, record
-
-_SACCT_MODES: tuple[tuple[str, ...], ...] = (("-X",), ("-c",))
+from . import pointstate, record
+from .pointstate import is_open
 
 
 @dataclass
@@ -46,11 +40,7 @@ class Sweep:
         return found
 
     def active(self) -> bool:
-        return any(_is_open(r) for r in self.points)
-
-
-def _is_open(rec: RunRecord) -> bool:
-    return rec.state in ("CREATED", "PENDING") or states.is_active(states.parse(rec.state))
+        return any(is_open(r) for r in self.points)
 
 
 def load(sweep_dir: Path) -> Sweep:
@@ -72,117 +62,12 @@ def refresh_all(sweep_dirs: Sequence[Path]) -> list[Sweep]:
     learnt: dict[Path, Any] = {}
     if local:
         learnt.update({r.path: r for r in tracking.refresh(local)})
-    open_ = [r for r in every if r.backend == "slurm" and r.job_id and _is_open(r)]
-    changes: dict[Path, dict[str, Any]] = {}
-    rest = []
-    for rec in open_:
-        end = record.point_end(rec.path, str(rec.job_id))
-        if end is not None:
-            changes[rec.path] = _ended(rec, end)
-        else:
-            rest.append(rec)
     asked: list[str] = []
-    if rest:
-        changes.update(_ask_slurm(rest, asked))
-    for path, change in changes.items():
-        learnt[path] = change
+    learnt.update(pointstate.refresh_points(every, asked))
     for sweep in sweeps:
         sweep.asked = tuple(asked)
-        sweep.points = [_apply(r, learnt[r.path]) if r.path in learnt else r for r in sweep.points]
+        sweep.points = [learnt.get(r.path, r) for r in sweep.points]
     return sweeps
-
-
-def _apply(rec: RunRecord, found: Any) -> RunRecord:
-    return found if isinstance(found, RunRecord) else _write(rec, found)
-
-
-def _ended(rec: RunRecord, end: dict[str, Any]) -> dict[str, Any]:
-    """The array script's own point_end event: the point's job.sh ended with this code."""
-    rc = end.get("exit_code")
-    if rc == 0:
-        return {"state": "COMPLETED", "exit_code": 0, "ended_at": end.get("time")}
-    code = job_exit_code("FAILED", rec.path / "logs", f"{rc}:0" if isinstance(rc, int) else None)
-    return {"state": "FAILED", "exit_code": code, "ended_at": end.get("time")}
-
-
-def _ask_slurm(rest: Sequence[RunRecord], asked: list[str]) -> dict[Path, dict[str, Any]]:
-    keys = {rec.path: _task_key(str(rec.job_id)) for rec in rest}
-    array_ids = sorted({k[0] for k in keys.values()}, key=_numeric)
-    found: dict[tuple[str, int], arrays.TaskState] = {}
-    try:
-        out = slurmcmd.run([*arrays.SQUEUE_ARGV, "-j", ",".join(array_ids)], timeout=30)
-        found = arrays.parse_squeue(out)
-    except SlurmError:
-        pass  # squeue refuses a list of ids it all forgot: accounting answers
-    asked.append("squeue")
-    missing = [r for r in rest if keys[r.path] not in found]
-    if missing:
-        # The completion file (sacct -c) knows a task only by its own job id (recorded
-        # when the point started, or seen in squeue), a never-started one by its array's.
-        known: dict[str, list[tuple[str, int]]] = {}
-        for rec in missing:
-            own = _own_job_id(rec) or keys[rec.path][0]
-            known.setdefault(own, []).append(keys[rec.path])
-        ids = sorted({keys[r.path][0] for r in missing} | set(known), key=_numeric)
-        found.update(_sacct(ids, known))
-        asked.append("sacct")
-    learnt: dict[Path, dict[str, Any]] = {}
-    for rec in rest:
-        task = found.get(keys[rec.path])
-        if task is not None:
-            learnt[rec.path] = _from_task(rec, task)
-    return learnt
-
-
-def _numeric(text: str) -> tuple[int, str]:
-    return (int(text), "") if text.isdigit() else (0, text)
-
-
-def _task_key(job: str) -> tuple[str, int]:
-    array_id, _, task = job.partition("_")
-    return array_id, int(task) if task.isdigit() else -1
-
-
-def _own_job_id(rec: RunRecord) -> str:
-    """The task's own job id: seen in squeue before, or noted when the point started."""
-    if rec.extra.get("slurm_job_id"):
-        return str(rec.extra["slurm_job_id"])
-    start = record.point_started(rec.path, str(rec.job_id))
-    return str(start.get("job_id") or "") if start else ""
-
-
-def _sacct(
-    ids: Sequence[str], known: dict[str, list[tuple[str, int]]]
-) -> dict[tuple[str, int], arrays.TaskState]:
-    """One sacct call: the accounting database, else the job completion file."""
-    for mode in _SACCT_MODES:
-        argv = ["sacct", *mode, "-n", "-P", "-j", ",".join(ids), "-o", arrays.SACCT_FIELDS]
-        try:
-            return arrays.parse_sacct(slurmcmd.run(argv, timeout=30), known)
-        except SlurmError:
-            continue
-    return {}
-
-
-def _from_task(rec: RunRecord, task: arrays.TaskState) -> dict[str, Any]:
-    state = states.parse(task.state)
-    changes: dict[str, Any] = {"state": state.value, "reason": task.reason}
-    if task.job_id and task.job_id != task.array_job_id:
-        changes["slurm_job_id"] = task.job_id  # what sacct -c will know it by
-    if not states.is_active(state) and state != states.State.UNKNOWN:
-        end = record.point_end(rec.path, str(rec.job_id))
-        if end is not None:  # the point said how it ended (its event beats sacct's word)
-            return _ended(rec, end)
-        code = None if task.exit_code is None else f"{task.exit_code}:0"
-        changes["exit_code"] = job_exit_code(state.value, rec.path / "logs", code)
-    return changes
-
-
-def _write(rec: RunRecord, changes: dict[str, Any]) -> RunRecord:
-    if all(getattr(rec, k, rec.extra.get(k)) == v for k, v in changes.items()):
-        return rec
-    records.update(rec.path, **changes)
-    return records.load(rec.path)
 
 
 def point_row(sweep: Sweep, rec: RunRecord) -> dict[str, Any]:
