@@ -296,3 +296,41 @@ def test_bad_requests_are_one_line_and_leave_nothing(hpc: Hpc) -> None:
     assert hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip() == ""
     assert not (hpc.cwd / "runs").exists()
     assert hpc.runs() == []
+
+
+def test_points_in_a_container_with_staged_data_side_by_side(hpc: Hpc, user_image: Path) -> None:
+    """Three points at once on the testbed's nodes, each staging its data into its own
+    node-local folder (a point's staging guard must not take a running sibling's folder
+    for a dead job's) and running in the image."""
+    data = hpc.folder("data")
+    (data / "a.txt").write_text("hello\n")
+    out = hpc.folder("out")
+    program = hpc.cwd / "sweep_point.py"  # the image sees the project folder, not tests/
+    program.write_text(Path(POINT).read_text())
+    line = _sweep(
+        hpc,
+        "--grid",
+        "k=0,1,2",
+        "--max-parallel",
+        "3",
+        "--stage",
+        str(data),
+        "--container",
+        str(user_image),
+        "--container-runtime",
+        "charliecloud",
+        "--wait",
+        "--",
+        "python3",
+        str(program),
+        str(out),
+        "--sleep",
+        "2",
+        "{k}",
+    )
+    found = _records(out)
+    assert sorted(found) == ["p0-a1-r0", "p1-a1-r0", "p2-a1-r0"]
+    for point in range(3):
+        rec = found[f"p{point}-a1-r0"]
+        assert [bytes.fromhex(a).decode() for a in rec["argv"]] == [str(point)]
+    assert _max_at_once(_point_spans(Path(line["sweep_dir"]))) >= 2

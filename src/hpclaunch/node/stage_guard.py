@@ -81,7 +81,8 @@ def live_jobs(user: str) -> Optional[Set[str]]:
     """Job ids of `user` that Slurm still knows (None when squeue cannot tell)."""
     try:
         done = subprocess.run(
-            ["squeue", "-h", "-u", user, "-o", "%i"],
+            # %A: an array task's own job id (its node-local folder's name), %i: 123_4.
+            ["squeue", "-h", "-u", user, "-o", "%A %i"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             timeout=30,
@@ -92,8 +93,8 @@ def live_jobs(user: str) -> Optional[Set[str]]:
     if done.returncode != 0:
         return None
     ids = set()
-    for line in done.stdout.decode().split():
-        ids.add(line.split("_")[0].split("+")[0])  # array / het job suffixes
+    for word in done.stdout.decode().split():
+        ids.add(word.split("_")[0].split("+")[0])  # array / het job suffixes
     return ids
 
 

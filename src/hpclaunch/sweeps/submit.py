@@ -198,10 +198,14 @@ def _modules() -> list[Any]:
 def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     """Write the sweep and submit its arrays; returns the sweep record. Nothing is left
     behind (folder, index entry) when any step before Slurm's acceptance fails."""
+    spec = sp.planned.spec
+    if spec.container and spec.container.mount_points:
+        from ..containers import make_mount_points
+
+        make_mount_points(spec.container)
     paths = rundirs.create(sp.paths)
     if paths.run_id != sp.paths.run_id:
         raise HpclaunchError(f"sweep id collision on {sp.paths.run_id}; run the command again")
-    spec = sp.planned.spec
     try:
         data = _write_sweep(req, sp)
         if sp.space:
