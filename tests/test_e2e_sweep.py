@@ -154,7 +154,7 @@ def test_optuna_eight_trials_and_a_failed_point_retried(hpc: Hpc) -> None:
                   "--max-parallel", "2", "--wait", "--",
                   "python3", POINT, str(out), "--quadratic", "--fail-point", "3:1",
                   "--x={x}", rc=1)  # fmt: skip
-    status = _status(hpc, line["sweep_id"])
+    status = _status(hpc, line["sweep_id"], "--metric", "loss")
     states = [p["state"] for p in status["points"]]
     assert states == ["COMPLETED"] * 3 + ["FAILED"] + ["COMPLETED"] * 4
     import optuna
