@@ -70,18 +70,29 @@ def find_project_file(cwd: Path, environ: Mapping[str, str]) -> Optional[Path]:
     return None
 
 
+SWEEP_KEYS = ("wandb_sweep",)  # [sweep] in hpclaunch.toml (read by sweeps/wandb.py)
+
+
 def _project(path: Optional[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     if path is None:
         return {}, {}
     data = read_toml(path, PROJECT_FILE)
-    unknown = sorted(set(data) - {"run", "clusters"})
+    unknown = sorted(set(data) - {"run", "clusters", "sweep"})
     if unknown:
         raise UserError(
             f"{path}",
             f"unknown table {show(unknown[0])}",
-            "known: [run], [clusters.NAME]",
+            "known: [run], [sweep], [clusters.NAME]",
             "Remove or rename it",
         )
+    for key in data.get("sweep", {}):
+        if key not in SWEEP_KEYS:
+            raise UserError(
+                f"{path} [sweep] {key}",
+                "unknown key",
+                f"known: {', '.join(SWEEP_KEYS)}",
+                "See hpclaunch sweep --help",
+            )
     run = data.get("run", {})
     for key in run:
         if key not in BY_NAME:

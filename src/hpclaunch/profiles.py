@@ -176,6 +176,7 @@ class Profile(_Record):
     partitions: dict[str, Partition] = field(default_factory=dict)
     container: ContainerSettings = ContainerSettings()
     cluster_name: str = ""  # filled by discovery
+    wandb_credentials: str = ""  # a file holding the W&B API key (mode 600), e.g. seed 003's
 
     def partition(self, name: str) -> Optional[Partition]:
         return self.partitions.get(name)

@@ -80,6 +80,12 @@ def run_cmd(
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     req = request(program, given, argv=sys.argv)
+    if req.environ.get("HPCLAUNCH_WANDB_POINT") and not dry_run:
+        # The command of a W&B sweep, run by `wandb agent` inside a sweep point: the
+        # point's own job.sh starts every rank with this program line.
+        from ..sweeps.wandb import run_point
+
+        return run_point(program, req.environ)
     return run_and_report(
         req, dry_run=dry_run, wait=wait, as_json=as_json, out=sys.stdout, err=sys.stderr
     )

@@ -104,6 +104,13 @@ def sweep_group() -> None:
     help="Optuna: minimize (default) or maximize the metric.",
 )
 @click.option(
+    "--wandb-sweep",
+    metavar="ENTITY/PROJECT/ID",
+    help="A W&B sweep: each point runs `wandb agent --count 1` on its batch host, whose "
+    "`hpclaunch run -- ...` command starts the point's ranks (see sweep wandb-template).",
+)
+@click.option("--count", type=int, metavar="N", help="W&B: the number of points (agent runs).")
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Print the array script(s), the sbatch line(s) and the point table.",
@@ -121,6 +128,8 @@ def submit_cmd(
     trials: Optional[int],
     metric: Optional[str],
     direction: str,
+    wandb_sweep: Optional[str],
+    count: Optional[int],
     dry_run: bool,
     wait: bool,
     as_json: bool,
@@ -132,8 +141,21 @@ def submit_cmd(
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     req = request(program, given, argv=sys.argv)
-    opts = SweepOptions(grids, configs, repeat, max_parallel, optuna, trials, metric, direction)
+    opts = SweepOptions(
+        grids, configs, repeat, max_parallel, optuna, trials, metric, direction, wandb_sweep, count
+    )
     return submit_and_report(req, opts, dry_run=dry_run, wait=wait, as_json=as_json)
+
+
+@sweep_group.command("wandb-template")
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM")
+def wandb_template_cmd(program: tuple[str, ...]) -> int:
+    """Print a W&B sweep YAML whose command is `hpclaunch run -- ${interpreter} ${program}
+    ${args}`, with the settings that matter on Slurm (create it with `wandb sweep`)."""
+    from ..sweeps.wandb import template
+
+    sys.stdout.write(template(program))
+    return 0
 
 
 @sweep_group.command("status")
@@ -205,6 +227,52 @@ def throttle_cmd(sweep: str, parallel: int) -> int:
     for array_id, value in ops.throttle(ops.find(sweep, environ()), parallel):
         print(f"array {array_id}: at most {value} at once")
     return 0
+
+
+@sweep_group.command("plot")
+@click.argument("sweep")
+@click.option("--x", "x", metavar="NAME", help="The parameter on the x axis.")
+@click.option(
+    "--metric", metavar="NAME", help="The result key plotted (default: an Optuna sweep's metric)."
+)
+@click.option("--by", metavar="NAME", help="One series per value of this parameter.")
+@click.option("-o", "--output", metavar="FILE.png", help="Default: <sweep folder>/plot-M-X.png.")
+@click.option("--data", metavar="FILE.csv", help="Also write the plotted numbers as CSV.")
+@click.option("--size", metavar="WxH", help="The PNG's size in pixels (default 800x500).")
+@click.option("--logx", is_flag=True, help="A logarithmic x axis.")
+@click.option("--history", is_flag=True, help="The metric per point and the best so far.")
+@click.option("--text", "as_text", is_flag=True, help="An aligned table on stdout, no PNG.")
+@click.option(
+    "--direction",
+    type=click.Choice(["minimize", "maximize"]),
+    default=None,
+    help="History: what best means (default: the sweep's, else minimize).",
+)
+def plot_cmd(
+    sweep: str,
+    x: Optional[str],
+    metric: Optional[str],
+    by: Optional[str],
+    output: Optional[str],
+    data: Optional[str],
+    size: Optional[str],
+    logx: bool,
+    history: bool,
+    as_text: bool,
+    direction: Optional[str],
+) -> int:
+    """A metric of SWEEP's completed points against the parameter --x: the mean and
+    sample standard deviation (n-1) of the points that share an x (repeats over seed),
+    one series per value of --by. Optuna sweeps default to the optimisation history.
+    A PNG needs matplotlib (pip install 'hpclaunch[plot]'); without it, a text table."""
+    from ..sweeps import ops, plot, track
+    from .common import environ
+
+    folder = ops.find(sweep, environ())
+    found = track.refresh(folder)
+    rows = [track.point_row(found, r) for r in found.points]
+    req = plot.Request(x, metric, by, output, data, size, logx, history, as_text, direction)
+    return plot.run(folder, found.data, rows, req)
 
 
 __all__ = ["json", "sweep_group"]

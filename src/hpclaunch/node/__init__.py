@@ -93,6 +93,7 @@ HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
 HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
 PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
 HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
+HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole program line, hex
 
 # --- what venv_probe.py writes into a venv, and the request for the image's packages only
 VENV_RECORD = "hpclaunch-venv.json"

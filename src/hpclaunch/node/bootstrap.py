@@ -60,6 +60,7 @@ HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
 HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
 PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
 HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
+HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole program line, hex
 
 # Placeholder name -> the variable that holds its value.
 PLACEHOLDERS = {
@@ -482,6 +483,9 @@ def run(argv: List[str]) -> int:
         # srun splits its command line at an argument that is exactly ":" (heterogeneous
         # steps), so such a program line travels here hex-encoded, comma-separated.
         argv = argv[:1] + _unhex(encoded)
+    replaced = env.pop(HPCLAUNCH_POINT_PROGRAM, None)
+    if replaced:  # a W&B point: the agent's command line, not the one job.sh names
+        argv = argv[:1] + _unhex(replaced)
     extra = env.pop(HPCLAUNCH_POINT_ARGS, None)
     if extra:  # a sweep point's own arguments (a --configs .txt line), after the program's
         argv = argv + _unhex(extra)

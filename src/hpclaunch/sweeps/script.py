@@ -30,6 +30,8 @@ HPCLAUNCH_POINT = "HPCLAUNCH_POINT"  # 0-based
 HPCLAUNCH_POINTS = "HPCLAUNCH_POINTS"
 HPCLAUNCH_PARAMS = "HPCLAUNCH_PARAMS"  # every parameter as one JSON object
 POINT_DIR = "HPCLAUNCH_POINT_DIR"  # the array script's own variable
+WANDB_POINT = "HPCLAUNCH_WANDB_POINT"  # the point's folder, for the agent's `hpclaunch run`
+WANDB_EXIT = "wandb-exit"  # the point's job.sh exit code, written by that `hpclaunch run`
 
 
 def new_token() -> str:
@@ -71,8 +73,11 @@ def array_script(
     cwd: Path,
     points: int,
     trial_cmd: Optional[Sequence[str]] = None,
+    agent: Optional[Sequence[str]] = None,
 ) -> str:
-    """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`."""
+    """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`;
+    `agent` (W&B: `wandb agent --count 1 ID`) runs instead of the point's job.sh and calls
+    `hpclaunch run`, which runs it."""
     # Until the point's folder takes over: %A array job id, %a task id (%% a literal %).
     early = shell.sbatch_line("--output", str(sweep.logs).replace("%", "%%") + "/%A_%a.out")
     head = [
@@ -105,14 +110,20 @@ def array_script(
             "# Optuna: ask this point's trial (a requeued point gets its own again).",
             f'{ask} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_TASK" || HPCLAUNCH_RC=$?',
         ]
-    body += [
-        'if [ -z "${HPCLAUNCH_RC-}" ]; then',
-        f'    . "${POINT_DIR}/{PARAMS_ENV}"',
-        f'    bash "${POINT_DIR}/job.sh"',
-        "    HPCLAUNCH_RC=$?",
-        "fi",
-        _event_line(POINT_END, events, with_rc=True),
-    ]
+    body += ['if [ -z "${HPCLAUNCH_RC-}" ]; then', f'    . "${POINT_DIR}/{PARAMS_ENV}"']
+    if agent:
+        body += [
+            "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",
+            "    # point's job.sh (every rank) and leaves the exit code in wandb-exit.",
+            f'    export {WANDB_POINT}="${POINT_DIR}"',
+            f"    {shell.command(list(agent))}",
+            "    HPCLAUNCH_RC=$?",
+            f'    exit_file="${POINT_DIR}/{WANDB_EXIT}"',
+            '    [ -f "$exit_file" ] && read -r HPCLAUNCH_RC <"$exit_file"',
+        ]
+    else:
+        body += [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]
+    body += ["fi", _event_line(POINT_END, events, with_rc=True)]
     if trial_cmd:
         tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
         body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')

@@ -45,6 +45,8 @@ class SweepOptions:
     trials: Optional[int] = None
     metric: Optional[str] = None
     direction: str = "minimize"
+    wandb_sweep: Optional[str] = None
+    count: Optional[int] = None
 
     def to_record(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -60,6 +62,8 @@ class SweepPlan:
     array_script: str
     parts: list[arrays.ArrayPart]
     space: tuple[Any, ...] = ()  # Optuna's SpaceParam entries
+    wandb_sweep: Optional[str] = None  # W&B: each point runs `wandb agent --count 1` this
+    secret_env: tuple[tuple[str, str], ...] = ()  # sbatch's environment only (the API key)
 
     @property
     def paths(self) -> rundirs.RunPaths:
@@ -90,6 +94,16 @@ def sweep_points(req: launching.Request, opts: SweepOptions) -> tuple[list[Point
     configs = Path(opts.configs) if opts.configs else None
     if configs is not None and not configs.is_absolute():
         configs = req.cwd / configs
+    _at_least_one("--count", opts.count)
+    if opts.wandb_sweep or opts.count is not None:
+        if opts.grids or configs or opts.repeat or opts.optuna or not opts.count:
+            raise UserError(
+                "--wandb-sweep",
+                "takes --count N and nothing else to sweep over",
+                "W&B chooses the parameters",
+                "Drop --grid/--configs/--repeat/--optuna",
+            )
+        return [Point(i, {}) for i in range(opts.count)], ()
     if not opts.optuna:
         for field, value in (("--trials", opts.trials), ("--metric", None)):
             if value is not None:
@@ -119,7 +133,11 @@ def sweep_points(req: launching.Request, opts: SweepOptions) -> tuple[list[Point
 
 def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     points, found_space = sweep_points(req, opts)
+    if (opts.wandb_sweep or opts.count) and not req.program:
+        req = replace(req, program=(WANDB_PROGRAM,))  # job.sh's line; the agent's replaces it
     planned = launching.plan(req)
+    wb = _wandb(req, opts, planned)
+    planned = replace(planned, notes=(*planned.notes, *wb.notes))
     spec, paths = planned.spec, planned.paths
     if planned.prepared.in_allocation:
         # sbatch works inside an allocation too: the sweep is its own jobs, not steps.
@@ -135,8 +153,57 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
         parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
         if trial_cmd:
             check_trial_python(trial_cmd)
-    text = script.array_script(spec, paths, planned.code.cwd, len(points), trial_cmd)
-    return SweepPlan(planned, opts, points, token, template, text, parts, found_space)
+    agent = list(wb.agent) or None
+    text = script.array_script(spec, paths, planned.code.cwd, len(points), trial_cmd, agent)
+    return SweepPlan(
+        planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
+    )
+
+
+WANDB_PROGRAM = "the-W&B-sweep's-command"
+
+
+def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planned) -> _Wandb:
+    """W&B: the sweep id (command line over hpclaunch.toml), the API key as a secret,
+    notes for stderr, and the agent command; all empty for other sweeps."""
+    if not (opts.wandb_sweep or opts.count):
+        return _Wandb()
+    from . import wandb
+
+    chosen, warning = wandb.chosen_sweep(opts.wandb_sweep, planned.prepared.project_file)
+    if not chosen:
+        raise UserError(
+            "--count",
+            "only with --wandb-sweep",
+            "",
+            "Add --wandb-sweep ENTITY/PROJECT/SWEEP_ID (or [sweep] wandb_sweep)",
+        )
+    sweep_id = wandb.check_sweep_id(chosen)
+    if planned.prepared.profile.kind == "local":
+        raise UserError(
+            "--wandb-sweep",
+            "needs Slurm (each point is an array task)",
+            "",
+            "Run `wandb agent` here yourself, or use a Slurm cluster",
+        )
+    key = wandb.api_key(req.environ, planned.prepared.profile.wandb_credentials)
+    notes = [warning] if warning else []
+    if not key:
+        notes.append(
+            "hpclaunch: note: no WANDB_API_KEY and no wandb_credentials file: "
+            "the agents use what `wandb login` left on the nodes"
+        )
+    agent = [*wandb.check_agent(req.environ), "agent", "--count", "1", sweep_id]
+    secret = ((wandb.API_KEY, key),) if key else ()
+    return _Wandb(sweep_id, secret, tuple(notes), tuple(agent))
+
+
+@dataclass(frozen=True)
+class _Wandb:
+    sweep_id: Optional[str] = None
+    secret: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+    agent: tuple[str, ...] = ()
 
 
 def site_limits(req: launching.Request) -> arrays.SiteLimits:
@@ -240,6 +307,7 @@ def _submit_parts(req: launching.Request, sp: SweepPlan) -> list[str]:
     from ..backends.slurm import submission_env
 
     env = submission_env(sp.planned.plan, req.environ)
+    env.update(dict(sp.secret_env))  # the W&B API key: the job's environment, never a file
     job_ids: list[str] = []
     try:
         for argv in sp.sbatch_argvs():
@@ -303,7 +371,8 @@ def _write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "cwd": str(req.cwd),
         "code": code,
         "hpclaunch_version": __version__,
-        "kind": "optuna" if sp.space else "grid",
+        "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
+        "wandb_sweep": sp.wandb_sweep,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
         "points": [
@@ -378,14 +447,17 @@ def describe(sp: SweepPlan, environ: Any) -> str:
             f"{sp.options.max_parallel or 1} at a time"
         )
     else:
-        out += script.submit_lines(sp.sbatch_argvs(), dict(sp.planned.plan.secret_env))
+        secret = {**dict(sp.planned.plan.secret_env), **dict(sp.secret_env)}
+        out += script.submit_lines(sp.sbatch_argvs(), secret)
     out += [
         "",
         "# each point's job.sh (point 0 shown):",
         script.point_script(sp.point_template, sp.token, 0).rstrip("\n"),
         "",
     ]
-    if sp.space:
+    if sp.wandb_sweep:
+        out.append(f"# {len(sp.points)} points, each one run of W&B sweep {sp.wandb_sweep}")
+    elif sp.space:
         out.append(f"# {len(sp.points)} Optuna trials over: {', '.join(p.name for p in sp.space)}")
     else:
         out += script.preview_table(sp.points)
