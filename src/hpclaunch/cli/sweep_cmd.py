@@ -1,5 +1,5 @@
 """`hpclaunch sweep`: submit a sweep (every run option + sweep options), and its
-subcommands status, wait, retry, cancel, throttle."""
+subcommands status, wait, retry, cancel, throttle, plot, wandb-template."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SWEEP_HELP = """Run PROGRAM once per point of a hyper-parameter sweep: one Slurm
 
 \b
   hpclaunch sweep [RUN OPTIONS] [SWEEP OPTIONS] -- PROGRAM [ARGS]...
-  hpclaunch sweep status|wait|retry|cancel|throttle SWEEP ...
+  hpclaunch sweep status|wait|retry|cancel|throttle|plot SWEEP ...
 
 \b
 Every point is a complete run (nodes, ranks, containers, staging: every run option).
