@@ -6,6 +6,7 @@ each run, comes from a local sweep file; see tests/doubles/README.md)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import PROGRAMS, VENV_BIN, Hpc
 pytestmark = pytest.mark.testbed
 
 TRAIN = str(PROGRAMS / "wandb_train.py")
+DOUBLES = Path(__file__).parent / "doubles"
 KEY = "0123456789abcdef0123456789abcdef01234567"  # W&B keys are 40 hex digits
 
 
@@ -44,3 +46,77 @@ def test_real_wandb_offline_through_run_keeps_the_key_secret(hpc: Hpc) -> None:
     offline = list((out / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and report["run_dir"].startswith(str(offline[0]))
     assert _files_holding(hpc.cwd, KEY) == []  # not in the run folder, logs, W&B's files
+
+
+def test_wandb_sweep_points_run_one_agent_each_on_two_nodes(hpc: Hpc) -> None:
+    pytest.importorskip("wandb")
+    out = hpc.folder("out")
+    data = hpc.folder("data")
+    (data / "shard-0.bin").write_bytes(b"\0" * 1024)
+    server = hpc.folder("wandb-server")
+    (server / "ent" / "proj").mkdir(parents=True)
+    sweep = {
+        "program": TRAIN,
+        "method": "grid",
+        "parameters": {"lr": {"values": [0.1, 0.2, 0.3]}},
+        "command": ["hpclaunch", "run", "--", "${interpreter}", "${program}", str(out), "${args}"],
+    }
+    (server / "ent" / "proj" / "sw1.json").write_text(json.dumps(sweep))
+    for path in (server, server / "ent", server / "ent" / "proj"):
+        os.chown(path, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
+    env = {
+        "PATH": f"{DOUBLES}:{hpc.env['PATH']}",
+        "WANDB_DOUBLE_SWEEPS": str(server),
+        "WANDB_API_KEY": KEY,
+    }
+    proc = hpc.run(
+        "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "3", "-N", "2",
+        "--tasks-per-node", "2", "--stage", str(data), "--env", "WANDB_MODE=offline",
+        "--max-parallel", "1", "--wait", "--json", env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = json.loads(proc.stdout.splitlines()[0])
+    runs = [json.loads(x) for x in (server / "ent/proj/sw1.runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 3  # one agent run per point
+    reports = {p.name: json.loads(p.read_text()) for p in out.glob("report-p*-*.json")}
+    assert len(reports) == 12  # 3 points x 4 ranks
+    lrs = set()
+    for point in range(3):
+        ranks = [reports[f"report-p{point}-{r}.json"] for r in range(4)]
+        assert len({(r["lr"], r["params"], r["run_id"], r["sweep_id"]) for r in ranks}) == 1
+        assert {r["node"] for r in ranks} == {"node1", "node2"}
+        assert all(r["data"] == ["shard-0.bin"] for r in ranks)  # staged on both nodes
+        assert not any(r["key_in_cmdline"] for r in ranks) and all(r["key_seen"] for r in ranks)
+        assert json.loads(ranks[0]["params"]) == {"lr": ranks[0]["lr"]}
+        lrs.add(ranks[0]["lr"])
+    assert lrs == {0.1, 0.2, 0.3}
+    status = json.loads(hpc.run("sweep", "status", line["sweep_id"], "--json").stdout)
+    assert [p["state"] for p in status["points"]] == ["COMPLETED"] * 3
+    assert sorted(p["params"]["lr"] for p in status["points"]) == [0.1, 0.2, 0.3]
+    assert _files_holding(hpc.cwd, KEY) == []
+
+
+def test_wandb_sweep_refusals(hpc: Hpc) -> None:
+    creds = hpc.cwd / "creds.txt"
+    creds.write_text(KEY + "\n")
+    os.chown(creds, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)  # the user's own file
+    creds.chmod(0o644)
+    profile = hpc.cwd / "hpclaunch.toml"
+    profile.write_text(
+        '[sweep]\nwandb_sweep = "ent/proj/other"\n'
+        f'[clusters.slurm]\nwandb_credentials = "{creds}"\n'
+    )
+    env = {"PATH": f"{DOUBLES}:{hpc.env['PATH']}"}
+    proc = hpc.run("sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2", "--dry-run",
+                   env=env)  # fmt: skip
+    assert proc.returncode == 2 and "chmod 600" in proc.stderr, proc.stderr
+    creds.chmod(0o600)
+    proc = hpc.run("sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2", "--dry-run",
+                   env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ent/proj/other" in proc.stderr and "ent/proj/sw1" in proc.stderr  # one warning
+    assert KEY not in proc.stdout + proc.stderr and "WANDB_API_KEY" in proc.stdout
+    no_wandb = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    argv = [str(VENV_BIN / "hpclaunch"), "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2"]
+    proc = hpc.cmd(argv, env=no_wandb)
+    assert proc.returncode == 2 and "wandb" in proc.stderr and len(proc.stderr.splitlines()) == 1

@@ -50,5 +50,7 @@ report = {
     if "HPCLAUNCH_DATA" in os.environ
     else None,
 }
-with open(os.path.join(args.out, f"report-{rank}.json"), "w") as fh:
+point = os.environ.get("HPCLAUNCH_POINT")
+name = f"report-p{point}-{rank}.json" if point else f"report-{rank}.json"
+with open(os.path.join(args.out, name), "w") as fh:
     json.dump(report, fh)

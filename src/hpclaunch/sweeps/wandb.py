@@ -159,26 +159,39 @@ def check_agent(environ: Mapping[str, str]) -> list[str]:
 
 
 def params_from_file(path: str) -> dict[str, Any]:
-    """The agent's WANDB_SWEEP_PARAM_PATH file: {name: {"value": v}} (YAML or JSON)."""
+    """The agent's WANDB_SWEEP_PARAM_PATH file: `wandb_version: 1` and {name: {value: v}}
+    in YAML (PyYAML when importable, else the flat form the agent writes)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError:
         return {}
     try:
-        data = json.loads(text)
-    except ValueError:
-        try:
-            import yaml  # type: ignore[import-untyped]
-        except ImportError:
-            return {}
+        import yaml  # type: ignore[import-untyped]
+
         data = yaml.safe_load(text)
+    except ImportError:
+        data = _flat_yaml(text)
+    except Exception:  # a damaged file: the program still gets its --name=value arguments
+        return {}
     if not isinstance(data, dict):
         return {}
-    return {
-        str(k): (v.get("value") if isinstance(v, dict) else v)
-        for k, v in data.items()
-        if not str(k).startswith("_")
-    }
+    return {str(k): v["value"] for k, v in data.items() if isinstance(v, dict) and "value" in v}
+
+
+def _flat_yaml(text: str) -> dict[str, Any]:
+    """`name:` then an indented `value: X` per parameter (X read as JSON, else text)."""
+    found: dict[str, Any] = {}
+    name = None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            name = line.rstrip()[:-1].strip()
+        elif name and line.strip().startswith("value:"):
+            raw = line.strip()[len("value:") :].strip()
+            try:
+                found[name] = {"value": json.loads(raw)}
+            except ValueError:
+                found[name] = {"value": raw.strip("'\"")}
+    return found
 
 
 def point_env(params: Mapping[str, Any], program: Sequence[str]) -> dict[str, str]:
