@@ -11,6 +11,7 @@ Used for whole sweeps (track.py) and for single points named SWEEP:I (tracking.p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +141,16 @@ def _from_task(rec: RunRecord, task: arrays.TaskState) -> dict[str, Any]:
     return changes
 
 
+_DURABLE = ("state", "exit_code", "slurm_job_id", "ended_at")  # worth a write to run.json
+
+
 def _write(rec: RunRecord, changes: dict[str, Any]) -> RunRecord:
+    """Write what a later refresh could not learn again (a state, an exit code, the id
+    sacct -c knows the task by); a pending reason alone only changes what is shown, so
+    a refresh of 1,000 held points writes nothing."""
     if all(getattr(rec, k, rec.extra.get(k)) == v for k, v in changes.items()):
         return rec
+    if not any(getattr(rec, k, rec.extra.get(k)) != changes[k] for k in _DURABLE if k in changes):
+        return replace(rec, reason=str(changes.get("reason", rec.reason)))
     records.update(rec.path, **changes)
     return records.load(rec.path)
