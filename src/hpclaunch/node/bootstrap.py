@@ -11,12 +11,15 @@ which puts no folder of it on sys.path), hence its length. It runs once per rank
 start-up time matters. Modules that pull in ``enum``, ``re`` or
 ``typing`` (signal, json, subprocess, typing itself) would cost 3-20 ms each and are
 avoided on purpose: the C module ``_signal``, hand-written parsing and JSON, and
-``os.posix_spawnp`` instead of subprocess.
+``posix_spawnp`` instead of subprocess. Even ``os`` (~2 ms: stat, posixpath,
+_collections_abc, ...) is left out: the C module ``posix``, which every Python has loaded
+before it runs a line, offers all the calls, and the few helpers ``os`` would add are
+written out below (``_makedirs``, ``_fsencode``, ``_execvpe``, the environment as a dict).
 """
 
 from __future__ import annotations  # annotations stay strings: `typing` is never imported
 
-import os
+import posix
 import sys
 import time
 
@@ -85,6 +88,10 @@ SLURM_PER_TASK = {
 SLURM_PER_TASK_PREFIXES = ("SLURM_CPU_BIND",)  # SLURM_CPU_BIND, _TYPE, _LIST, _VERBOSE
 
 HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+# os.fsencode / os.fsdecode, and os.environ's own codec (always surrogateescape).
+FS_ENCODING, FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+DEFAULT_EXEC_PATH = "/bin:/usr/bin"  # os.defpath: os.execvp's search path without PATH
 
 
 def first_host(nodelist: str) -> str:
@@ -237,11 +244,98 @@ def set_gpu_visibility(env: Env) -> None:
         env.pop(name.strip(), None)
 
 
+def _fsencode(text: str) -> bytes:
+    return text.encode(FS_ENCODING, FS_ERRORS)
+
+
+def _fsdecode(data: bytes) -> str:
+    return data.decode(FS_ENCODING, FS_ERRORS)
+
+
+def _join(head: str, tail: str) -> str:
+    """os.path.join for a relative ``tail``."""
+    return head + tail if head.endswith("/") or not head else head + "/" + tail
+
+
+def _isdir(path: str) -> bool:
+    try:
+        return posix.stat(path).st_mode & 0o170000 == 0o040000  # stat.S_ISDIR
+    except (OSError, ValueError):
+        return False
+
+
+def _makedirs(path: str) -> None:
+    """os.makedirs(path, exist_ok=True): ranks may race here, so a folder that is there
+    (made by whoever) is fine; anything else in the way raises mkdir's own error."""
+    try:
+        posix.mkdir(path, 0o777)
+        return
+    except FileNotFoundError:  # a parent is missing: make it (os.makedirs' recursion)
+        name = path.rstrip("/")
+        head = name[: name.rfind("/") + 1]
+        head = head.rstrip("/") or head
+        if not head or head == path:
+            raise
+        try:  # noqa: SIM105 - contextlib would be one more import
+            _makedirs(head)
+        except FileExistsError:
+            pass  # as os.makedirs: the mkdir below says what is wrong
+    except OSError:
+        if not _isdir(path):
+            raise
+        return
+    try:
+        posix.mkdir(path, 0o777)
+    except OSError:
+        if not _isdir(path):
+            raise
+
+
+def _environ() -> Dict[str, str]:
+    """What os.environ holds, as a plain dict. The bootstrap changes it and hands it
+    explicitly to the program it starts (posix_spawnp, execve), which then sees exactly
+    what os.environ's putenv calls would have left in this process's environment."""
+    return {
+        key.decode(FS_ENCODING, "surrogateescape"): value.decode(FS_ENCODING, "surrogateescape")
+        for key, value in posix.environ.items()
+    }
+
+
+def _export_path(env: Env) -> None:
+    """posix_spawnp searches the PATH of this process, not the one it passes on: put the
+    bootstrap's PATH (venv, container default) there, as os.environ's putenv did."""
+    path = env.get("PATH")
+    if path is None:
+        posix.unsetenv("PATH")
+    else:
+        posix.putenv("PATH", path)
+
+
+def _execvpe(file: str, args: List[str], env: Env) -> None:
+    """os.execvp(file, args) after os.environ was given ``env``: the same PATH search,
+    the same errors (the first that is not "not there" wins), the same environment."""
+    if "/" in file:
+        candidates = [file]
+    else:
+        candidates = [_join(d, file) for d in env.get("PATH", DEFAULT_EXEC_PATH).split(":")]
+    first: Optional[OSError] = None
+    last: Optional[OSError] = None
+    for candidate in candidates:
+        try:
+            posix.execve(_fsencode(candidate), args, env)
+        except OSError as exc:
+            # Without the file name in the text: os.execv's errors have none.
+            last = OSError(exc.errno, exc.strerror)
+            if first is None and not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                first = last
+    raise first or last or OSError("no path to search")
+
+
 def _say(line: str, fds: Tuple[int, ...] = (2,)) -> None:
-    data = os.fsencode(PREFIX + line.replace("\n", " ") + "\n")
+    data = _fsencode(PREFIX + line.replace("\n", " ") + "\n")
     for fd in fds:
         try:
-            os.write(fd, data)
+            posix.write(fd, data)
         except OSError:
             continue  # a closed stderr must not stop the run
 
@@ -250,31 +344,31 @@ def make_cache_dirs(spec: str) -> None:
     for path in spec.split(":"):
         if path:
             try:
-                os.makedirs(path, exist_ok=True)  # exist_ok: 8 ranks may race here
+                _makedirs(path)  # exist_ok: 8 ranks may race here
             except OSError as exc:
                 _say("cannot create cache directory %s: %s" % (path, exc.strerror))
 
 
 def node_name(env: Env) -> str:
-    return env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    return env.get("SLURMD_NODENAME") or posix.uname().nodename.split(".")[0]
 
 
 def open_logs(log_dir: str, rank: int, node: str, local_rank: int) -> Tuple[int, int]:
     """Append this rank's line to ranks.tsv and open rank-R.out/.err (append mode)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    os.makedirs(log_dir, exist_ok=True)
-    line = "%d\t%s\t%d\t%d\n" % (rank, node, local_rank, os.getpid())
-    fd = os.open(os.path.join(log_dir, RANKS_TSV), flags, 0o666)
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND
+    _makedirs(log_dir)
+    line = "%d\t%s\t%d\t%d\n" % (rank, node, local_rank, posix.getpid())
+    fd = posix.open(_join(log_dir, RANKS_TSV), flags, 0o666)
     try:
-        os.write(fd, os.fsencode(line))  # one write on O_APPEND: lines never interleave
+        posix.write(fd, _fsencode(line))  # one write on O_APPEND: lines never interleave
     finally:
-        os.close(fd)
-    base = os.path.join(log_dir, RANK_FILE)
-    out = os.open(base % (rank, OUT), flags, 0o666)
+        posix.close(fd)
+    # The file name is formatted before the join: a log folder may hold a "%".
+    out = posix.open(_join(log_dir, RANK_FILE % (rank, OUT)), flags, 0o666)
     try:
-        return out, os.open(base % (rank, ERR), flags, 0o666)
+        return out, posix.open(_join(log_dir, RANK_FILE % (rank, ERR)), flags, 0o666)
     except OSError:
-        os.close(out)
+        posix.close(out)
         raise
 
 
@@ -297,8 +391,8 @@ def _json_str(text: str) -> str:
 
 def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None:
     """rank-R.exit, written to a temporary name and renamed so readers never see half."""
-    path = os.path.join(log_dir, RANK_FILE % (rank, EXIT))
-    tmp = "%s.tmp.%d" % (path, os.getpid())
+    path = _join(log_dir, RANK_FILE % (rank, EXIT))
+    tmp = "%s.tmp.%d" % (path, posix.getpid())
     data = '{"rank": %d, "node": %s, "returncode": %d, "time": %r}\n' % (
         rank,
         _json_str(node),
@@ -306,14 +400,14 @@ def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None
         time.time(),
     )
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o666)
         try:
             view = data.encode("ascii")
             while view:
-                view = view[os.write(fd, view) :]
+                view = view[posix.write(fd, view) :]
         finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            posix.close(fd)
+        posix.replace(tmp, path)
     except OSError as exc:
         _say("cannot write %s: %s" % (path, exc.strerror))
 
@@ -331,15 +425,16 @@ def rank_event(run_dir: str, kind: str, rank: int, node: str, key: str, value: i
         time.time(),
     )
     try:
-        fd = os.open(os.path.join(run_dir, EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        flags = posix.O_WRONLY | posix.O_APPEND | posix.O_CREAT
+        fd = posix.open(_join(run_dir, EVENTS), flags, 0o666)
     except OSError:
         return
     try:
-        os.write(fd, line.encode("ascii"))
+        posix.write(fd, line.encode("ascii"))
     except OSError:
         pass
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 class _Child:
@@ -354,7 +449,7 @@ def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
     if _Child.pid > 0:
         if _Child.forward:
             try:
-                os.kill(_Child.pid, signum)
+                posix.kill(_Child.pid, signum)
             except ProcessLookupError:
                 return  # it has just exited; waitpid will tell
     elif _Child.pid == 0:
@@ -366,10 +461,10 @@ def install_signal_handlers(forward: bool) -> None:
     # Without forwarding Slurm / the local backend signal the program themselves, and the
     # bootstrap must outlive it to record its exit. With forwarding (torchrun) the signal
     # is passed on, unless the bootstrap leads its own process group: torch >= 2.2 starts
-    # each worker in a new session and signals the whole group (os.killpg), which already
+    # each worker in a new session and signals the whole group (killpg), which already
     # reaches the program; older torch signals only its direct child. A Python handler
     # (unlike SIG_IGN) is reset to the default by exec: the program sees normal ones.
-    _Child.forward = forward and os.getpgrp() != os.getpid()
+    _Child.forward = forward and posix.getpgrp() != posix.getpid()
     for name in HANDLED_SIGNALS:
         signum = getattr(_signal, name, None)
         # A signal ignored by our parent stays ignored, for us and (inherited) the program.
@@ -380,18 +475,19 @@ def install_signal_handlers(forward: bool) -> None:
 def spawn(args: List[str], env: Env, out: int, err: int) -> int:
     actions = []
     if out >= 0:
-        actions.append((os.POSIX_SPAWN_DUP2, out, 1))
-        actions.append((os.POSIX_SPAWN_DUP2, err, 2))
+        actions.append((posix.POSIX_SPAWN_DUP2, out, 1))
+        actions.append((posix.POSIX_SPAWN_DUP2, err, 2))
     # Python ignores SIGPIPE and SIGXFSZ for itself; like subprocess, restore the default
     # for the program (ignored dispositions would survive exec).
     reset = [getattr(_signal, s) for s in ("SIGPIPE", "SIGXFSZ") if hasattr(_signal, s)]
-    return os.posix_spawnp(args[0], args, env, file_actions=actions, setsigdef=reset)
+    _export_path(env)
+    return posix.posix_spawnp(args[0], args, env, file_actions=actions, setsigdef=reset)
 
 
 def die_like(returncode: int) -> None:
     """Exit with the program's status; for a signal death, die of the same signal."""
     if returncode >= 0:
-        os._exit(returncode)
+        posix._exit(returncode)
     signum = -returncode
     try:  # no second core dump of the bootstrap itself
         import resource
@@ -403,10 +499,10 @@ def die_like(returncode: int) -> None:
         if signum != _signal.SIGKILL:  # the one killing signal that takes no disposition
             _signal.signal(signum, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
-        os.kill(os.getpid(), signum)
+        posix.kill(posix.getpid(), signum)
     except (OSError, ValueError):
         pass
-    os._exit(128 + signum)  # only when that signal does not end a process (SIGCHLD, ...)
+    posix._exit(128 + signum)  # only when that signal does not end a process (SIGCHLD, ...)
 
 
 def receive_env(fd: int, env: Env) -> None:
@@ -415,16 +511,16 @@ def receive_env(fd: int, env: Env) -> None:
     Only names matching HPCLAUNCH_CONTAINER_PASS (NAME or PREFIX*) are kept."""
     chunks = []
     while True:
-        data = os.read(fd, 1 << 16)
+        data = posix.read(fd, 1 << 16)
         if not data:
             break
         chunks.append(data)
-    os.close(fd)
+    posix.close(fd)
     passed = {}
     for item in b"".join(chunks).split(b"\0"):
         key, sep, raw = item.partition(b"=")
         if sep and key:
-            passed[os.fsdecode(key)] = os.fsdecode(raw)
+            passed[_fsdecode(key)] = _fsdecode(raw)
     if HPCLAUNCH_CONTAINER_PASS not in passed:
         raise OSError("no %s among the variables received" % HPCLAUNCH_CONTAINER_PASS)
     patterns = passed[HPCLAUNCH_CONTAINER_PASS].split()
@@ -455,28 +551,28 @@ def enter(argv: List[str], env: Env) -> List[str]:
             receive_env(fd, env)
         except (OSError, ValueError) as exc:
             _say("the job's environment did not reach the container (fd %d): %s" % (fd, exc))
-            os._exit(125)
+            posix._exit(125)
         argv = argv[:1] + argv[2:]
     activate_venv(env)
     if len(argv) > 1 and argv[1] == EXEC_FLAG:
         # In front of torchrun: set the environment up, then become the agent.
         env["PYTHONNOUSERSITE"] = "1"
         try:
-            os.execvp(argv[2], argv[2:])
+            _execvpe(argv[2], argv[2:], env)
         except (OSError, IndexError) as exc:
             _say("cannot start %s: %s" % (argv[2:3], exc))
-            os._exit(127)
+            posix._exit(127)
     return argv
 
 
 def _unhex(encoded: str) -> List[str]:
     """Arguments that travel hex-encoded, comma-separated (any bytes, no quoting)."""
-    return [os.fsdecode(bytes.fromhex(h)) for h in encoded.split(",")]
+    return [_fsdecode(bytes.fromhex(h)) for h in encoded.split(",")]
 
 
 def run(argv: List[str]) -> int:
     """Everything but the final exit; returns the program's returncode (negative: signal)."""
-    env = os.environ
+    env = _environ()
     argv = enter(argv, env)
     encoded = env.pop(HPCLAUNCH_ARGV, None)
     if encoded is not None and len(argv) < 2:
@@ -490,7 +586,7 @@ def run(argv: List[str]) -> int:
     if extra:  # a sweep point's own arguments (a --configs .txt line), after the program's
         argv = argv + _unhex(extra)
     if len(argv) < 2:
-        os.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
+        posix.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
     install_signal_handlers(env.get(HPCLAUNCH_FORWARD_SIGNALS) == "1")
     set_rank_env(env)
@@ -518,7 +614,7 @@ def run(argv: List[str]) -> int:
         # Where rank 0 may leave its result (JSON) for the submitter: Run.result().
         env.setdefault(HPCLAUNCH_RESULT_FILE, run_dir + "/" + RESULT_JSON)
         # the task's pid, as in ranks.tsv (Slurm's SLURM_TASK_PID)
-        rank_event(run_dir, RANK_START, rank, node, "pid", os.getpid())
+        rank_event(run_dir, RANK_START, rank, node, "pid", posix.getpid())
 
     returncode, why = 0, ""
     try:
@@ -534,15 +630,15 @@ def run(argv: List[str]) -> int:
         _say("%s: %s" % (args[0], why), (err,) if err >= 0 else (2,))
     else:
         for signum in _Child.pending:
-            os.kill(_Child.pid, signum)
+            posix.kill(_Child.pid, signum)
         del _Child.pending[:]
         if out >= 0:  # the program holds its own copies now
-            os.close(out)
-            os.close(err)
-        _, status = os.waitpid(_Child.pid, 0)  # PEP 475: retried after each signal handler
+            posix.close(out)
+            posix.close(err)
+        _, status = posix.waitpid(_Child.pid, 0)  # PEP 475: retried after each signal handler
         _Child.pid = -1  # reaped: its pid may be reused, never signal it again
-        signaled = os.WIFSIGNALED(status)
-        returncode = -os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)
+        signaled = posix.WIFSIGNALED(status)
+        returncode = -posix.WTERMSIG(status) if signaled else posix.WEXITSTATUS(status)
     if log_dir:
         write_exit_file(log_dir, rank, node, returncode)
     if run_dir:
