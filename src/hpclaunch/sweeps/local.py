@@ -49,6 +49,13 @@ def run_local(req: Request, sp: SweepPlan, data: dict[str, Any], out: TextIO) ->
         except BaseException:
             for job in list(backend._jobs):
                 backend.cancel(job)
+            for point in pending:  # never started: their records say so, not PENDING
+                records.update(
+                    script.point_paths(sp.paths, str(point.index)).run_dir,
+                    state="CANCELLED",
+                    exit_code=121,
+                    reason="the local sweep was interrupted",
+                )
             raise
     failed = sorted(i for i, c in codes.items() if c != 0)
     return codes[failed[0]] if failed else 0
