@@ -13,6 +13,7 @@ import pytest
 
 import testbed
 from conftest import PROGRAMS, Hpc
+from sweeptools import most_at_once
 
 pytestmark = pytest.mark.testbed
 
@@ -34,15 +35,6 @@ def _status(hpc: Hpc, sweep_id: str, *extra: str) -> dict[str, Any]:
 def _records(out: Path) -> dict[str, dict[str, Any]]:
     """p<POINT>-a<ATTEMPT>-r<RANK> -> what that rank wrote."""
     return {p.stem: json.loads(p.read_text()) for p in out.glob("p*-a*-r*.json")}
-
-
-def _max_at_once(spans: list[tuple[float, float]]) -> int:
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    level = best = 0
-    for _, step in edges:
-        level += step
-        best = max(best, level)
-    return best
 
 
 def _point_spans(sweep_dir: Path) -> list[tuple[float, float]]:
@@ -82,7 +74,7 @@ def test_grid_with_repeats_one_array_throttled(hpc: Hpc) -> None:
         assert env["HPCLAUNCH_SWEEP_ID"] == line["sweep_id"]
         seen.add((params["lr"], params["opt"], params["seed"]))
     assert len(seen) == 12  # distinct and complete: 3 x 2 x 2
-    assert _max_at_once(_point_spans(sweep_dir)) <= 2
+    assert most_at_once(_point_spans(sweep_dir)) <= 2
     status = _status(hpc, line["sweep_id"])
     assert [p["state"] for p in status["points"]] == ["COMPLETED"] * 12
     assert all(p["result"] and "end" in p["result"] for p in status["points"])
@@ -98,7 +90,7 @@ def test_grid_with_repeats_one_array_throttled(hpc: Hpc) -> None:
     assert "%3" in shown, shown
     assert hpc.cmd(["scontrol", "release", held["job_ids"][0]]).returncode == 0
     assert hpc.run("sweep", "wait", held["sweep_id"], timeout=240).returncode == 0
-    assert _max_at_once(_point_spans(Path(held["sweep_dir"]))) == 3
+    assert most_at_once(_point_spans(Path(held["sweep_dir"]))) == 3
 
 
 NASTY = [
@@ -333,4 +325,4 @@ def test_points_in_a_container_with_staged_data_side_by_side(hpc: Hpc, user_imag
     for point in range(3):
         rec = found[f"p{point}-a1-r0"]
         assert [bytes.fromhex(a).decode() for a in rec["argv"]] == [str(point)]
-    assert _max_at_once(_point_spans(Path(line["sweep_dir"]))) >= 2
+    assert most_at_once(_point_spans(Path(line["sweep_dir"]))) >= 2

@@ -14,6 +14,7 @@ import pytest
 
 from hpclaunch.errors import UserError
 from hpclaunch.sweeps import ops, track
+from sweeptools import most_at_once
 
 PROGRAMS = Path(__file__).parent / "programs"
 POINT = str(PROGRAMS / "sweep_point.py")
@@ -43,15 +44,6 @@ def _spans(sweep_dir: Path) -> list[tuple[float, float]]:
     return spans
 
 
-def _most_at_once(spans: list[tuple[float, float]]) -> int:
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    level = best = 0
-    for _, step in edges:
-        level += step
-        best = max(best, level)
-    return best
-
-
 def test_a_local_sweep_runs_every_point_two_at_a_time(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -73,7 +65,7 @@ def test_a_local_sweep_runs_every_point_two_at_a_time(tmp_path: Path) -> None:
             assert rec["env"]["HPCLAUNCH_POINT"] == str(point)
             assert rec["env"]["HPCLAUNCH_SWEEP_ID"] == sweep_id
             assert rec["env"]["WORLD_SIZE"] == "2"
-    assert _most_at_once(_spans(sweep_dir)) == 2
+    assert most_at_once(_spans(sweep_dir)) == 2
     status = _hpclaunch(tmp_path, "sweep", "status", "last", "--json", "--metric", "end")
     data: dict[str, Any] = json.loads(status.stdout)
     assert [p["state"] for p in data["points"]] == ["COMPLETED"] * 3 + ["FAILED"]

@@ -19,7 +19,7 @@ from ..backends.local import LocalBackend
 from ..launching import Request
 from . import record, script
 from .points import Point
-from .submit import SweepPlan
+from .submit import SweepPlan, point_record
 
 
 def run_local(req: Request, sp: SweepPlan, data: dict[str, Any], out: TextIO) -> int:
@@ -130,34 +130,9 @@ def _ask(sp: SweepPlan, point: Point, running: set[int], lock: threading.Lock) -
 
 
 def _write_local_records(sp: SweepPlan, data: dict[str, Any]) -> None:
-    spec = sp.planned.spec
     for point in sp.points:
-        paths = script.point_paths(sp.paths, str(point.index))
-        records.create(
-            paths.run_dir,
-            {
-                "run_id": f"{sp.paths.run_id}:{point.index}",
-                "sweep_id": sp.paths.run_id,
-                "point": point.index,
-                "exp": spec.exp,
-                "cluster": spec.cluster,
-                "backend": "local",
-                "run_dir": str(paths.run_dir),
-                "checkpoint_dir": str(paths.checkpoint_dir),
-                "job_id": None,
-                "job_ids": [],
-                "submitted_at": time.time(),
-                "attempts": 1,
-                "state": "PENDING",
-                "exit_code": None,
-                "command": [*data["command"], *point.args],
-                "params": dict(point.params),
-                "nodes": spec.nodes,
-                "tasks_per_node": spec.tasks_per_node,
-                "launcher": spec.launcher,
-                "job_name": spec.job_name,
-            },
-        )
+        folder = script.point_paths(sp.paths, str(point.index)).run_dir
+        records.create(folder, point_record(sp, point, "local", None))
 
 
 __all__ = ["run_local"]

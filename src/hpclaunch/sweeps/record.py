@@ -97,17 +97,17 @@ def point_events(folder: Path) -> Iterator[dict[str, Any]]:
 
 def point_end(folder: Path, job: str) -> Optional[dict[str, Any]]:
     """The point_end event of the attempt that ran as array task `job` ("123_4")."""
-    found = None
-    for event in point_events(folder):
-        if event.get("event") == POINT_END and event.get("job") == job:
-            found = event
-    return found
+    return _last(folder, POINT_END, job)
 
 
 def point_started(folder: Path, job: str) -> Optional[dict[str, Any]]:
+    return _last(folder, POINT_START, job)
+
+
+def _last(folder: Path, kind: str, job: str) -> Optional[dict[str, Any]]:
     found = None
     for event in point_events(folder):
-        if event.get("event") == POINT_START and event.get("job") == job:
+        if event.get("event") == kind and event.get("job") == job:
             found = event
     return found
 

@@ -403,39 +403,42 @@ def _write_points(sp: SweepPlan) -> None:
             records.write_json(paths.run_dir / node.STAGE_JSON, stage_json)
 
 
+def point_record(sp: SweepPlan, point: Point, backend: str, job: Optional[str]) -> dict[str, Any]:
+    """A point's run.json: a run record like any other (status/logs/show SWEEP:I)."""
+    spec, paths = sp.planned.spec, script.point_paths(sp.paths, str(point.index))
+    return {
+        "run_id": f"{sp.paths.run_id}:{point.index}",
+        "sweep_id": sp.paths.run_id,
+        "point": point.index,
+        "exp": spec.exp,
+        "cluster": spec.cluster,
+        "backend": backend,
+        "run_dir": str(paths.run_dir),
+        "checkpoint_dir": str(paths.checkpoint_dir),
+        "job_id": job,
+        "job_ids": [job] if job else [],
+        "submitted_at": time.time(),
+        "attempts": 1,
+        "state": "PENDING",
+        "exit_code": None,
+        "command": [*sp.planned.spec.program, *point.args],
+        "params": dict(point.params),
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.tasks_per_node,
+        "launcher": spec.launcher,
+        "job_name": spec.job_name,
+        "hpclaunch_version": __version__,
+    }
+
+
 def _write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[str]) -> None:
-    """Each point's run.json: a run record like any other (status/logs/show SWEEP:I)."""
     import json
 
-    spec, now = sp.planned.spec, time.time()
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
     for point in sp.points:
-        paths = script.point_paths(sp.paths, str(point.index))
-        job = task_of.get(point.index)
-        entry = {
-            "run_id": f"{sp.paths.run_id}:{point.index}",
-            "sweep_id": sp.paths.run_id,
-            "point": point.index,
-            "exp": spec.exp,
-            "cluster": spec.cluster,
-            "backend": data["backend"],
-            "run_dir": str(paths.run_dir),
-            "checkpoint_dir": str(paths.checkpoint_dir),
-            "job_id": job,
-            "job_ids": [job] if job else [],
-            "submitted_at": now,
-            "attempts": 1,
-            "state": "PENDING",
-            "exit_code": None,
-            "command": [*data["command"], *point.args],
-            "params": dict(point.params),
-            "nodes": spec.nodes,
-            "tasks_per_node": spec.tasks_per_node,
-            "launcher": spec.launcher,
-            "job_name": spec.job_name,
-            "hpclaunch_version": __version__,
-        }
-        record.write_new(paths.record, json.dumps(entry, indent=2, sort_keys=True) + "\n")
+        entry = point_record(sp, point, data["backend"], task_of.get(point.index))
+        path = script.point_paths(sp.paths, str(point.index)).record
+        record.write_new(path, json.dumps(entry, indent=2, sort_keys=True) + "\n")
 
 
 def describe(sp: SweepPlan, environ: Any) -> str:
