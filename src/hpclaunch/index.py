@@ -95,7 +95,11 @@ def live(environ: Mapping[str, str], warn: Optional[Warn] = None) -> list[dict[s
 
 def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> dict[str, Any]:
     """RUN = a run id, a unique prefix of one, a Slurm job id, or `last`."""
-    entries = [e for e in live(environ, warn) if not e.get("sweep")]  # a sweep is no run
+    every = live(environ, warn)
+    sweeps = [e for e in every if e.get("sweep") and e["run_id"].startswith(ref)]
+    entries = [e for e in every if not e.get("sweep")]  # a sweep is no run; its points are
+    if not entries and sweeps and ref != "last":
+        raise _a_sweep(ref, sweeps[0]["run_id"])
     if not entries:
         raise UserError(
             "RUN", f"no runs recorded yet ({show(ref)})", "", "Start one with hpclaunch run"
@@ -119,6 +123,8 @@ def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> d
     matches = [e for e in entries if e["run_id"].startswith(ref)]
     if len(matches) == 1:
         return matches[0]
+    if not matches and sweeps:
+        raise _a_sweep(ref, sweeps[0]["run_id"])
     if not matches:
         raise UserError(
             "RUN",
@@ -131,4 +137,13 @@ def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> d
         f"{show(ref)} matches {len(matches)} runs",
         "the prefix must be unique",
         f"Type more of it, e.g. {matches[0]['run_id']}",
+    )
+
+
+def _a_sweep(ref: str, sweep_id: str) -> UserError:
+    return UserError(
+        "RUN",
+        f"{show(ref)} is a sweep, not a run",
+        "a point of it is SWEEP:INDEX",
+        f"See hpclaunch sweep status {sweep_id}, or name a point: {sweep_id}:0",
     )
