@@ -29,7 +29,7 @@ from ..launchers import encode_argv
 from .script import WANDB_EXIT, WANDB_POINT
 
 API_KEY = "WANDB_API_KEY"
-_SWEEP_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?$")
+_SWEEP_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}$")  # [[ENTITY/]PROJECT/]ID
 
 TEMPLATE = """\
 # A W&B sweep for hpclaunch on Slurm. Create it with `wandb sweep sweep.yaml`, then run
@@ -74,7 +74,7 @@ def check_sweep_id(value: str) -> str:
         raise UserError(
             "--wandb-sweep",
             f"{show(value)} is not a W&B sweep id",
-            "ENTITY/PROJECT/SWEEP_ID or SWEEP_ID",
+            "[[ENTITY/]PROJECT/]SWEEP_ID",
             "Copy it from `wandb sweep`",
         )
     return value
