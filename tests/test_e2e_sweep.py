@@ -222,6 +222,9 @@ def test_failed_and_cancelled_points_retried_and_right_after_purge(hpc: Hpc) -> 
     assert [p["state"] for p in _status(hpc, sweep_id)["points"]] == ["COMPLETED"] * 3
     other_status = _status(hpc, other["sweep_id"])
     assert [p["state"] for p in other_status["points"]] == ["CANCELLED", "CANCELLED"]
+    assert sorted(other_status["slurm_calls"]) == ["sacct", "squeue"]  # one each, no more
+    again = _status(hpc, other["sweep_id"])
+    assert again["slurm_calls"] == []  # what was learnt is kept: a finished sweep asks nothing
     assert os.path.isdir(other_dir)
 
 

@@ -120,3 +120,15 @@ def test_best_point_ignores_missing_and_non_finite_metrics() -> None:
     best = track.best(rows, "loss", "maximize")
     assert best is not None and best["index"] == 5
     assert track.best(rows, "acc", "minimize") is None
+
+
+def test_a_missing_argument_names_itself_and_the_command(tmp_path: Path) -> None:
+    for argv, line in (
+        (
+            ["sweep", "status"],
+            "hpclaunch: error: SWEEP: missing. See hpclaunch sweep status --help",
+        ),
+        (["status"], "hpclaunch: error: RUN: missing. See hpclaunch status --help"),
+    ):
+        proc = _hpclaunch(tmp_path, *argv)
+        assert proc.returncode == 2 and proc.stderr.strip() == line, proc.stderr

@@ -55,9 +55,9 @@ def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:
     runs = [_local_truth(r) for r in runs]
     if any(_is_point(r) and r.backend == "slurm" for r in runs):
         # A sweep's points (SWEEP:I): their own end events, one squeue -r, one sacct.
-        from .sweeps.pointstate import refresh_points
+        from .sweeps.pointstate import Asked, refresh_points
 
-        changed = refresh_points(runs, [])
+        changed = refresh_points(runs, Asked())
         runs = [changed.get(r.path, r) for r in runs]
     asking = [r for r in runs if needs_asking(r)]
     if not asking:

@@ -66,18 +66,23 @@ def _usage_line(exc: click.UsageError) -> str:
             "",
             "See hpclaunch run --help; put the program after --",
         ).render()
+    if isinstance(exc, click.MissingParameter) and exc.param is not None:
+        # Before BadParameter: click >= 8.2 makes MissingParameter one of them.
+        name = str(exc.param.name).upper()
+        return UserError(name, "missing", "", f"See hpclaunch {_cmd(exc)} --help").render()
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         name = exc.param.opts[0] if exc.param.opts else str(exc.param.name)
         return UserError(name, exc.message, "", f"See hpclaunch {_cmd(exc)} --help").render()
-    if isinstance(exc, click.MissingParameter) and exc.param is not None:
-        name = str(exc.param.name).upper()
-        return UserError(name, "missing", "", f"See hpclaunch {_cmd(exc)} --help").render()
     message = _one_line(exc.format_message())
     return f"usage: {message}. See hpclaunch --help"
 
 
 def _cmd(exc: click.UsageError) -> str:
-    return exc.ctx.command.name or "" if exc.ctx and exc.ctx.command else ""
+    """The command as typed after `hpclaunch` ("sweep status"), for the help hint."""
+    if not exc.ctx or not exc.ctx.command:
+        return ""
+    path = exc.ctx.command_path.split(" ", 1)
+    return path[1] if len(path) > 1 else exc.ctx.command.name or ""
 
 
 def _interrupt_on_signals() -> None:

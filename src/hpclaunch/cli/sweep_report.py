@@ -102,6 +102,7 @@ def print_status(
                     "best": best,
                     "counts": sweep.counts(),
                     "metric": metric,
+                    "slurm_calls": list(sweep.asked),  # what this refresh asked of Slurm
                 }
             )
         )

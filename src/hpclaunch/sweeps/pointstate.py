@@ -11,9 +11,9 @@ Used for whole sweeps (track.py) and for single points named SWEEP:I (tracking.p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .. import records, slurmcmd, states
 from ..errors import SlurmError
@@ -21,7 +21,17 @@ from ..monitor import job_exit_code
 from ..records import RunRecord
 from . import arrays, record
 
-_SACCT_MODES: tuple[tuple[str, ...], ...] = (("-X",), ("-c",))
+SACCT_MODES = ("-X", "-c")  # the accounting database; the job completion file
+
+
+@dataclass
+class Asked:
+    """What a refresh asked of Slurm (the commands, for counting), and which sacct mode
+    answers at this site: learnt at submission from AccountingStorageType and kept in
+    sweep.json, so a refresh never spends a call finding out."""
+
+    commands: list[str] = field(default_factory=list)
+    sacct_mode: Optional[str] = None
 
 
 def is_point(rec: RunRecord) -> bool:
@@ -32,9 +42,9 @@ def is_open(rec: RunRecord) -> bool:
     return rec.state in ("CREATED", "PENDING") or states.is_active(states.parse(rec.state))
 
 
-def refresh_points(recs: Sequence[RunRecord], asked: list[str]) -> dict[Path, RunRecord]:
-    """Those of `recs` that changed, brought up to date (Slurm points only); the Slurm
-    commands run are appended to `asked`."""
+def refresh_points(recs: Sequence[RunRecord], asked: Asked) -> dict[Path, RunRecord]:
+    """Those of `recs` that changed, brought up to date (Slurm points only); what was
+    asked of Slurm goes to `asked`."""
     open_ = [r for r in recs if is_point(r) and r.job_id and is_open(r)]
     changes: dict[Path, dict[str, Any]] = {}
     rest = []
@@ -59,7 +69,7 @@ def _ended(rec: RunRecord, end: dict[str, Any]) -> dict[str, Any]:
     return {"state": "FAILED", "exit_code": code, "ended_at": end.get("time")}
 
 
-def _ask_slurm(rest: Sequence[RunRecord], asked: list[str]) -> dict[Path, dict[str, Any]]:
+def _ask_slurm(rest: Sequence[RunRecord], asked: Asked) -> dict[Path, dict[str, Any]]:
     keys = {rec.path: _task_key(str(rec.job_id)) for rec in rest}
     array_ids = sorted({k[0] for k in keys.values()}, key=_numeric)
     found: dict[tuple[str, int], arrays.TaskState] = {}
@@ -68,7 +78,7 @@ def _ask_slurm(rest: Sequence[RunRecord], asked: list[str]) -> dict[Path, dict[s
         found = arrays.parse_squeue(out)
     except SlurmError:
         pass  # squeue refuses a list of ids it all forgot: accounting answers
-    asked.append("squeue")
+    asked.commands.append("squeue")
     missing = [r for r in rest if keys[r.path] not in found]
     if missing:
         # The completion file (sacct -c) knows a task only by its own job id (recorded
@@ -78,8 +88,7 @@ def _ask_slurm(rest: Sequence[RunRecord], asked: list[str]) -> dict[Path, dict[s
             own = _own_job_id(rec) or keys[rec.path][0]
             known.setdefault(own, []).append(keys[rec.path])
         ids = sorted({keys[r.path][0] for r in missing} | set(known), key=_numeric)
-        found.update(_sacct(ids, known))
-        asked.append("sacct")
+        found.update(_sacct(ids, known, asked))
     learnt: dict[Path, dict[str, Any]] = {}
     listed = {key[0] for key in found}
     for rec in rest:
@@ -115,15 +124,20 @@ def _own_job_id(rec: RunRecord) -> str:
 
 
 def _sacct(
-    ids: Sequence[str], known: dict[str, list[tuple[str, int]]]
+    ids: Sequence[str], known: dict[str, list[tuple[str, int]]], asked: Asked
 ) -> dict[tuple[str, int], arrays.TaskState]:
-    """One sacct call: the accounting database, else the job completion file."""
-    for mode in _SACCT_MODES:
-        argv = ["sacct", *mode, "-n", "-P", "-j", ",".join(ids), "-o", arrays.SACCT_FIELDS]
+    """One sacct call in the mode the site answers (the other only if that one fails)."""
+    modes = [m for m in SACCT_MODES if m == asked.sacct_mode]
+    modes += [m for m in SACCT_MODES if m not in modes]
+    for mode in modes:
+        argv = ["sacct", mode, "-n", "-P", "-j", ",".join(ids), "-o", arrays.SACCT_FIELDS]
+        asked.commands.append("sacct")
         try:
-            return arrays.parse_sacct(slurmcmd.run(argv, timeout=30), known)
+            found = arrays.parse_sacct(slurmcmd.run(argv, timeout=30), known)
         except SlurmError:
             continue
+        asked.sacct_mode = mode
+        return found
     return {}
 
 

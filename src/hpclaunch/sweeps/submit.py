@@ -372,6 +372,7 @@ def _write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "code": code,
         "hpclaunch_version": __version__,
         "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
+        "sacct_mode": _sacct_mode(),
         "wandb_sweep": sp.wandb_sweep,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
@@ -382,6 +383,15 @@ def _write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     }
     record.write(paths.run_dir, data)
     return data
+
+
+def _sacct_mode() -> Optional[str]:
+    """Which sacct answers here, from the (cached) `scontrol show config`: the job
+    completion file (-c) where there is no accounting database, else the database (-X)."""
+    config = discover.slurm_config()
+    if not config or "AccountingStorageType" not in config:
+        return None
+    return "-c" if config["AccountingStorageType"].endswith("/none") else "-X"
 
 
 def _write_points(sp: SweepPlan) -> None:

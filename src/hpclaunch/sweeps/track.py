@@ -62,10 +62,13 @@ def refresh_all(sweep_dirs: Sequence[Path]) -> list[Sweep]:
     learnt: dict[Path, Any] = {}
     if local:
         learnt.update({r.path: r for r in tracking.refresh(local)})
-    asked: list[str] = []
+    hint = next((s.data.get("sacct_mode") for s in sweeps if s.data.get("sacct_mode")), None)
+    asked = pointstate.Asked(sacct_mode=hint)
     learnt.update(pointstate.refresh_points(every, asked))
     for sweep in sweeps:
-        sweep.asked = tuple(asked)
+        sweep.asked = tuple(asked.commands)
+        if asked.sacct_mode and sweep.data.get("sacct_mode") != asked.sacct_mode:
+            sweep.data = record.update(sweep.sweep_dir, sacct_mode=asked.sacct_mode)
         sweep.points = [learnt.get(r.path, r) for r in sweep.points]
     return sweeps
 
