@@ -136,7 +136,7 @@ def submit_cmd(
     **options: Any,
 ) -> int:
     from ..api import request
-    from ..sweeps.submit import SweepOptions
+    from ..sweeps.plans import SweepOptions
     from .sweep_report import submit_and_report
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}

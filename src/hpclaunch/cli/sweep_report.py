@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ..errors import UserError
 from ..launching import Request
 from ..sweeps import ops, pointstate, submit, track
-from ..sweeps.submit import SweepOptions
+from ..sweeps.plans import SweepOptions, SweepPlan
 
 
 def submit_and_report(
@@ -61,7 +61,7 @@ def submit_and_report(
         return 130
 
 
-def _dry_json(sp: submit.SweepPlan) -> dict[str, Any]:
+def _dry_json(sp: SweepPlan) -> dict[str, Any]:
     return {
         "sweep_id": sp.paths.run_id,
         "sweep_dir": str(sp.paths.run_dir),

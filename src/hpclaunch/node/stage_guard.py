@@ -185,7 +185,12 @@ def run_all(commands: List[List[str]], width: int) -> None:
         while pending or running:
             while pending and len(running) < width and not failure:
                 argv = pending.pop(0)
-                running.append((argv[0], subprocess.Popen(argv, stderr=subprocess.PIPE)))
+                proc = None
+                try:
+                    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
+                finally:  # tracked even when Ctrl-C lands right after the start
+                    if proc is not None:
+                        running.append((argv[0], proc))
             if not running:
                 break
             name, proc = running[0]

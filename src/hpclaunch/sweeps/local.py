@@ -18,8 +18,9 @@ from ..backends.base import Launch
 from ..backends.local import LocalBackend
 from ..launching import Request
 from . import record, script
+from .folder import point_record
+from .plans import SweepPlan
 from .points import Point
-from .submit import SweepPlan, point_record
 
 
 def run_local(req: Request, sp: SweepPlan, data: dict[str, Any], out: TextIO) -> int:

@@ -15,67 +15,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import (
-    __version__,
-    codeplan,
     discover,
     index,
     launching,
-    node,
-    records,
     render,
     rundirs,
     slurmcmd,
     users,
 )
 from ..errors import HpclaunchError, UserError
-from . import arrays, record, script
+from . import arrays, folder, record, script
+from .plans import SweepOptions, SweepPlan
 from .points import Point, build_points, check_placeholders
 
 MAX_POINTS = 1_000_000  # beyond any site's queue; refused instantly, before building
 TRIAL_MODULE = "hpclaunch.sweeps.pointcmd"
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    grids: tuple[str, ...] = ()
-    configs: Optional[str] = None
-    repeat: Optional[int] = None
-    max_parallel: Optional[int] = None
-    optuna: Optional[str] = None
-    trials: Optional[int] = None
-    metric: Optional[str] = None
-    direction: str = "minimize"
-    wandb_sweep: Optional[str] = None
-    count: Optional[int] = None
-
-    def to_record(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    planned: launching.Planned  # the sweep as one run: spec, profile, code, sweep paths
-    options: SweepOptions
-    points: list[Point]
-    token: str
-    point_template: str  # a point's job.sh with the token where its number goes
-    array_script: str
-    parts: list[arrays.ArrayPart]
-    space: tuple[Any, ...] = ()  # Optuna's SpaceParam entries
-    wandb_sweep: Optional[str] = None  # W&B: each point runs `wandb agent --count 1` this
-    secret_env: tuple[tuple[str, str], ...] = ()  # sbatch's environment only (the API key)
-
-    @property
-    def paths(self) -> rundirs.RunPaths:
-        return self.planned.paths
-
-    @property
-    def local(self) -> bool:
-        return self.planned.prepared.profile.kind == "local"
-
-    def sbatch_argvs(self) -> list[list[str]]:
-        job_sh = self.paths.job_sh
-        return [script.sbatch_argv(job_sh, p.spec(), p.offset) for p in self.parts]
 
 
 def _at_least_one(field: str, value: Optional[int]) -> None:
@@ -274,7 +228,7 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     if paths.run_id != sp.paths.run_id:
         raise HpclaunchError(f"sweep id collision on {sp.paths.run_id}; run the command again")
     try:
-        data = _write_sweep(req, sp)
+        data = folder.write_sweep(req, sp)
         if sp.space:
             from . import trials
 
@@ -285,7 +239,7 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         raise
     if job_ids:
         data = record.update(paths.run_dir, arrays=_array_entries(sp, job_ids, attempt=1))
-        _write_point_records(sp, data, job_ids)
+        folder.write_point_records(sp, data, job_ids)
     index.add(
         {
             "run_id": paths.run_id,
@@ -337,120 +291,6 @@ def _array_entries(sp: SweepPlan, job_ids: Sequence[str], attempt: int) -> list[
     ]
 
 
-def _write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
-    from ..launching import _precompile
-
-    paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
-    code = codeplan.write_code(planned.code, paths, rundirs.absolute(spec.run_root, req.cwd))
-    paths.job_sh.write_bytes(sp.array_script.encode("utf-8", "surrogateescape"))
-    import shutil
-
-    shipped = [node.LOADER, node.BOOTSTRAP]
-    if spec.stage or spec.stage_out:
-        shipped.append(node.STAGE_GUARD)
-    for source in shipped:
-        shutil.copyfile(node.path(source), paths.shipped(source))
-    _precompile(paths.shipped(node.BOOTSTRAP))
-    records.write_json(paths.run_dir / "spec.json", spec.to_record())
-    _write_points(sp)
-    if spec.stage:
-        from .. import stage
-
-        stage.pack_all(spec.stage)
-    data = {
-        "sweep_id": paths.run_id,
-        "exp": spec.exp,
-        "cluster": spec.cluster,
-        "backend": "local" if sp.local else "slurm",
-        "sweep_dir": str(paths.run_dir),
-        "submitted_at": time.time(),
-        "command": list(req.program),
-        "argv": records.masked_argv(list(req.argv)),
-        "options": records.masked_options(req.options),
-        "sweep": sp.options.to_record(),
-        "cwd": str(req.cwd),
-        "code": code,
-        "hpclaunch_version": __version__,
-        "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
-        "sacct_mode": _sacct_mode(),
-        "wandb_sweep": sp.wandb_sweep,
-        "arrays": [],
-        "space": [dict(p.__dict__) for p in sp.space],
-        "points": [
-            {"index": p.index, "params": dict(p.params), "args": list(p.args), "source": p.source}
-            for p in sp.points
-        ],
-    }
-    record.write(paths.run_dir, data)
-    return data
-
-
-def _sacct_mode() -> Optional[str]:
-    """Which sacct answers here, from the (cached) `scontrol show config`: the job
-    completion file (-c) where there is no accounting database, else the database (-X)."""
-    config = discover.slurm_config()
-    if not config or "AccountingStorageType" not in config:
-        return None
-    return "-c" if config["AccountingStorageType"].endswith("/none") else "-X"
-
-
-def _write_points(sp: SweepPlan) -> None:
-    """A folder per point: job.sh (the template, numbered), params.env, logs/."""
-    spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
-    stage_json = render.stage_json(spec, script.point_paths(sp.paths, sp.token))
-    for point in sp.points:
-        paths = script.point_paths(sp.paths, str(point.index))
-        (paths.run_dir / "logs").mkdir(parents=True)
-        paths.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        text = script.point_script(sp.point_template, sp.token, point.index)
-        record.write_new(paths.job_sh, text)
-        if not sp.space:  # an Optuna point writes its own when it asks
-            record.write_new(
-                paths.run_dir / record.PARAMS_ENV, script.params_env(sweep_id, total, point)
-            )
-        if spec.stage or spec.stage_out:
-            stage_json["run_dir"] = str(paths.run_dir)
-            records.write_json(paths.run_dir / node.STAGE_JSON, stage_json)
-
-
-def point_record(sp: SweepPlan, point: Point, backend: str, job: Optional[str]) -> dict[str, Any]:
-    """A point's run.json: a run record like any other (status/logs/show SWEEP:I)."""
-    spec, paths = sp.planned.spec, script.point_paths(sp.paths, str(point.index))
-    return {
-        "run_id": f"{sp.paths.run_id}:{point.index}",
-        "sweep_id": sp.paths.run_id,
-        "point": point.index,
-        "exp": spec.exp,
-        "cluster": spec.cluster,
-        "backend": backend,
-        "run_dir": str(paths.run_dir),
-        "checkpoint_dir": str(paths.checkpoint_dir),
-        "job_id": job,
-        "job_ids": [job] if job else [],
-        "submitted_at": time.time(),
-        "attempts": 1,
-        "state": "PENDING",
-        "exit_code": None,
-        "command": [*sp.planned.spec.program, *point.args],
-        "params": dict(point.params),
-        "nodes": spec.nodes,
-        "tasks_per_node": spec.tasks_per_node,
-        "launcher": spec.launcher,
-        "job_name": spec.job_name,
-        "hpclaunch_version": __version__,
-    }
-
-
-def _write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[str]) -> None:
-    import json
-
-    task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
-    for point in sp.points:
-        entry = point_record(sp, point, data["backend"], task_of.get(point.index))
-        path = script.point_paths(sp.paths, str(point.index)).record
-        record.write_new(path, json.dumps(entry, indent=2, sort_keys=True) + "\n")
-
-
 def describe(sp: SweepPlan, environ: Any) -> str:
     """The --dry-run text: the array script, the sbatch line(s), the point table."""
     out = [sp.array_script.rstrip("\n"), ""]
@@ -477,4 +317,4 @@ def describe(sp: SweepPlan, environ: Any) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["SweepOptions", "SweepPlan", "describe", "plan", "start"]
+__all__ = ["describe", "plan", "start"]

@@ -1,0 +1,54 @@
+"""What a sweep is before anything is written: its options and its plan (the types the
+sweep modules share; submit.py makes them, folder.py writes them, local.py runs them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .. import launching, rundirs
+from . import arrays, script
+from .points import Point
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    grids: tuple[str, ...] = ()
+    configs: Optional[str] = None
+    repeat: Optional[int] = None
+    max_parallel: Optional[int] = None
+    optuna: Optional[str] = None
+    trials: Optional[int] = None
+    metric: Optional[str] = None
+    direction: str = "minimize"
+    wandb_sweep: Optional[str] = None
+    count: Optional[int] = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    planned: launching.Planned  # the sweep as one run: spec, profile, code, sweep paths
+    options: SweepOptions
+    points: list[Point]
+    token: str
+    point_template: str  # a point's job.sh with the token where its number goes
+    array_script: str
+    parts: list[arrays.ArrayPart]
+    space: tuple[Any, ...] = ()  # Optuna's SpaceParam entries
+    wandb_sweep: Optional[str] = None  # W&B: each point runs `wandb agent --count 1` this
+    secret_env: tuple[tuple[str, str], ...] = ()  # sbatch's environment only (the API key)
+
+    @property
+    def paths(self) -> rundirs.RunPaths:
+        return self.planned.paths
+
+    @property
+    def local(self) -> bool:
+        return self.planned.prepared.profile.kind == "local"
+
+    def sbatch_argvs(self) -> list[list[str]]:
+        job_sh = self.paths.job_sh
+        return [script.sbatch_argv(job_sh, p.spec(), p.offset) for p in self.parts]
