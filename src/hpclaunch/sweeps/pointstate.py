@@ -50,9 +50,9 @@ def refresh_points(recs: Sequence[RunRecord], asked: Asked) -> dict[Path, RunRec
     rest = []
     for rec in open_:
         end = record.point_end(rec.path, str(rec.job_id))
-        if end is not None:
+        if end is not None and end.get("exit_code") == 0:
             changes[rec.path] = _ended(rec, end)
-        else:
+        else:  # a failed end may be a scancel or the time limit: Slurm names which
             rest.append(rec)
     if rest:
         changes.update(_ask_slurm(rest, asked))
@@ -93,8 +93,11 @@ def _ask_slurm(rest: Sequence[RunRecord], asked: Asked) -> dict[Path, dict[str, 
     listed = {key[0] for key in found}
     for rec in rest:
         task = found.get(keys[rec.path])
+        end = record.point_end(rec.path, str(rec.job_id))
         if task is not None:
             learnt[rec.path] = _from_task(rec, task)
+        elif end is not None:  # Slurm forgot it: the point's own word
+            learnt[rec.path] = _ended(rec, end)
         elif keys[rec.path][0] in listed and not _own_job_id(rec):
             # scancel of one pending task takes it out of its array's record: no job
             # record, no accounting line is left, while its siblings are still listed.
@@ -148,7 +151,9 @@ def _from_task(rec: RunRecord, task: arrays.TaskState) -> dict[str, Any]:
         changes["slurm_job_id"] = task.job_id  # what sacct -c will know it by
     if not states.is_active(state) and state != states.State.UNKNOWN:
         end = record.point_end(rec.path, str(rec.job_id))
-        if end is not None:  # the point said how it ended (its event beats sacct's word)
+        if end is not None and states.exit_code_for(state) is None:
+            # COMPLETED/FAILED: the point's own exit code is the precise one; CANCELLED,
+            # TIMEOUT, NODE_FAIL, ... say why its job.sh ended and win over it.
             return _ended(rec, end)
         code = None if task.exit_code is None else f"{task.exit_code}:0"
         changes["exit_code"] = job_exit_code(state.value, rec.path / "logs", code)
