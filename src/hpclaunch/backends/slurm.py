@@ -25,8 +25,16 @@ _SACCT_MODES: tuple[tuple[str, ...], ...] = (("-X",), ("-c",))  # database, comp
 
 
 def submission_env(plan: BatchPlan, environ: Mapping[str, str]) -> dict[str, str]:
+    return sbatch_env(environ, plan.secret_env)
+
+
+def sbatch_env(
+    environ: Mapping[str, str], secret: Sequence[tuple[str, str]] = ()
+) -> dict[str, str]:
+    """sbatch's environment: the requester's (USER from the uid where unset) without
+    what the script already resolved, plus the secrets that never reach a file."""
     env = {k: v for k, v in with_user(environ).items() if k not in RESOLVED_SBATCH_ENV}
-    env.update(dict(plan.secret_env))
+    env.update(dict(secret))
     return env
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from .. import discover, index, records, slurmcmd, states
+from .. import discover, index, records, slurmcmd
 from ..errors import UserError, show
 from . import arrays, pointstate, record, track
 
@@ -210,30 +210,15 @@ def _resubmit(
     by_index: Mapping[int, records.RunRecord],
     environ: Mapping[str, str],
 ) -> list[str]:
-    from ..backends.slurm import RESOLVED_SBATCH_ENV
-    from ..users import with_user
+    from ..backends.slurm import sbatch_env
+    from .submit import array_entries, submit_parts
 
-    env = {k: v for k, v in with_user(environ).items() if k not in RESOLVED_SBATCH_ENV}
     max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
     parts = arrays.split(wanted, max_array, parallel)
-    job_sh = sweep.sweep_dir / "job.sh"
+    job_ids = submit_parts(sweep.sweep_dir / "job.sh", parts, sbatch_env(environ))
     attempt = 1 + max((int(a.get("attempt", 1)) for a in sweep.data.get("arrays") or []), default=1)
-    entries, job_ids = [], []
-    for part in parts:
-        argv = ["sbatch", "--parsable", f"--array={part.spec()}", str(job_sh), str(part.offset)]
-        job_id = slurmcmd.run(argv, env=env).strip().split(";")[0]
-        job_ids.append(job_id)
-        entries.append(
-            {
-                "job_id": job_id,
-                "offset": part.offset,
-                "spec": part.spec(),
-                "points": len(part.task_ids),
-                "attempt": attempt,
-                "submitted_at": time.time(),
-            }
-        )
+    for part, job_id in zip(parts, job_ids):
         for point in part.points():
             rec = by_index[point]
             job = f"{job_id}_{point - part.offset}"
@@ -247,9 +232,6 @@ def _resubmit(
                 ended_at=None,
                 attempts=int(rec.extra.get("attempts", 1)) + 1,
             )
+    entries = array_entries(parts, job_ids, attempt)
     record.update(sweep.sweep_dir, arrays=[*(sweep.data.get("arrays") or []), *entries])
     return job_ids
-
-
-def is_final(state: str) -> bool:
-    return not states.is_active(states.parse(state)) and state not in ("CREATED", "PENDING")

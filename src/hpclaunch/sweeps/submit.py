@@ -238,7 +238,7 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         rundirs.remove(paths)
         raise
     if job_ids:
-        data = record.update(paths.run_dir, arrays=_array_entries(sp, job_ids, attempt=1))
+        data = record.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
         folder.write_point_records(sp, data, job_ids)
     index.add(
         {
@@ -257,15 +257,20 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
 
 
 def _submit_parts(req: launching.Request, sp: SweepPlan) -> list[str]:
-    """One sbatch per part; a part Slurm refuses cancels the parts already queued."""
-    from ..backends.slurm import submission_env
+    from ..backends.slurm import sbatch_env
 
-    env = submission_env(sp.planned.plan, req.environ)
-    env.update(dict(sp.secret_env))  # the W&B API key: the job's environment, never a file
+    # The W&B API key joins the plan's secrets: the job's environment, never a file.
+    env = sbatch_env(req.environ, (*sp.planned.plan.secret_env, *sp.secret_env))
+    return submit_parts(sp.paths.job_sh, sp.parts, env)
+
+
+def submit_parts(job_sh: Path, parts: Sequence[arrays.ArrayPart], env: dict[str, str]) -> list[str]:
+    """One sbatch per part (a first submission or a retry); a part Slurm refuses
+    cancels the parts already queued."""
     job_ids: list[str] = []
     try:
-        for argv in sp.sbatch_argvs():
-            out = slurmcmd.run(argv, env=env)
+        for part in parts:
+            out = slurmcmd.run(script.sbatch_argv(job_sh, part.spec(), part.offset), env=env)
             job_id = out.strip().split(";")[0]
             if not job_id.isdigit():
                 raise HpclaunchError(f"sbatch printed no job id: {out.strip()!r}")
@@ -277,7 +282,10 @@ def _submit_parts(req: launching.Request, sp: SweepPlan) -> list[str]:
     return job_ids
 
 
-def _array_entries(sp: SweepPlan, job_ids: Sequence[str], attempt: int) -> list[dict[str, Any]]:
+def array_entries(
+    parts: Sequence[arrays.ArrayPart], job_ids: Sequence[str], attempt: int
+) -> list[dict[str, Any]]:
+    """sweep.json's record of the arrays one submission queued."""
     return [
         {
             "job_id": j,
@@ -287,7 +295,7 @@ def _array_entries(sp: SweepPlan, job_ids: Sequence[str], attempt: int) -> list[
             "attempt": attempt,
             "submitted_at": time.time(),
         }
-        for p, j in zip(sp.parts, job_ids)
+        for p, j in zip(parts, job_ids)
     ]
 
 
