@@ -62,6 +62,10 @@ def run(
     no_snapshot: Optional[bool] = None,
     snapshot_limit: Optional[str] = None,
     nccl_debug: Optional[bool] = None,
+    requeue: Optional[bool] = None,
+    max_requeues: Optional[int] = None,
+    requeue_signal: Optional[Literal["USR2", "USR1"]] = None,
+    signal_before: Optional[int] = None,
     cwd: Union[str, Path, None] = None,
     environ: Optional[Mapping[str, str]] = None,
 ) -> Run:

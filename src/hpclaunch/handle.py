@@ -9,20 +9,22 @@ backend.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from . import node, records, states, tracking
 from .backends import for_record
 from .errors import UserError
 from .launching import Started, finish
-from .logs import LogFollower
+from .logs import AttemptFollower, LogFollower
 from .records import RunRecord
-from .rundirs import RunPaths
+from .requeue import CANCELLED_FILE
+from .rundirs import RunPaths, rank_logs
 
 _POLL_S = 0.25  # how often new log lines are looked for
 _LOOK_FIRST_S, _LOOK_MAX_S = 2.0, 10.0  # how often the run's state is asked (backed off)
@@ -96,21 +98,33 @@ class Run:
             return finish(started, out, err, timeout=timeout)[0]
         # A run another process supervises (local, step): its record says when it ended.
         deadline = None if timeout is None else time.monotonic() + timeout
-        record = follow_to_end(self._dir, LogFollower(self._dir / "logs", out, err), deadline)
+        follower = AttemptFollower(self._dir / "logs", out, err)
+        record = follow_to_end(self._dir, follower, deadline)
         return record.exit_code if record.exit_code is not None else 120
 
-    def logs(self, rank: Optional[int] = None) -> str:
-        """Everything the ranks wrote so far, each line tagged `[node rank]`."""
+    def logs(self, rank: Optional[int] = None, attempt: Optional[int] = None) -> str:
+        """Everything the ranks wrote so far, each line tagged `[node rank]`: of the
+        latest attempt (--requeue), or of `attempt` (its ranks only)."""
         buffer = io.StringIO()
-        follower = LogFollower(
-            self._dir / "logs", buffer, buffer, rank=rank, include_batch=rank is None
-        )
+        follower: Union[LogFollower, AttemptFollower]
+        if attempt is not None:
+            follower = LogFollower(
+                rank_logs(self._dir, attempt), buffer, buffer, rank=rank, include_batch=False
+            )
+        else:
+            follower = AttemptFollower(
+                self._dir / "logs", buffer, buffer, rank=rank, include_batch=rank is None
+            )
         follower.poll()
         follower.drain()
         return buffer.getvalue()
 
     def cancel(self) -> None:
         """End the run (scancel for a Slurm job; the process groups of a local run)."""
+        # A requeued run's batch shell looks for this before it queues the next attempt:
+        # a cancel that lands while it requeues must not be undone by the requeue.
+        with contextlib.suppress(OSError):
+            (self._dir / CANCELLED_FILE).touch()
         if self._started is not None:
             self._started.backend.cancel(self._started.job_id)
             return
@@ -133,7 +147,9 @@ class Run:
 
 
 def follow_to_end(
-    run_dir: Path, follower: LogFollower, deadline: Optional[float] = None
+    run_dir: Path,
+    follower: Union[LogFollower, AttemptFollower],
+    deadline: Optional[float] = None,
 ) -> RunRecord:
     """Print the ranks' new lines until the run's record, brought up to date (backed
     off: one status call every few seconds), says it has ended; TimeoutError at

@@ -58,7 +58,12 @@ def task_argv(spec: JobSpec, python: str, bootstrap: str, env_fd: int = 0) -> li
     if spec.nodes == 1:
         head.append(f"--nproc-per-node={spec.tasks_per_node}")
     agent = [*head, "--no-python", *inner]
-    return [*enter, EXEC_FLAG, *agent] if env_fd else agent
+    if env_fd or spec.requeue:
+        # An exec-only bootstrap in front: it hands over the container's environment,
+        # and under --requeue it makes the agent ignore the requeue signal (srun passes
+        # it to every process of the task; the agent would die of it, its workers too).
+        return [*(enter if env_fd else bootstrap_argv(python, bootstrap, ())), EXEC_FLAG, *agent]
+    return agent
 
 
 def launcher_env(spec: JobSpec) -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from .node import ERR, EXIT, OUT, RANKS_TSV
 from .node import RANK_FILE as RANK_NAME
+from .rundirs import ATTEMPT_PREFIX, attempt_numbers
 
 # rank-R.out|err|exit, as node.RANK_FILE names them: group 1 the rank, group 2 the kind.
 RANK_FILE = re.compile(
@@ -202,6 +203,72 @@ class LogFollower:
         texts = [_visible(line.decode("utf-8", "replace"), self._tag) for line in lines]
         safe_write(stream, "".join(prefix + t + "\n" for t in texts))
         return len(lines)
+
+
+class AttemptFollower:
+    """A run's logs across its attempts (--requeue): batch.out and a plain run's rank files
+    in logs/, a requeued run's rank files in the latest logs/attempt-N/, switching (and
+    saying so) when the next attempt's folder appears. The same calls as LogFollower."""
+
+    def __init__(
+        self,
+        logs_dir: Path,
+        out: TextIO,
+        err: TextIO,
+        *,
+        rank: int | None = None,
+        include_batch: bool = True,
+        tag: bool = True,
+        announce: bool = True,
+    ) -> None:
+        self._logs = Path(logs_dir)
+        self._streams = (out, err)
+        self._rank, self._tag, self._announce = rank, tag, announce
+        self._base = LogFollower(
+            self._logs, out, err, rank=rank, include_batch=include_batch, tag=tag
+        )
+        self._attempt: tuple[int, LogFollower] | None = None
+
+    @property
+    def rank_dir(self) -> Path:
+        """Where the ranks of the attempt followed now write (logs/ without attempts)."""
+        return self._logs / f"{ATTEMPT_PREFIX}{self._attempt[0]}" if self._attempt else self._logs
+
+    @property
+    def nodes(self) -> Mapping[int, str]:
+        return (self._attempt[1] if self._attempt else self._base).nodes
+
+    @property
+    def exited(self) -> frozenset[int]:
+        return (self._attempt[1] if self._attempt else self._base).exited
+
+    def poll(self) -> int:
+        printed = self._base.poll()
+        numbers = attempt_numbers(self._logs.parent)
+        if numbers and (self._attempt is None or numbers[-1] > self._attempt[0]):
+            if self._attempt is not None:
+                printed += self._attempt[1].drain()
+            number = numbers[-1]
+            if self._announce and number > 0:
+                safe_write(self._streams[1], f"hpclaunch: attempt {number} started\n")
+            follower = LogFollower(
+                self._logs / f"{ATTEMPT_PREFIX}{number}",
+                *self._streams,
+                rank=self._rank,
+                include_batch=False,
+                tag=self._tag,
+            )
+            self._attempt = (number, follower)
+        if self._attempt is not None:
+            printed += self._attempt[1].poll()
+        return printed
+
+    def drain(self) -> int:
+        printed = self.poll()
+        printed += self._base.drain()
+        if self._attempt is not None:
+            printed += self._attempt[1].drain()
+        return printed
 
 
 def _utf8_cut(data: bytes, limit: int) -> int:

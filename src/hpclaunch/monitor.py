@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Protocol, TextIO
 
 from . import states
-from .logs import RANK_FILE, LogFollower, safe_write
+from .logs import RANK_FILE, AttemptFollower, safe_write
 
 # Re-exported: callers take these from here.
 from .states import EXIT_OTHER_FAILURE as EXIT_OTHER_FAILURE
@@ -164,7 +164,7 @@ def wait_and_stream(
     for hours against a shared slurmctld; a new rank-*.exit file brings the next call
     forward, since then the end is near. KeyboardInterrupt propagates unchanged.
     """
-    follower = LogFollower(log_dir, out, err)
+    follower = AttemptFollower(log_dir, out, err)
     line = _StatusLine(err, is_tty)
     start = clock()
     next_ask = start
@@ -222,4 +222,4 @@ def wait_and_stream(
             break
         sleep(_LOG_POLL_S)
     follower.drain()
-    return job_exit_code(state, log_dir, status.exit_code), state
+    return job_exit_code(state, follower.rank_dir, status.exit_code), state

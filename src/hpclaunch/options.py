@@ -234,6 +234,39 @@ OPTIONS: tuple[Option, ...] = (
         "(LUMI: NCCL_DEBUG=INFO, per-rank NCCL_DEBUG_FILE on node-local /tmp).",
         "--nccl-debug",
     ),
+    Option(
+        "requeue",
+        "flag",
+        "Outlive the time limit: shortly before it, pass --requeue-signal to the ranks "
+        "(save a checkpoint in $HPCLAUNCH_CHECKPOINT_DIR), wait for them, and queue the "
+        "job again; the next attempt sees HPCLAUNCH_RESUME=1 (docs/resumable.md).",
+        "--requeue",
+    ),
+    Option(
+        "max-requeues",
+        "int",
+        "With --requeue: how many times the job may be queued again, Slurm's own "
+        "requeues (node failure, preemption) included (default 3: up to 4 attempts).",
+        "--max-requeues 10",
+        metavar="N",
+    ),
+    Option(
+        "requeue-signal",
+        "choice",
+        "With --requeue: the signal the ranks get before the time limit (default USR2; "
+        "NCCL takes USR1 for itself).",
+        "--requeue-signal USR1",
+        choices=("USR2", "USR1"),
+    ),
+    Option(
+        "signal-before",
+        "int",
+        "With --requeue: seconds before the time limit at which the signal is sent "
+        "(default 120; Slurm may send it up to a minute earlier). The ranks get this "
+        "minus 15 s to exit.",
+        "--signal-before 300",
+        metavar="SECONDS",
+    ),
 )
 
 BY_NAME = {opt.name: opt for opt in OPTIONS}

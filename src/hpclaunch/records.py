@@ -18,6 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from .attempts import Attempt, fold
 from .errors import HpclaunchError
 from .node import EVENTS
 from .rundirs import RECORD
@@ -34,6 +35,8 @@ class RankEvents:
     last_end: Optional[float] = None
     first_failure: Optional[tuple[int, int]] = None  # (rank, returncode), earliest end
     staged_nodes: tuple[str, ...] = ()
+    # --requeue: every attempt; the rank fields above are the last attempt's.
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[str]:
@@ -98,7 +101,11 @@ class RunRecord:
         return self.nodes * self.tasks_per_node if self.nodes and self.tasks_per_node else None
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as JSON data; a requeued run's attempts folded in (never stored)."""
         data = {k: v for k, v in asdict(self).items() if k not in ("extra", "events")}
+        tried = self.events.attempts
+        if tried:
+            data["attempts"] = [a.to_dict(a is tried[-1]) for a in tried]
         return {**self.extra, **data}
 
 
@@ -174,7 +181,8 @@ def load(run_dir: Path) -> RunRecord:
 
 
 def read_events(run_dir: Path) -> RankEvents:
-    """Fold events.jsonl; lines that are cut short or foreign are skipped."""
+    """Fold events.jsonl; lines that are cut short or foreign are skipped. Of a requeued
+    run, the ranks' and the staging's events count for the last attempt only."""
     found = RankEvents()
     staged: set[str] = set()
     failures: list[tuple[float, int, int]] = []  # (end time, rank, returncode)
@@ -182,11 +190,18 @@ def read_events(run_dir: Path) -> RankEvents:
         lines = (run_dir / EVENTS).read_bytes().splitlines()
     except OSError:
         return found
+    events = []
     for line in lines:
         try:
             event = json.loads(line.decode("utf-8"))
             kind, when = event["event"], float(event.get("time", 0.0))
         except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        events.append((kind, when, event))
+    found.attempts = fold(event for _, _, event in events)
+    last = found.attempts[-1].number if found.attempts else None
+    for kind, when, event in events:
+        if last is not None and event.get("attempt", last) != last:
             continue
         if kind == "rank_start" and isinstance(event.get("rank"), int):
             found.started[event["rank"]] = str(event.get("node", ""))

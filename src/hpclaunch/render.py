@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import containers, node, shell
+from . import containers, node, requeue, shell
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
 from .resources import default_notes
@@ -60,6 +60,8 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
         shell.sbatch_line("--open-mode", "append"),
         shell.sbatch_line("--chdir", str(cwd)),
     ]
+    if spec.requeue:
+        lines += requeue.directives(spec.requeue)
     lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args]
     return lines
 
@@ -71,10 +73,12 @@ def _slurm_cpus(spec: JobSpec) -> int:
 
 def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str, Word]]:
     """Everything every task needs, in export order (later entries win)."""
+    # A requeued run's ranks write logs/attempt-N/ (the shell sets HPCLAUNCH_ATTEMPT).
+    logs: Word = requeue.log_dir(paths.logs) if spec.requeue else str(paths.logs)
     env: list[tuple[str, Word]] = [
         (node.HPCLAUNCH_RUN_DIR, str(paths.run_dir)),
         ("HPCLAUNCH_CHECKPOINT_DIR", str(paths.checkpoint_dir)),
-        (node.HPCLAUNCH_LOG_DIR, str(paths.logs)),
+        (node.HPCLAUNCH_LOG_DIR, logs),
         ("HPCLAUNCH_RUN_ID", paths.run_id),
         ("HPCLAUNCH_PROJECT", spec.project),
         ("HPCLAUNCH_EXP", spec.exp),
@@ -85,6 +89,11 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     ]
     if spec.venv:
         env.append((node.HPCLAUNCH_VENV, spec.venv))
+    if spec.requeue:
+        env += requeue.env(spec.requeue, paths.checkpoint_dir)
+        if spec.stage or spec.stage_out:
+            marks = requeue.log_dir(paths.run_dir / node.STAGE_MARKS)
+            env.append((node.HPCLAUNCH_STAGE_MARKS, marks))
     env += sorted(launcher_env(spec).items())
     if spec.gpu_visibility == "per-task":
         env.append((node.HPCLAUNCH_GPU_VARS, ",".join(profile.gpu_vars)))
@@ -163,7 +172,11 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         str(paths.shipped(node.STAGE_GUARD)), "run",
         str(paths.run_dir / node.STAGE_JSON),
     ]  # fmt: skip
-    marks = shell.quote(str(paths.run_dir / node.STAGE_MARKS))
+    marks = (
+        f'"${node.HPCLAUNCH_STAGE_MARKS}"'
+        if spec.requeue
+        else shell.quote(str(paths.run_dir / node.STAGE_MARKS))
+    )
     return [
         "",
         "# --stage/--stage-out: a guard task per node unpacks into the node-local folder",
@@ -222,26 +235,14 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         body += ["", "# --setup lines (yours), stopped at the first failure", "set -e"]
         body += list(spec.setup)
         body.append("set +e")
-    body += [
-        "",
-        "# The first node of the allocation: sbatch runs this script there, so it is this",
-        "# node (no process needed); scontrol expands the node list where that is unknown.",
-        "MASTER_ADDR=${SLURMD_NODENAME:-"
-        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
-        "export MASTER_ADDR",
-        "# From the job id, so jobs sharing a node differ; skip a port in use here.",
-        f"MASTER_PORT=$(( {node.PORT_BASE} + SLURM_JOB_ID % {node.PORT_SPAN} ))",
-        "for _ in {1..100}; do  # bash builtins only: no process is started here",
-        '    { : 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT"; } 2>/dev/null || break',
-        "    MASTER_PORT=$(( MASTER_PORT + 1 ))",
-        "done",
-        "export MASTER_PORT",
-        shell.export_default("OMP_NUM_THREADS", str(spec.cpus_per_task)),
-    ]
+    body += rendezvous_lines(spec)
+    if spec.requeue:
+        body += requeue.attempt_lines(spec.requeue, paths.run_dir / node.EVENTS)
     if spec.stage or spec.stage_out:
+        local = requeue.local_dir(profile.local_dir) if spec.requeue else profile.local_dir
         body += [
             "# The job's node-local folder (the profile's choice), on every node the same path.",
-            f"{node.HPCLAUNCH_LOCAL}={profile.local_dir}",
+            f"{node.HPCLAUNCH_LOCAL}={local}",
             f"export {node.HPCLAUNCH_LOCAL}",
         ]
     body += [shell.export(k, v) for k, v in env]
@@ -259,18 +260,11 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
     if spec.container:
         body += container_comment(spec, argv)
     staging = bool(spec.stage or spec.stage_out)
+    if spec.requeue:
+        body += ["", *requeue.start_lines(spec.requeue)]
     if staging:
         body += stage_lines(spec, profile, paths)
-    body += ["", shell.join_multiline(srun[: len(srun) - len(argv)], argv)]
-    if staging:
-        body += [
-            "HPCLAUNCH_RC=$?",
-            "# The ranks are done: the guards copy --stage-out results back and clean up",
-            "# (srun forwards SIGUSR1 to them; SIGTERM would make srun kill the step).",
-            'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
-            'wait "$HPCLAUNCH_STAGE_PID"',
-            'exit "$HPCLAUNCH_RC"',
-        ]
+    body += launch_lines(spec, paths, shell.join_multiline(srun[: len(srun) - len(argv)], argv))
     return BatchPlan(
         script=shell.lines(body),
         sbatch_argv=("sbatch", "--parsable", str(paths.job_sh)),
@@ -321,3 +315,48 @@ def task_env_values(plan_: BatchPlan, spec: JobSpec, known: Mapping[str, str]) -
         env[name] = shell.expand(word, {**known, **env})
     env.update(dict(spec.secret_env()))
     return env
+
+
+def rendezvous_lines(spec: JobSpec) -> list[str]:
+    """MASTER_ADDR and MASTER_PORT (bash builtins only), and OMP_NUM_THREADS."""
+    body: list[str] = []
+    body += [
+        "",
+        "# The first node of the allocation: sbatch runs this script there, so it is this",
+        "# node (no process needed); scontrol expands the node list where that is unknown.",
+        "MASTER_ADDR=${SLURMD_NODENAME:-"
+        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
+        "export MASTER_ADDR",
+        "# From the job id, so jobs sharing a node differ; skip a port in use here.",
+        f"MASTER_PORT=$(( {node.PORT_BASE} + SLURM_JOB_ID % {node.PORT_SPAN} ))",
+        "for _ in {1..100}; do  # bash builtins only: no process is started here",
+        '    { : 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT"; } 2>/dev/null || break',
+        "    MASTER_PORT=$(( MASTER_PORT + 1 ))",
+        "done",
+        "export MASTER_PORT",
+        shell.export_default("OMP_NUM_THREADS", str(spec.cpus_per_task)),
+    ]
+    return body
+
+
+def launch_lines(spec: JobSpec, paths: RunPaths, srun_line: str) -> list[str]:
+    """The ranks' step; with staging, the guards' end after it; with --requeue, the
+    step in the background (the trap) and the decision about the next attempt."""
+    staging = bool(spec.stage or spec.stage_out)
+    body: list[str] = []
+    if spec.requeue:
+        body += ["", *requeue.launch_lines(srun_line)]
+    else:
+        body += ["", srun_line]
+    if staging:
+        body += [
+            *([] if spec.requeue else ["HPCLAUNCH_RC=$?"]),
+            "# The ranks are done: the guards copy --stage-out results back and clean up",
+            "# (srun forwards SIGUSR1 to them; SIGTERM would make srun kill the step).",
+            'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
+            'wait "$HPCLAUNCH_STAGE_PID"',
+            *([] if spec.requeue else ['exit "$HPCLAUNCH_RC"']),
+        ]
+    if spec.requeue:
+        body += requeue.end_lines(spec.requeue, paths.run_dir, spec.time_s)
+    return body

@@ -87,7 +87,21 @@ def summary(record: RunRecord) -> str:
         text += f"; rank {rank} on {node} failed first ({how})"
     elif record.reason:
         text += f" ({record.reason})"
-    return text
+    return text + _attempts_note(record)
+
+
+def _attempts_note(record: RunRecord) -> str:
+    """A requeued run: how many attempts, and why the last one was the last."""
+    tried = record.events.attempts
+    if not tried or (len(tried) == 1 and not tried[-1].reason):
+        return ""
+    text = f"; {len(tried)} attempt{'s' if len(tried) > 1 else ''}"
+    ended = tried[-1].describe(last=True)
+    given = str(record.options.get("max_requeues", 3))  # recorded as the user gave it
+    budget = int(given) if given.isdigit() else 3
+    if not ended and record.state == "TIMEOUT" and len(tried) > budget:
+        ended = f"stopped at the time limit: the requeue budget (--max-requeues {budget}) is spent"
+    return text + (f", the last {ended}" if ended else "")
 
 
 def _wall(record: RunRecord) -> Optional[float]:

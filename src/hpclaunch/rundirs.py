@@ -56,6 +56,35 @@ class RunPaths:
         return self.run_dir / EVENTS
 
 
+ATTEMPT_PREFIX = "attempt-"  # logs/attempt-N/: the ranks' logs of attempt N (--requeue)
+
+
+def attempt_numbers(run_dir: Path) -> list[int]:
+    """The attempts that have a log folder, in order ([] for a run without --requeue)."""
+    try:
+        names = os.listdir(run_dir / "logs")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        digits = name[len(ATTEMPT_PREFIX) :]
+        if name.startswith(ATTEMPT_PREFIX) and digits.isdigit():
+            found.append(int(digits))
+    return sorted(found)
+
+
+def rank_logs(run_dir: Path, attempt: Optional[int] = None) -> Path:
+    """The folder of the ranks' logs: of `attempt`, else of the latest attempt of a
+    requeued run, else logs/ itself (where batch.out always is)."""
+    logs = run_dir / "logs"
+    if attempt is None:
+        numbers = attempt_numbers(run_dir)
+        if not numbers:
+            return logs
+        attempt = numbers[-1]
+    return logs / f"{ATTEMPT_PREFIX}{attempt}"
+
+
 def new_run_id(now: Optional[float] = None) -> str:
     """Sortable by time (UTC, ms) and unique: 4 random hex digits + exclusive mkdir."""
     stamp = time.time() if now is None else now

@@ -70,6 +70,22 @@ class StageItem:
 
 
 @dataclass(frozen=True)
+class Requeue:
+    """--requeue: the ranks get `signal` `before_s` seconds before the time limit, then the
+    job is queued again while fewer than `max_requeues` requeues happened."""
+
+    max_requeues: int = 3
+    signal: str = "USR2"
+    before_s: int = 120
+    margin_s: int = 15  # kept back from before_s for stage-out and `scontrol requeue`
+
+    @property
+    def grace_s(self) -> int:
+        """How long the ranks may take to exit once signalled."""
+        return self.before_s - self.margin_s
+
+
+@dataclass(frozen=True)
 class JobSpec:
     cluster: str
     program: tuple[str, ...]
@@ -104,6 +120,7 @@ class JobSpec:
     local_dir: str = ""
     snapshot: bool = False  # run from a copy of the project's code made at submission
     snapshot_limit_bytes: int = 200 * 2**20  # 0: no limit
+    requeue: Optional[Requeue] = None  # --requeue: signal -> checkpoint -> requeue
     # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

@@ -14,6 +14,7 @@ from .backends.watchdog import launcher_alive
 from .errors import HpclaunchError
 from .monitor import JobStatus, job_exit_code
 from .records import RunRecord
+from .rundirs import rank_logs
 
 _OPEN = {"CREATED"}  # recorded before the backend answered: ask it
 
@@ -76,7 +77,7 @@ def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
     state = states.parse(status.state)
     changes: dict[str, object] = {"state": state.value, "reason": status.reason}
     if not states.is_active(state) and state != states.State.UNKNOWN:
-        changes["exit_code"] = job_exit_code(state.value, record.path / "logs", status.exit_code)
+        changes["exit_code"] = job_exit_code(state.value, rank_logs(record.path), status.exit_code)
     if all(getattr(record, k) == v for k, v in changes.items()):
         return record
     records.update(record.path, **changes)

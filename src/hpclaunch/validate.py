@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Optional
 
+from . import requeue
 from .errors import UserError, show
 from .profiles import Partition, Profile
 from .resources import MAX_LOCAL_RANKS, Request, check_resources
@@ -55,6 +56,9 @@ _MODELED = {
     "--chdir": "(the directory you run hpclaunch in)",
     "--open-mode": "(append, always)",
     "--parsable": "(hpclaunch reads the job id itself)",
+    "--requeue": "--requeue",
+    "--no-requeue": "(no requeue unless --requeue)",
+    "--signal": "--requeue with --requeue-signal and --signal-before",
 }
 
 
@@ -281,6 +285,8 @@ def validate(
     whole = bool(part and part.whole_node)
     cpu_bind = _cpu_bind(profile, launcher, whole or exclusive, res.tasks_per_node, local)
     run_root, ckpt_root = _run_roots(profile, values, account, environ, project)
+    limit = res.time_s or (part.default_time or part.max_time if part else None)
+    requeued = requeue.from_values(values, limit, local=local, in_allocation=in_allocation)
     return JobSpec(
         cluster=profile.name,
         program=program,
@@ -307,5 +313,6 @@ def validate(
         checkpoint_root=ckpt_root,
         nccl_debug=bool(values.get("nccl_debug", False)),
         cpu_bind=cpu_bind,
+        requeue=requeued,
         sources=tuple(sorted(sources.items())),
     )

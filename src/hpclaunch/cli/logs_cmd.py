@@ -7,11 +7,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import click
 
-from ..logs import LogFollower
+from ..logs import AttemptFollower, LogFollower
 from .common import RUN_ARG_HELP, find_run_dir
 
 
@@ -19,32 +19,66 @@ from .common import RUN_ARG_HELP, find_run_dir
 @click.argument("run")
 @click.option("--rank", type=int, default=None, help="Only this rank's output.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option(
+    "--attempt",
+    type=int,
+    default=None,
+    help="A requeued run's attempt N (0, 1, ...): its ranks' output; default the latest.",
+)
 @click.option("--no-tag", is_flag=True, help="Print lines without the [node rank] prefix.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the output so far.")
-def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool, as_json: bool) -> int:
-    """Print a run's output, each line tagged [node rank]; stderr lines go to stderr."""
+def logs_cmd(
+    run: str,
+    rank: Optional[int],
+    follow: bool,
+    attempt: Optional[int],
+    no_tag: bool,
+    as_json: bool,
+) -> int:
+    """Print a run's output, each line tagged [node rank]; stderr lines go to stderr.
+    A run with --requeue shows its latest attempt (--attempt N for another)."""
     from .. import records
     from ..errors import UserError
     from ..handle import Run
+    from ..rundirs import attempt_numbers, rank_logs
 
     run_dir = find_run_dir(run)
     record = records.load(run_dir)
     if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):
         top = f"0 to {record.world_size - 1}" if record.world_size else "at least 0"
         raise UserError("--rank", f"{rank}", f"{record.run_id} has ranks {top}", "Pick one of them")
+    if attempt is not None:
+        numbers = attempt_numbers(run_dir)
+        if attempt not in numbers:
+            has = f"attempts {numbers[0]} to {numbers[-1]}" if numbers else "no attempts"
+            raise UserError(
+                "--attempt", str(attempt), f"{record.run_id} has {has}", "Pick one of them"
+            )
+        if follow:
+            raise UserError("--attempt", "with --follow", "", "Follow without --attempt")
     if as_json:
-        click.echo(
-            json.dumps({"run_id": record.run_id, "rank": rank, "logs": Run(run_dir).logs(rank)})
-        )
+        text = Run(run_dir).logs(rank, attempt)
+        click.echo(json.dumps({"run_id": record.run_id, "rank": rank, "logs": text}))
         return 0
-    follower = LogFollower(
-        run_dir / "logs",
-        sys.stdout,
-        sys.stderr,
-        rank=rank,
-        include_batch=rank is None,
-        tag=not no_tag,
-    )
+    follower: Union[LogFollower, AttemptFollower]
+    if attempt is not None:
+        follower = LogFollower(
+            rank_logs(run_dir, attempt),
+            sys.stdout,
+            sys.stderr,
+            rank=rank,
+            include_batch=False,
+            tag=not no_tag,
+        )
+    else:
+        follower = AttemptFollower(
+            run_dir / "logs",
+            sys.stdout,
+            sys.stderr,
+            rank=rank,
+            include_batch=rank is None,
+            tag=not no_tag,
+        )
     follower.poll()
     if follow:
         _follow(follower, run_dir)
@@ -52,7 +86,7 @@ def logs_cmd(run: str, rank: Optional[int], follow: bool, no_tag: bool, as_json:
     return 0
 
 
-def _follow(follower: LogFollower, run_dir: Path) -> None:
+def _follow(follower: Union[LogFollower, AttemptFollower], run_dir: Path) -> None:
     """Until the run has ended (or Ctrl-C): handle.follow_to_end."""
     from ..handle import follow_to_end
 

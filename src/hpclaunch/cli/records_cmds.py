@@ -106,6 +106,7 @@ def _row(rec: Any) -> dict[str, Any]:
 def status_cmd(run: str, as_json: bool) -> int:
     """Show a run's state, job id, exit code and where it lives."""
     from .. import states, tracking
+    from ..attempts import summary as attempt_lines
     from ..reporting import summary
 
     run_dir = find_run_dir(run)
@@ -124,9 +125,12 @@ def status_cmd(run: str, as_json: bool) -> int:
         ("ranks", ranks),
         ("directory", str(run_dir)),
         ("logs", str(run_dir / "logs")),
+        ("attempts", len(record.events.attempts) or None),
     ):
         if value not in (None, ""):
             click.echo(f"{key:10} {value}")
+    for line in attempt_lines(record.events.attempts):
+        click.echo(f"{'':10} {line}")
     if record.state != "CREATED" and not states.is_active(record.state):
         click.echo(f"{'summary':10} {summary(record)}")
     return 0

@@ -94,6 +94,9 @@ HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter nam
 PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
 HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
 HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole program line, hex
+HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"  # --requeue: 0, 1, ... (rank events carry it)
+HPCLAUNCH_REQUEUE_SIGNAL = "HPCLAUNCH_REQUEUE_SIGNAL"  # --requeue: USR1 or USR2
+HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
 
 # --- what venv_probe.py writes into a venv, and the request for the image's packages only
 VENV_RECORD = "hpclaunch-venv.json"

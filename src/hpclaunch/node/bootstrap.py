@@ -64,6 +64,8 @@ HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter nam
 PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
 HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
 HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole program line, hex
+HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"  # --requeue: 0, 1, ... (rank events carry it)
+HPCLAUNCH_REQUEUE_SIGNAL = "HPCLAUNCH_REQUEUE_SIGNAL"  # --requeue: USR1 or USR2
 
 # Placeholder name -> the variable that holds its value.
 PLACEHOLDERS = {
@@ -412,16 +414,20 @@ def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None
         _say("cannot write %s: %s" % (path, exc.strerror))
 
 
-def rank_event(run_dir: str, kind: str, rank: int, node: str, key: str, value: int) -> None:
+def rank_event(
+    run_dir: str, kind: str, rank: int, node: str, key: str, value: int, attempt: str = ""
+) -> None:
     """Append ``{"event": kind, "rank", "node", key: value, "time"}`` to the run's
     events.jsonl: one write on O_APPEND, so the lines of many ranks never interleave.
+    A requeued run's events also carry the attempt (its digits, as the shell set it).
     Events are for watching a run, so nothing here may fail or hold up the rank."""
-    line = '{"event": "%s", "rank": %d, "node": %s, "%s": %d, "time": %r}\n' % (
+    line = '{"event": "%s", "rank": %d, "node": %s, "%s": %d, %s"time": %r}\n' % (
         kind,
         rank,
         _json_str(node),
         key,
         value,
+        '"attempt": %s, ' % attempt if attempt.isdigit() else "",
         time.time(),
     )
     try:
@@ -457,7 +463,7 @@ def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
         _Child.pending.append(signum)
 
 
-def install_signal_handlers(forward: bool) -> None:
+def install_signal_handlers(forward: bool, requeue_signal: Optional[int] = None) -> None:
     # Without forwarding Slurm / the local backend signal the program themselves, and the
     # bootstrap must outlive it to record its exit. With forwarding (torchrun) the signal
     # is passed on, unless the bootstrap leads its own process group: torch >= 2.2 starts
@@ -467,8 +473,10 @@ def install_signal_handlers(forward: bool) -> None:
     _Child.forward = forward and posix.getpgrp() != posix.getpid()
     for name in HANDLED_SIGNALS:
         signum = getattr(_signal, name, None)
-        # A signal ignored by our parent stays ignored, for us and (inherited) the program.
-        if signum is not None and _signal.getsignal(signum) != _signal.SIG_IGN:
+        # A signal ignored by our parent stays ignored, for us and (inherited) the program;
+        # but --requeue's, which the bootstrap in front of torchrun ignores on purpose.
+        ignored = _signal.getsignal(signum) == _signal.SIG_IGN if signum is not None else True
+        if signum is not None and (not ignored or signum == requeue_signal):
             _signal.signal(signum, _on_signal)
 
 
@@ -480,6 +488,9 @@ def spawn(args: List[str], env: Env, out: int, err: int) -> int:
     # Python ignores SIGPIPE and SIGXFSZ for itself; like subprocess, restore the default
     # for the program (ignored dispositions would survive exec).
     reset = [getattr(_signal, s) for s in ("SIGPIPE", "SIGXFSZ") if hasattr(_signal, s)]
+    requeue_signal = getattr(_signal, "SIG" + env.get(HPCLAUNCH_REQUEUE_SIGNAL, "-"), None)
+    if requeue_signal is not None:  # ignored by a torchrun agent: the program's own again
+        reset.append(requeue_signal)
     _export_path(env)
     return posix.posix_spawnp(args[0], args, env, file_actions=actions, setsigdef=reset)
 
@@ -557,6 +568,12 @@ def enter(argv: List[str], env: Env) -> List[str]:
     if len(argv) > 1 and argv[1] == EXEC_FLAG:
         # In front of torchrun: set the environment up, then become the agent.
         env["PYTHONNOUSERSITE"] = "1"
+        # srun passes --requeue's signal to every process of the task; torchrun's agent
+        # would die of it (USR1/USR2 end a process by default) and take its workers with
+        # it. Ignored here (kept through exec); each worker's bootstrap restores it.
+        requeue_signal = getattr(_signal, "SIG" + env.get(HPCLAUNCH_REQUEUE_SIGNAL, "-"), None)
+        if requeue_signal is not None:
+            _signal.signal(requeue_signal, _signal.SIG_IGN)
         try:
             _execvpe(argv[2], argv[2:], env)
         except (OSError, IndexError) as exc:
@@ -588,7 +605,8 @@ def run(argv: List[str]) -> int:
     if len(argv) < 2:
         posix.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
-    install_signal_handlers(env.get(HPCLAUNCH_FORWARD_SIGNALS) == "1")
+    requeue_signal = getattr(_signal, "SIG" + env.get(HPCLAUNCH_REQUEUE_SIGNAL, "-"), None)
+    install_signal_handlers(env.get(HPCLAUNCH_FORWARD_SIGNALS) == "1", requeue_signal)
     set_rank_env(env)
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
     set_gpu_visibility(env)
@@ -604,6 +622,7 @@ def run(argv: List[str]) -> int:
     node = node_name(env)
     log_dir = env.get(HPCLAUNCH_LOG_DIR) or ""
     run_dir = env.get(HPCLAUNCH_RUN_DIR) or ""
+    attempt = env.get(HPCLAUNCH_ATTEMPT, "")
     out = err = -1
     if log_dir:
         try:
@@ -614,7 +633,7 @@ def run(argv: List[str]) -> int:
         # Where rank 0 may leave its result (JSON) for the submitter: Run.result().
         env.setdefault(HPCLAUNCH_RESULT_FILE, run_dir + "/" + RESULT_JSON)
         # the task's pid, as in ranks.tsv (Slurm's SLURM_TASK_PID)
-        rank_event(run_dir, RANK_START, rank, node, "pid", posix.getpid())
+        rank_event(run_dir, RANK_START, rank, node, "pid", posix.getpid(), attempt)
 
     returncode, why = 0, ""
     try:
@@ -642,7 +661,7 @@ def run(argv: List[str]) -> int:
     if log_dir:
         write_exit_file(log_dir, rank, node, returncode)
     if run_dir:
-        rank_event(run_dir, RANK_END, rank, node, "returncode", returncode)
+        rank_event(run_dir, RANK_END, rank, node, "returncode", returncode, attempt)
     return returncode
 
 

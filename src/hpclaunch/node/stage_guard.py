@@ -47,8 +47,12 @@ DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
 PACK_PART = "part-%02d.tar"
 LOCAL_INFIX = "-hpclaunch-"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
 
-LEFTOVER = re.compile(r"^(?P<user>.+)" + re.escape(LOCAL_INFIX) + r"(?P<job>\d+)$")
+# <user>-hpclaunch-<jobid>, and -a<N> for attempt N of a job run with --requeue
+LEFTOVER = re.compile(
+    r"^(?P<user>.+)" + re.escape(LOCAL_INFIX) + r"(?P<job>\d+)(?:-a(?P<attempt>\d+))?$"
+)
 
 
 def say(text: str) -> None:
@@ -98,17 +102,22 @@ def live_jobs(user: str) -> Optional[Set[str]]:
     return ids
 
 
-def leftovers(folder: str, user: str, current: str) -> List[str]:
-    """This user's node-local folders (``<user>-hpclaunch-<jobid>``) of other jobs."""
+def leftovers(folder: str, user: str, current: str, mine: str = "") -> List[str]:
+    """This user's node-local folders (``<user>-hpclaunch-<jobid>[-a<N>]``) of other jobs,
+    and of earlier attempts of this one (`mine`: this attempt's folder name)."""
     found = []  # type: List[str]
     try:
         names = os.listdir(folder)
     except OSError:
         return found
     uid = os.getuid()
+    own = LEFTOVER.match(mine)
+    requeued = bool(own and own.group("attempt"))  # this job may have earlier attempts
     for name in names:
         match = LEFTOVER.match(name)
-        if not match or match.group("user") != user or match.group("job") == current:
+        if not match or match.group("user") != user or name == mine:
+            continue
+        if match.group("job") == current and not (requeued and match.group("attempt")):
             continue
         path = os.path.join(folder, name)
         try:
@@ -120,9 +129,12 @@ def leftovers(folder: str, user: str, current: str) -> List[str]:
     return found
 
 
-def clean_leftovers(folder: str, user: str, current: str, dry_run: bool = False) -> List[str]:
-    """Remove leftovers of jobs that no longer run; returns what was (or would be) removed."""
-    candidates = leftovers(folder, user, current)
+def clean_leftovers(
+    folder: str, user: str, current: str, dry_run: bool = False, mine: str = ""
+) -> List[str]:
+    """Remove leftovers of jobs that no longer run, and of this job's earlier attempts
+    (one attempt runs at a time); returns what was (or would be) removed."""
+    candidates = leftovers(folder, user, current, mine)
     if not candidates:
         return []
     live = live_jobs(user)
@@ -130,7 +142,8 @@ def clean_leftovers(folder: str, user: str, current: str, dry_run: bool = False)
         return []  # cannot tell which jobs still run: touch nothing
     removed = []
     for path in candidates:
-        if LEFTOVER.match(os.path.basename(path)).group("job") in live:  # type: ignore[union-attr]
+        job = LEFTOVER.match(os.path.basename(path)).group("job")  # type: ignore[union-attr]
+        if job in live and job != current:
             continue
         if not dry_run:
             shutil.rmtree(path, ignore_errors=True)
@@ -254,9 +267,10 @@ def prepare(spec: Mapping[str, Any], local: str, env: Mapping[str, str]) -> None
     user = env.get("USER") or ""
     job = env.get("SLURM_JOB_ID") or ""
     parent = os.path.dirname(local.rstrip("/"))
-    if user and LEFTOVER.match(os.path.basename(local.rstrip("/"))):
-        for path in clean_leftovers(parent, user, job):
-            say("removed %s (a job that no longer runs)" % path)
+    mine = os.path.basename(local.rstrip("/"))
+    if user and LEFTOVER.match(mine):
+        for path in clean_leftovers(parent, user, job, mine=mine):
+            say("removed %s (a job or an attempt that no longer runs)" % path)
     os.makedirs(local, mode=0o700, exist_ok=True)
     for item in spec.get("items", []):
         unpack(item, local)
@@ -286,7 +300,7 @@ def _on_term(signum: int, frame: object) -> None:
 
 def _mark(run_dir: str, what: str, node: str, text: str = "") -> None:
     """<run_dir>/stage/<what><node> (what: READY or FAILED), written whole or not at all."""
-    folder = os.path.join(run_dir, STAGE_MARKS)
+    folder = os.environ.get(HPCLAUNCH_STAGE_MARKS) or os.path.join(run_dir, STAGE_MARKS)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, ".%s%s.%d" % (what, node, os.getpid()))
     with open(tmp, "w") as handle:

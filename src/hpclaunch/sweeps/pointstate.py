@@ -19,6 +19,7 @@ from .. import records, slurmcmd, states
 from ..errors import SlurmError
 from ..monitor import job_exit_code
 from ..records import RunRecord
+from ..rundirs import rank_logs
 from . import arrays, record
 
 SACCT_MODES = ("-X", "-c")  # the accounting database; the job completion file
@@ -65,7 +66,7 @@ def _ended(rec: RunRecord, end: dict[str, Any]) -> dict[str, Any]:
     rc = end.get("exit_code")
     if rc == 0:
         return {"state": "COMPLETED", "exit_code": 0, "ended_at": end.get("time")}
-    code = job_exit_code("FAILED", rec.path / "logs", f"{rc}:0" if isinstance(rc, int) else None)
+    code = job_exit_code("FAILED", rank_logs(rec.path), f"{rc}:0" if isinstance(rc, int) else None)
     return {"state": "FAILED", "exit_code": code, "ended_at": end.get("time")}
 
 
@@ -156,7 +157,7 @@ def _from_task(rec: RunRecord, task: arrays.TaskState) -> dict[str, Any]:
             # TIMEOUT, NODE_FAIL, ... say why its job.sh ended and win over it.
             return _ended(rec, end)
         code = None if task.exit_code is None else f"{task.exit_code}:0"
-        changes["exit_code"] = job_exit_code(state.value, rec.path / "logs", code)
+        changes["exit_code"] = job_exit_code(state.value, rank_logs(rec.path), code)
     return changes
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from .. import node, shell
+from .. import node, requeue, shell
 from ..launchers import encode_argv
 from ..render import directives
 from ..rundirs import RunPaths
@@ -120,6 +120,16 @@ def array_script(
             "    HPCLAUNCH_RC=$?",
             f'    exit_file="${POINT_DIR}/{WANDB_EXIT}"',
             '    [ -f "$exit_file" ] && read -r HPCLAUNCH_RC <"$exit_file"',
+        ]
+    elif spec.requeue:
+        sig = spec.requeue.signal
+        body += [
+            "    # --requeue: Slurm signals this shell only (B:); the point's job.sh, whose trap",
+            "    # saves and requeues this task alone (its own SLURM_JOB_ID), gets it from here.",
+            f"    trap 'kill -{sig} \"$HPCLAUNCH_POINT_PID\" 2>/dev/null' {sig}",
+            f'    bash "${POINT_DIR}/job.sh" &',
+            "    HPCLAUNCH_POINT_PID=$!",
+            *requeue.wait_lines("HPCLAUNCH_POINT_PID", "    "),
         ]
     else:
         body += [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]

@@ -133,6 +133,13 @@ def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planne
             "Add --wandb-sweep ENTITY/PROJECT/SWEEP_ID (or [sweep] wandb_sweep)",
         )
     sweep_id = wandb.check_sweep_id(chosen)
+    if planned.spec.requeue:
+        raise UserError(
+            "--requeue",
+            "with --wandb-sweep",
+            "the W&B agent starts each point's run, and a requeued task would ask it anew",
+            "Drop --requeue (or use --grid/--optuna, whose points resume)",
+        )
     if planned.prepared.profile.kind == "local":
         raise UserError(
             "--wandb-sweep",

@@ -1,0 +1,137 @@
+"""--requeue on the real testbed: Slurm's time-limit signal -> the ranks save -> the batch
+shell requeues -> the next attempt resumes (tests/programs/count_steps.py).
+
+Real slurmctld/slurmd, real `--signal=B:USR2@S`, `scontrol requeue` and
+SLURM_RESTART_COUNT. Time limits are 1-2 minutes and Slurm may send the signal up to a
+minute early, so each test takes minutes: they run one after the other (each holds the
+whole testbed or waits on its clock). What the testbed cannot show: a site's
+`ProctrackType=proctrack/cgroup` (the testbed uses linuxproc; both deliver srun's
+forwarded signal to every process of the step) and preemption (no preemption here).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import testbed
+from conftest import Hpc, load_json_lines
+
+pytestmark = pytest.mark.testbed
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _program(hpc: Hpc) -> None:
+    shutil.copy(PROGRAMS / "count_steps.py", hpc.cwd / "count_steps.py")
+
+
+def _record(hpc: Hpc, run_id: str) -> dict[str, Any]:
+    proc = hpc.run("status", run_id, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def _steps(run_dir: Path, rank: int) -> list[int]:
+    lines = (run_dir / "checkpoints" / f"steps-{rank}.log").read_text().splitlines()
+    return [int(line.split()[0]) for line in lines]
+
+
+def _check_resumed(hpc: Hpc, proc: Any, ranks: int, steps: int) -> Path:
+    """--wait exited 0 after at least two attempts, every attempt but the last requeued by
+    hpclaunch for the time limit, every step done exactly once, each attempt's logs."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = hpc.runs()[-1]["run_id"]
+    record = _record(hpc, run_id)
+    attempts = record["attempts"]
+    assert len(attempts) >= 2, attempts
+    for attempt in attempts[:-1]:
+        assert attempt["ended"] == "requeued by hpclaunch (time limit)", attempt
+    assert attempts[-1]["ended"] == "ended" and attempts[-1]["exit_code"] == 0
+    assert record["state"] == "COMPLETED" and record["exit_code"] == 0
+    run_dir = Path(record["run_dir"])
+    for rank in range(ranks):
+        # The step in flight when the signal came is finished, then saved: none repeats.
+        assert _steps(run_dir, rank) == list(range(steps)), rank
+    for attempt in attempts:
+        shown = hpc.run("logs", run_id, "--attempt", str(attempt["number"]), "--rank", "0")
+        assert shown.returncode == 0, shown.stderr
+        assert f"rank 0 attempt {attempt['number']} resume=" in shown.stdout, shown.stdout
+        resumed = "resume=1" if attempt["number"] else "resume=0"
+        assert resumed in shown.stdout
+    assert "hpclaunch: attempt 1 started" in proc.stderr  # --wait said so
+    return run_dir
+
+
+def test_two_nodes_save_requeue_and_resume(hpc: Hpc) -> None:
+    _program(hpc)
+    steps = 200  # 100 s of work: more than the first attempt has before the signal
+    proc = hpc.run(
+        "run", "-N", "2", "--tasks-per-node", "2", "-t", "2", "--requeue",
+        "--signal-before", "45", "--env", f"STEPS={steps}", "--wait", "--",
+        "python3", "count_steps.py",
+        timeout=600,
+    )  # fmt: skip
+    _check_resumed(hpc, proc, ranks=4, steps=steps)
+
+
+def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> None:
+    _program(hpc)
+    proc = hpc.run(
+        "run", "-t", "1", "--requeue", "--max-requeues", "1", "--signal-before", "30",
+        "--env", "IGNORE=1", "--env", "STEPS=100000", "--wait", "--",
+        "python3", "count_steps.py",
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    run_id = hpc.runs()[-1]["run_id"]
+    record = _record(hpc, run_id)
+    assert record["state"] == "TIMEOUT"
+    attempts = record["attempts"]
+    assert len(attempts) == 2, attempts
+    assert attempts[0]["ended"] == "requeued by hpclaunch (time limit)"
+    status = hpc.run("status", run_id).stdout
+    assert "2 attempts" in status and "requeue budget (--max-requeues 1) is spent" in status
+
+
+def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
+    _program(hpc)
+    proc = hpc.run(
+        "run", "-t", "1", "--requeue", "--signal-before", "40", "--json", "--",
+        "python3", "count_steps.py",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    started = json.loads(proc.stdout)
+    run_dir = Path(started["run_dir"])
+    deadline = time.monotonic() + 150
+    requeued = False
+    while time.monotonic() < deadline and not requeued:
+        events = (
+            load_json_lines(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
+        )
+        requeued = any(e.get("reason") == "requeued" for e in events)
+        time.sleep(0.5)
+    assert requeued, "the first attempt was not requeued"
+    queue = ""
+    while time.monotonic() < deadline:  # the gap: pending again, before attempt 1 starts
+        queue = hpc.cmd(["squeue", "-h", "-j", started["job_id"], "-o", "%T"]).stdout.strip()
+        if queue == "PENDING":
+            break
+        time.sleep(0.2)
+    assert queue == "PENDING", queue
+    cancelled = hpc.run("cancel", started["run_id"])
+    assert cancelled.returncode == 0, cancelled.stderr
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline and hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip()
+    ):
+        time.sleep(0.5)
+    assert not hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip()
+    record = _record(hpc, started["run_id"])
+    assert record["state"] == "CANCELLED", record
+    assert [a["number"] for a in record["attempts"]] == [0]
