@@ -168,6 +168,7 @@ def start_lines(req: Requeue) -> list[str]:
         "    (( HPCLAUNCH_SIGNALLED )) && return",
         "    HPCLAUNCH_SIGNALLED=1",
         "    printf -v HPCLAUNCH_SIGNALLED_AT '%(%s)T' -1",
+        '    hpclaunch_event signal ""',
         '    [ -n "$HPCLAUNCH_STEP_PID" ] || return  # before the launch: it is skipped',
         f'    echo "hpclaunch: SIG{sig} from Slurm: passing it to the ranks; they have '
         f'{req.grace_s} s to save and exit"',
