@@ -3,8 +3,9 @@ shell requeues -> the next attempt resumes (tests/programs/count_steps.py).
 
 Real slurmctld/slurmd, real `--signal=B:USR2@S`, `scontrol requeue` and
 SLURM_RESTART_COUNT. Time limits are 1-2 minutes and Slurm may send the signal up to a
-minute early, so each test takes minutes: they run one after the other (each holds the
-whole testbed or waits on its clock). What the testbed cannot show: a site's
+minute early (so -t 2 with --signal-before 45: never before 15 s, when the program may
+not have set its handler yet), so each test takes minutes: they run one after the
+other (each holds the whole testbed or waits on its clock). What the testbed cannot show: a site's
 `ProctrackType=proctrack/cgroup` (the testbed uses linuxproc; both deliver srun's
 forwarded signal to every process of the step) and preemption (no preemption here).
 """
@@ -21,6 +22,7 @@ import pytest
 
 import testbed
 from conftest import Hpc, load_json_lines
+from test_e2e_staging import _locals_on_nodes
 
 pytestmark = pytest.mark.testbed
 PROGRAMS = Path(__file__).parent / "programs"
@@ -73,17 +75,23 @@ def test_two_nodes_save_requeue_and_resume(hpc: Hpc) -> None:
     steps = 200  # 100 s of work: more than the first attempt has before the signal
     proc = hpc.run(
         "run", "-N", "2", "--tasks-per-node", "2", "-t", "2", "--requeue",
-        "--signal-before", "45", "--env", f"STEPS={steps}", "--wait", "--",
+        "--signal-before", "45", "--env", f"STEPS={steps}", "--wait",
+        "--stage", "count_steps.py:CODE", "--",
         "python3", "count_steps.py",
         timeout=600,
     )  # fmt: skip
-    _check_resumed(hpc, proc, ranks=4, steps=steps)
+    run_dir = _check_resumed(hpc, proc, ranks=4, steps=steps)
+    # Staged again for every attempt (markers per attempt), cleaned after each.
+    for attempt in (0, 1):
+        marks = sorted(p.name for p in (run_dir / "stage" / f"attempt-{attempt}").iterdir())
+        assert marks == ["ready-node1", "ready-node2"], marks
+    assert _locals_on_nodes() == {"node1": [], "node2": []}
 
 
 def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(
-        "run", "-t", "1", "--requeue", "--max-requeues", "1", "--signal-before", "30",
+        "run", "-t", "2", "--requeue", "--max-requeues", "1", "--signal-before", "45",
         "--env", "IGNORE=1", "--env", "STEPS=100000", "--wait", "--",
         "python3", "count_steps.py",
         timeout=600,
@@ -102,7 +110,7 @@ def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> No
 def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(
-        "run", "-t", "1", "--requeue", "--signal-before", "40", "--json", "--",
+        "run", "-t", "2", "--requeue", "--signal-before", "45", "--json", "--",
         "python3", "count_steps.py",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -66,6 +66,8 @@ def run(
     max_requeues: Optional[int] = None,
     requeue_signal: Optional[Literal["USR2", "USR1"]] = None,
     signal_before: Optional[int] = None,
+    after: Optional[StrList] = None,
+    chain: Optional[int] = None,
     cwd: Union[str, Path, None] = None,
     environ: Optional[Mapping[str, str]] = None,
 ) -> Run:

@@ -109,7 +109,8 @@ def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> d
     exact = [e for e in entries if e["run_id"] == ref]
     if exact:
         return exact[0]
-    by_job = [e for e in entries if e.get("job_id") == ref]
+    # A --chain run's entry lists every member's job id: any of them names the run.
+    by_job = [e for e in entries if e.get("job_id") == ref or ref in (e.get("job_ids") or ())]
     if len(by_job) == 1:
         return by_job[0]
     if len(by_job) > 1:

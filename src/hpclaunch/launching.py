@@ -64,6 +64,7 @@ class Started:
     job_id: str
     backend: Backend
     spec: Optional[JobSpec]  # None for a run found again from its record
+    job_ids: tuple[str, ...] = ()  # a --chain's members (job_id is the first)
 
 
 def plan(req: Request) -> Planned:
@@ -139,6 +140,8 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     try:
         entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
         _write_run_files(paths, spec, batch, backend, req, entry)
+        if prepared.after:
+            records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
         if spec.stage:
             from . import stage
 
@@ -155,20 +158,21 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         raise
     state = "RUNNING" if backend.foreground else "PENDING"
     extra: dict[str, Any] = {"step": True} if backend.kind.startswith("step") else {}
-    extra.update(backend.record_extra(job_id))
-    records.update(paths.run_dir, job_id=job_id, job_ids=[job_id], state=state, **extra)
+    extra = {"job_ids": [job_id], **extra, **backend.record_extra(job_id)}
+    records.update(paths.run_dir, job_id=job_id, state=state, **extra)
     index.add(
         {
             "run_id": paths.run_id,
             "run_dir": str(paths.run_dir),
             "job_id": job_id,
+            **({"job_ids": extra["job_ids"]} if len(extra["job_ids"]) > 1 else {}),
             "exp": spec.exp,
             "cluster": spec.cluster,
             "submitted_at": time.time(),
         },
         req.environ,
     )
-    return Started(paths.run_id, paths, job_id, backend, spec)
+    return Started(paths.run_id, paths, job_id, backend, spec, tuple(extra["job_ids"]))
 
 
 def _record_interrupted(
@@ -261,7 +265,13 @@ def finish(
 ) -> tuple[int, str]:
     """Wait through the backend, then record the final state and exit code."""
     code, state = started.backend.wait(
-        started.job_id, started.paths, out, err, is_tty=is_tty, timeout=timeout
+        started.job_id,
+        started.paths,
+        out,
+        err,
+        is_tty=is_tty,
+        timeout=timeout,
+        members=started.job_ids,
     )
     records.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
     return code, state

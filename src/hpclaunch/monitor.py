@@ -11,8 +11,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Callable, NamedTuple, Protocol, TextIO
+from typing import Callable, NamedTuple, Optional, Protocol, TextIO
 
 from . import states
 from .logs import RANK_FILE, AttemptFollower, safe_write
@@ -100,6 +101,21 @@ class JobStatus(NamedTuple):
     state: str
     reason: str
     exit_code: str | None
+
+
+def chain_status(
+    job_ids: Sequence[str], found: Mapping[str, JobStatus], ran: Sequence[int]
+) -> Optional[JobStatus]:
+    """A chain's state from its members' (one status call for all of them): a running
+    member's, else a pending one's, else the last member that ran (its place is its
+    attempt number; later members a done program cancelled do not count)."""
+    statuses = [found.get(job) for job in job_ids]
+    for wanted in (states.is_streaming, states.is_active):
+        for status in statuses:
+            if status is not None and wanted(states.parse(status.state)):
+                return status
+    last = max(ran) if ran else 0
+    return statuses[last] if last < len(statuses) else None
 
 
 class StatusSource(Protocol):

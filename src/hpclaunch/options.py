@@ -267,6 +267,24 @@ OPTIONS: tuple[Option, ...] = (
         "--signal-before 300",
         metavar="SECONDS",
     ),
+    Option(
+        "after",
+        "list",
+        "Start only after RUN ended: RUN[:ok] (completed), RUN:any, RUN:notok (repeatable). "
+        "RUN: a run id, job id, last, or a sweep (all its points). A dependency that can "
+        "never be met is refused, or ends the job instead of leaving it pending.",
+        "--after last:ok",
+        metavar="RUN[:COND]",
+    ),
+    Option(
+        "chain",
+        "int",
+        "Submit K jobs of this run, each after the previous one ended, sharing one "
+        "checkpoint folder (past the time limit where requeue is not allowed); the chain "
+        "stops early once the program writes $HPCLAUNCH_DONE_FILE.",
+        "--chain 3",
+        metavar="K",
+    ),
 )
 
 BY_NAME = {opt.name: opt for opt in OPTIONS}

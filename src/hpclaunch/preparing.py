@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import config, containers, discover, project, rundirs, stage, venvs
+from . import config, containers, dependencies, discover, project, rundirs, stage, venvs
 from .errors import UserError
 from .profiles import Profile, load_profile
 from .spec import JobSpec
@@ -24,6 +24,7 @@ class Prepared:
     project_file: Optional[Path]
     in_allocation: bool
     warnings: tuple[str, ...] = ()  # printed before anything is submitted
+    after: tuple[dependencies.After, ...] = ()  # --after, resolved (recorded with the run)
 
 
 def prepare_spec(
@@ -48,6 +49,8 @@ def prepare_spec(
         snapshot=profile.kind == "slurm" and not values.get("no_snapshot"),
         snapshot_limit_bytes=values.get("snapshot_limit", 200 * 2**20),  # bytes; 0: no limit
     )
+    after = tuple(dependencies.resolve(values.get("after", ()), environ))
+    spec = replace(spec, dependency=dependencies.sbatch_value(after))
     spec = _with_staging(spec, profile, values, cwd, allocation)
     spec, warnings = _with_container(spec, profile, values, environ, cwd)
     if profile.kind == "local":
@@ -58,6 +61,7 @@ def prepare_spec(
         project_file=layers.project_file,
         in_allocation=allocation,
         warnings=tuple(warnings),
+        after=after,
     )
 
 

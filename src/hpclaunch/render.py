@@ -28,6 +28,7 @@ class BatchPlan:
     task_argv: tuple[Word, ...]
     task_env: tuple[tuple[str, Word], ...]  # exported before the launch (also for local)
     srun_argv: tuple[Word, ...]
+    chain: int = 1  # --chain K: sbatch_argv is submitted K times (member number as $1)
 
 
 def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
@@ -62,6 +63,11 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     ]
     if spec.requeue:
         lines += requeue.directives(spec.requeue)
+    if spec.dependency:
+        lines.append(shell.sbatch_line("--dependency", spec.dependency))
+    if spec.dependency or spec.chain > 1:
+        # A dependency that can never be met ends the job instead of leaving it PENDING.
+        lines.append(shell.sbatch_line("--kill-on-invalid-dep", "yes"))
     lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args]
     return lines
 
@@ -74,7 +80,8 @@ def _slurm_cpus(spec: JobSpec) -> int:
 def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str, Word]]:
     """Everything every task needs, in export order (later entries win)."""
     # A requeued run's ranks write logs/attempt-N/ (the shell sets HPCLAUNCH_ATTEMPT).
-    logs: Word = requeue.log_dir(paths.logs) if spec.requeue else str(paths.logs)
+    attempts = bool(spec.requeue or spec.chain > 1)
+    logs: Word = requeue.log_dir(paths.logs) if attempts else str(paths.logs)
     env: list[tuple[str, Word]] = [
         (node.HPCLAUNCH_RUN_DIR, str(paths.run_dir)),
         ("HPCLAUNCH_CHECKPOINT_DIR", str(paths.checkpoint_dir)),
@@ -89,7 +96,7 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     ]
     if spec.venv:
         env.append((node.HPCLAUNCH_VENV, spec.venv))
-    if spec.requeue:
+    if attempts:
         env += requeue.env(spec.requeue, paths.checkpoint_dir)
         if spec.stage or spec.stage_out:
             marks = requeue.log_dir(paths.run_dir / node.STAGE_MARKS)
@@ -174,7 +181,7 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
     ]  # fmt: skip
     marks = (
         f'"${node.HPCLAUNCH_STAGE_MARKS}"'
-        if spec.requeue
+        if spec.requeue or spec.chain > 1
         else shell.quote(str(paths.run_dir / node.STAGE_MARKS))
     )
     return [
@@ -236,10 +243,11 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         body += list(spec.setup)
         body.append("set +e")
     body += rendezvous_lines(spec)
-    if spec.requeue:
-        body += requeue.attempt_lines(spec.requeue, paths.run_dir / node.EVENTS)
+    attempts = bool(spec.requeue or spec.chain > 1)
+    if attempts:
+        body += requeue.attempt_lines(paths.run_dir / node.EVENTS, chain=spec.chain > 1)
     if spec.stage or spec.stage_out:
-        local = requeue.local_dir(profile.local_dir) if spec.requeue else profile.local_dir
+        local = requeue.local_dir(profile.local_dir) if attempts else profile.local_dir
         body += [
             "# The job's node-local folder (the profile's choice), on every node the same path.",
             f"{node.HPCLAUNCH_LOCAL}={local}",
@@ -262,6 +270,8 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
     staging = bool(spec.stage or spec.stage_out)
     if spec.requeue:
         body += ["", *requeue.start_lines(spec.requeue)]
+    elif spec.chain > 1:
+        body += ["", *requeue.resume_lines(spec.chain)]
     if staging:
         body += stage_lines(spec, profile, paths)
     body += launch_lines(spec, paths, shell.join_multiline(srun[: len(srun) - len(argv)], argv))
@@ -272,6 +282,7 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         task_argv=tuple(argv),
         task_env=tuple(env),
         srun_argv=tuple(srun),
+        chain=spec.chain,
     )
 
 
@@ -293,7 +304,15 @@ def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
 
 def preview(plan_: BatchPlan, environ: Mapping[str, str]) -> str:
     """The dry-run text: the script, the sbatch command, and what sbatch adds by itself."""
-    out = [plan_.script.rstrip("\n"), "", "# submit with:", shell.command(plan_.sbatch_argv)]
+    out = [plan_.script.rstrip("\n"), "", "# submit with:"]
+    if plan_.chain > 1:
+        *head, script = plan_.sbatch_argv
+        out.append(shell.command([*head, script, "0"]))
+        for member in range(1, plan_.chain):
+            after = f"--dependency=afterany:<job id of {member - 1}>"
+            out.append(f"{shell.command([*head, after, script, str(member)])}")
+    else:
+        out.append(shell.command(plan_.sbatch_argv))
     sbatch_vars = sorted(k for k in environ if k.startswith("SBATCH_"))
     if sbatch_vars:
         out.append("# sbatch also reads from your environment:")
@@ -341,22 +360,26 @@ def rendezvous_lines(spec: JobSpec) -> list[str]:
 
 def launch_lines(spec: JobSpec, paths: RunPaths, srun_line: str) -> list[str]:
     """The ranks' step; with staging, the guards' end after it; with --requeue, the
-    step in the background (the trap) and the decision about the next attempt."""
+    step in the background (the trap) and the decision about the next attempt; with
+    --chain, the end of this member (a done program cancels the rest)."""
     staging = bool(spec.stage or spec.stage_out)
-    body: list[str] = []
+    chain = spec.chain > 1
+    body: list[str] = [""]
     if spec.requeue:
-        body += ["", *requeue.launch_lines(srun_line)]
+        body += requeue.launch_lines(srun_line)
     else:
-        body += ["", srun_line]
+        body += [srun_line, "HPCLAUNCH_RC=$?"] if staging or chain else [srun_line]
     if staging:
         body += [
-            *([] if spec.requeue else ["HPCLAUNCH_RC=$?"]),
             "# The ranks are done: the guards copy --stage-out results back and clean up",
             "# (srun forwards SIGUSR1 to them; SIGTERM would make srun kill the step).",
             'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
             'wait "$HPCLAUNCH_STAGE_PID"',
-            *([] if spec.requeue else ['exit "$HPCLAUNCH_RC"']),
         ]
     if spec.requeue:
         body += requeue.end_lines(spec.requeue, paths.run_dir, spec.time_s)
+    elif chain:
+        body += requeue.chain_end_lines(paths.run_dir)
+    elif staging:
+        body.append('exit "$HPCLAUNCH_RC"')
     return body

@@ -38,6 +38,7 @@ from .units import format_time
 
 MARGIN_S = 15  # kept back from --signal-before for stage-out and `scontrol requeue`
 MAX_REQUEUES = 1000  # a typo guard, far above any real campaign
+CHAIN_JOBS = "chain.jobs"  # in the run folder: a chain's job ids, one per line
 DONE_FILE = "hpclaunch-done"  # in HPCLAUNCH_CHECKPOINT_DIR: the program says it is done
 CANCELLED_FILE = "cancelled"  # in the run folder: `hpclaunch cancel` asked for the end
 ATTEMPT_DIR = "attempt-%d"  # in logs/ and stage/: one folder per attempt
@@ -119,21 +120,30 @@ def local_dir(template: str) -> str:
 _JOB_ID = re.compile(r"\$\{SLURM_JOB_ID\}|\$SLURM_JOB_ID\b")
 
 
-def env(req: Requeue, checkpoint_dir: Path) -> list[tuple[str, shell.Word]]:
-    return [
-        (HPCLAUNCH_REQUEUE_SIGNAL, req.signal),
-        (HPCLAUNCH_DONE_FILE, str(checkpoint_dir / DONE_FILE)),
-    ]
+def env(req: Optional[Requeue], checkpoint_dir: Path) -> list[tuple[str, shell.Word]]:
+    """What a program of a requeued run (or a chain: req None) sees besides the attempt."""
+    signal = [(HPCLAUNCH_REQUEUE_SIGNAL, req.signal)] if req else []
+    return [*signal, (HPCLAUNCH_DONE_FILE, str(checkpoint_dir / DONE_FILE))]
 
 
-def attempt_lines(req: Requeue, events: Path) -> list[str]:
+def attempt_lines(events: Path, chain: bool = False) -> list[str]:
     """Before the exports: the attempt number and the event writer."""
     fields = '{"event":"%s","attempt":%d,"job_id":"%s",%s"time":%s}\\n'
+    if chain:
+        number = [
+            "",
+            "# --chain: this job's place in the chain (0, 1, ...), which sbatch passes as $1.",
+            f"{HPCLAUNCH_ATTEMPT}=${{1:-0}}",
+        ]
+    else:
+        number = [
+            "",
+            "# --requeue: the attempt (0, 1, ...). Slurm counts every requeue in",
+            "# SLURM_RESTART_COUNT, its own (node failure, preemption) and hpclaunch's.",
+            f"{HPCLAUNCH_ATTEMPT}=${{SLURM_RESTART_COUNT:-0}}",
+        ]
     return [
-        "",
-        "# --requeue: the attempt (0, 1, ...). Slurm counts every requeue in",
-        "# SLURM_RESTART_COUNT, its own (node failure, preemption) and hpclaunch's.",
-        f"{HPCLAUNCH_ATTEMPT}=${{SLURM_RESTART_COUNT:-0}}",
+        *number,
         f"export {HPCLAUNCH_ATTEMPT}",
         "hpclaunch_event() {  # one line to events.jsonl; bash builtins only, no process",
         "    local now",
@@ -147,10 +157,15 @@ def attempt_lines(req: Requeue, events: Path) -> list[str]:
 
 def start_lines(req: Requeue) -> list[str]:
     """After the exports: resume or done, the trap, the event; before the launch."""
-    sig = req.signal
+    return [*resume_lines(req.max_requeues + 1), *trap_lines(req)]
+
+
+def resume_lines(most: int) -> list[str]:
+    """The attempt's start: said, noted, skipped when the program is done, resumed when
+    something was saved (by an earlier attempt of a requeue or member of a chain)."""
     return [
         'echo "hpclaunch: attempt ${HPCLAUNCH_ATTEMPT} (at most '
-        f'{req.max_requeues + 1}) of job ${{SLURM_JOB_ID-}} on ${{SLURM_JOB_NODELIST-}}"',
+        f'{most}) of job ${{SLURM_JOB_ID-}} on ${{SLURM_JOB_NODELIST-}}"',
         'hpclaunch_event attempt_start "\\"nodes\\":\\"${SLURM_JOB_NODELIST-}\\","',
         f'if [ -e "${HPCLAUNCH_DONE_FILE}" ]; then',
         f'    echo "hpclaunch: ${HPCLAUNCH_DONE_FILE} exists: the program is done; nothing to run"',
@@ -163,6 +178,12 @@ def start_lines(req: Requeue) -> list[str]:
         "shopt -u nullglob dotglob",
         f"(( ${{#HPCLAUNCH_SAVED[@]}} )) && export {HPCLAUNCH_RESUME}=1",
         "unset HPCLAUNCH_SAVED",
+    ]
+
+
+def trap_lines(req: Requeue) -> list[str]:
+    sig = req.signal
+    return [
         "HPCLAUNCH_SIGNALLED=0 HPCLAUNCH_STEP_PID= HPCLAUNCH_TIMER_PID=",
         "hpclaunch_on_signal() {",
         "    (( HPCLAUNCH_SIGNALLED )) && return",
@@ -257,6 +278,28 @@ def end_lines(req: Requeue, run_dir: Path, time_s: Optional[int]) -> list[str]:
         "    fi",
         "    HPCLAUNCH_RC=1",
         f"    hpclaunch_event attempt_end {end % REQUEUE_FAILED}",
+        "fi",
+        'exit "$HPCLAUNCH_RC"',
+    ]
+
+
+def chain_end_lines(run_dir: Path) -> list[str]:
+    """After a chain member's ranks: done -> the later members are cancelled."""
+    jobs = shell.quote(str(run_dir / CHAIN_JOBS))
+    end = '"\\"reason\\":\\"%s\\",\\"exit_code\\":${HPCLAUNCH_RC},"'
+    return [
+        f'if [ -e "${HPCLAUNCH_DONE_FILE}" ]; then',
+        f"    hpclaunch_event attempt_end {end % DONE}",
+        "    # The later members would only start to find the work done: cancel them now.",
+        f"    mapfile -t HPCLAUNCH_CHAIN <{jobs} 2>/dev/null",
+        f'    HPCLAUNCH_LATER=("${{HPCLAUNCH_CHAIN[@]:$(( {HPCLAUNCH_ATTEMPT} + 1 ))}}")',
+        "    if (( ${#HPCLAUNCH_LATER[@]} )); then",
+        '        echo "hpclaunch: the program is done: cancelling the rest of the chain '
+        '(${HPCLAUNCH_LATER[*]})"',
+        '        scancel "${HPCLAUNCH_LATER[@]}"',
+        "    fi",
+        "else",
+        f"    hpclaunch_event attempt_end {end % ENDED}",
         "fi",
         'exit "$HPCLAUNCH_RC"',
     ]

@@ -121,6 +121,8 @@ class JobSpec:
     snapshot: bool = False  # run from a copy of the project's code made at submission
     snapshot_limit_bytes: int = 200 * 2**20  # 0: no limit
     requeue: Optional[Requeue] = None  # --requeue: signal -> checkpoint -> requeue
+    chain: int = 1  # --chain K: K jobs one after the other (1: no chain)
+    dependency: str = ""  # sbatch --dependency for --after (runs still active), "" none
     # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

@@ -4,7 +4,7 @@ per backend (for Slurm one squeue and one sacct), the final exit code once a job
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -12,7 +12,7 @@ from . import records, states
 from .backends import for_record
 from .backends.watchdog import launcher_alive
 from .errors import HpclaunchError
-from .monitor import JobStatus, job_exit_code
+from .monitor import JobStatus, chain_status, job_exit_code
 from .records import RunRecord
 from .rundirs import rank_logs
 
@@ -64,11 +64,23 @@ def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:
     if not asking:
         return list(runs)
     try:
-        found = for_record("slurm").status([str(r.job_id) for r in asking])
+        found = for_record("slurm").status([job for r in asking for job in _job_ids(r)])
     except HpclaunchError:
         return list(runs)  # Slurm does not answer: show what was recorded
     asked = {id(r) for r in asking}
-    return [_updated(r, found.get(str(r.job_id))) if id(r) in asked else r for r in runs]
+    return [_updated(r, _status(r, found)) if id(r) in asked else r for r in runs]
+
+
+def _job_ids(record: RunRecord) -> list[str]:
+    """A --chain run's members, else its one job."""
+    return record.job_ids if len(record.job_ids) > 1 else [str(record.job_id)]
+
+
+def _status(record: RunRecord, found: Mapping[str, JobStatus]) -> Optional[JobStatus]:
+    if len(record.job_ids) > 1:
+        ran = [a.number for a in record.events.attempts]
+        return chain_status(record.job_ids, found, ran)
+    return found.get(str(record.job_id))
 
 
 def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
@@ -78,6 +90,8 @@ def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
     changes: dict[str, object] = {"state": state.value, "reason": status.reason}
     if not states.is_active(state) and state != states.State.UNKNOWN:
         changes["exit_code"] = job_exit_code(state.value, rank_logs(record.path), status.exit_code)
+    if state == states.State.CANCELLED and record.extra.get("after"):
+        changes["reason"] = why_never_started(record) or status.reason
     if all(getattr(record, k) == v for k, v in changes.items()):
         return record
     records.update(record.path, **changes)
@@ -86,3 +100,26 @@ def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
 
 def refresh_one(run_dir: Path) -> RunRecord:
     return refresh([records.load(run_dir)])[0]
+
+
+def why_never_started(record: RunRecord) -> Optional[str]:
+    """For a run Slurm cancelled before it started: the --after that failed, from the
+    records of the runs it waited for (Slurm's own reason is gone once it purges)."""
+    waited = record.extra.get("after")
+    if not isinstance(waited, list) or record.events.started:
+        return None
+    for dep in waited:
+        if not isinstance(dep, dict) or not dep.get("job_ids") or not dep.get("run_dir"):
+            continue
+        folder = Path(str(dep["run_dir"]))
+        if (folder / "sweep.json").is_file():
+            continue  # a sweep's points: its own status says which failed
+        try:
+            other = refresh_one(folder)
+        except (OSError, records.DamagedRecord):
+            continue
+        cond = str(dep.get("condition", "ok"))
+        ok = other.state == "COMPLETED"
+        if cond != "any" and not states.is_active(other.state) and ok == (cond == "notok"):
+            return f"never started: --after {other.run_id}:{cond}, and it ended {other.state}"
+    return None

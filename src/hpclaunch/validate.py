@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any, Optional
 
 from . import requeue
+from .dependencies import check_chain
 from .errors import UserError, show
 from .profiles import Partition, Profile
 from .resources import MAX_LOCAL_RANKS, Request, check_resources
@@ -287,6 +288,7 @@ def validate(
     run_root, ckpt_root = _run_roots(profile, values, account, environ, project)
     limit = res.time_s or (part.default_time or part.max_time if part else None)
     requeued = requeue.from_values(values, limit, local=local, in_allocation=in_allocation)
+    chain = check_chain(values, local=local, in_allocation=in_allocation)
     return JobSpec(
         cluster=profile.name,
         program=program,
@@ -314,5 +316,6 @@ def validate(
         nccl_debug=bool(values.get("nccl_debug", False)),
         cpu_bind=cpu_bind,
         requeue=requeued,
+        chain=chain,
         sources=tuple(sorted(sources.items())),
     )

@@ -14,7 +14,7 @@ ckpt = os.environ["HPCLAUNCH_CHECKPOINT_DIR"]
 rank = int(os.environ["RANK"])
 attempt = os.environ.get("HPCLAUNCH_ATTEMPT", "?")
 name = "SIG" + os.environ.get("HPCLAUNCH_REQUEUE_SIGNAL", "USR2")
-saved = os.path.join(ckpt, "rank-%d.count" % rank)
+saved = os.path.join(ckpt, f"rank-{rank}.count")
 stop = []
 if os.environ.get("IGNORE") == "1":
     signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -25,11 +25,8 @@ step = 0
 if os.path.exists(saved):
     with open(saved) as handle:
         step = int(handle.read())
-print(
-    "rank %d attempt %s resume=%s from step %d"
-    % (rank, attempt, os.environ.get("HPCLAUNCH_RESUME", "0"), step),
-    flush=True,
-)
+resume = os.environ.get("HPCLAUNCH_RESUME", "0")
+print(f"rank {rank} attempt {attempt} resume={resume} from step {step}", flush=True)
 
 
 def save() -> None:
@@ -38,15 +35,15 @@ def save() -> None:
     os.replace(saved + ".tmp", saved)
 
 
-with open(os.path.join(ckpt, "steps-%d.log" % rank), "a") as log:
+with open(os.path.join(ckpt, f"steps-{rank}.log"), "a") as log:
     while step < STEPS:
         time.sleep(STEP_S)
-        log.write("%d %s\n" % (step, attempt))
+        log.write(f"{step} {attempt}\n")
         log.flush()
         step += 1
         if stop:
             save()
-            print("rank %d saved at step %d on %s" % (rank, step, name), flush=True)
+            print(f"rank {rank} saved at step {step} on {name}", flush=True)
             sys.exit(0)
 save()
-print("rank %d finished %d steps" % (rank, step), flush=True)
+print(f"rank {rank} finished {step} steps", flush=True)

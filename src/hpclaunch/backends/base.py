@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, TextIO
 
-from ..monitor import JobStatus, wait_and_stream
+from ..monitor import JobStatus, chain_status, wait_and_stream
 from ..render import BatchPlan
 from ..rundirs import RunPaths
 from ..spec import JobSpec
@@ -71,11 +71,14 @@ class Backend(ABC):
         *,
         is_tty: bool = False,
         timeout: Optional[float] = None,
+        members: Sequence[str] = (),
     ) -> tuple[int, str]:
-        """Stream the ranks' output until the job ends: (exit code, final state).
-        TimeoutError when `timeout` seconds pass first (the job keeps running)."""
+        """Stream the ranks' output until the job ends: (exit code, final state); of a
+        --chain (`members`), until the chain ends. TimeoutError when `timeout` seconds
+        pass first (the job keeps running)."""
+        source = _Chain(self, members, paths) if len(members) > 1 else _OneJob(self, job_id)
         return wait_and_stream(
-            _OneJob(self, job_id),
+            source,
             job_id,
             paths.logs,
             out,
@@ -87,6 +90,22 @@ class Backend(ABC):
     def logs(self, paths: RunPaths) -> Path:
         """Where the job's per-rank logs are (the same layout for every backend)."""
         return paths.logs
+
+
+class _Chain:
+    """A --chain's state: its members asked in one call, combined (monitor.chain_status)."""
+
+    def __init__(self, backend: Backend, members: Sequence[str], paths: RunPaths) -> None:
+        self._backend = backend
+        self._members = list(members)
+        self._paths = paths
+
+    def status(self, job_id: str) -> JobStatus:
+        from ..records import read_events
+
+        ran = [a.number for a in read_events(self._paths.run_dir).attempts]
+        found = chain_status(self._members, self._backend.status(self._members), ran)
+        return found or JobStatus("UNKNOWN", "Slurm no longer knows the chain", None)
 
 
 class _OneJob:

@@ -138,6 +138,7 @@ class LocalBackend(Backend):
         *,
         is_tty: bool = False,
         timeout: Optional[float] = None,
+        members: Sequence[str] = (),  # a --chain's: never here (Slurm only)
     ) -> tuple[int, str]:
         job = self._jobs[job_id]
         if job.code is not None:

@@ -16,6 +16,7 @@ from .. import slurmcmd, states
 from ..errors import SlurmError
 from ..monitor import JobStatus
 from ..render import BatchPlan
+from ..requeue import CHAIN_JOBS
 from ..users import with_user
 from .base import Backend, Launch
 
@@ -38,12 +39,32 @@ def sbatch_env(
     return env
 
 
-def submit(plan: BatchPlan, environ: Mapping[str, str]) -> str:
-    out = slurmcmd.run(list(plan.sbatch_argv), env=submission_env(plan, environ))
+def submit(
+    plan: BatchPlan, environ: Mapping[str, str], argv: Optional[Sequence[str]] = None
+) -> str:
+    out = slurmcmd.run(list(argv or plan.sbatch_argv), env=submission_env(plan, environ))
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {out.strip()!r}")
     return job_id
+
+
+def submit_chain(launch: Launch) -> list[str]:
+    """--chain K: K jobs of one script, member i after member i-1 ended (any state),
+    told its place as $1. A refused member cancels those already queued: all or none."""
+    *head, script = launch.plan.sbatch_argv
+    ids: list[str] = []
+    try:
+        for member in range(launch.spec.chain):
+            after = [f"--dependency=afterany:{ids[-1]}"] if ids else []
+            ids.append(submit(launch.plan, launch.environ, [*head, *after, script, str(member)]))
+    except BaseException:
+        if ids:
+            slurmcmd.query(["scancel", *ids], timeout=30)
+        raise
+    # The member that finds the program done cancels the rest: it reads them here.
+    (launch.paths.run_dir / CHAIN_JOBS).write_text("".join(f"{i}\n" for i in ids))
+    return ids
 
 
 class SlurmBackend(Backend):
@@ -53,9 +74,18 @@ class SlurmBackend(Backend):
 
     def __init__(self) -> None:
         self._sacct_mode: Optional[tuple[str, ...]] = None
+        self._chains: dict[str, list[str]] = {}
 
     def start(self, launch: Launch) -> str:
+        if launch.spec.chain > 1:
+            ids = submit_chain(launch)
+            self._chains[ids[0]] = ids
+            return ids[0]
         return submit(launch.plan, launch.environ)
+
+    def record_extra(self, job_id: str) -> dict[str, object]:
+        chain = self._chains.get(job_id)
+        return {"job_ids": chain} if chain else {}
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         ids = sorted({str(j) for j in job_ids if str(j).strip()})

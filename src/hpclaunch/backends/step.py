@@ -72,6 +72,7 @@ class StepBackend(Backend):
         *,
         is_tty: bool = False,
         timeout: Optional[float] = None,
+        members: Sequence[str] = (),  # a --chain's: never here (Slurm only)
     ) -> tuple[int, str]:
         proc = self._procs[job_id]
         follower = LogFollower(paths.logs, out, err)

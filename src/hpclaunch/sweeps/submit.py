@@ -93,6 +93,13 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     wb = _wandb(req, opts, planned)
     planned = replace(planned, notes=(*planned.notes, *wb.notes))
     spec, paths = planned.spec, planned.paths
+    if spec.chain > 1:
+        raise UserError(
+            "--chain",
+            "for a sweep",
+            "each point is one array task",
+            "Use --requeue: a point's task is requeued alone and resumes",
+        )
     if planned.prepared.in_allocation:
         # sbatch works inside an allocation too: the sweep is its own jobs, not steps.
         planned = replace(planned, prepared=replace(planned.prepared, in_allocation=False))

@@ -1,0 +1,108 @@
+"""--after and --chain without Slurm: parsing, refusals, the rendered chain script, the
+chain's state from its members. On the testbed: tests/test_e2e_dependencies.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpclaunch.dependencies import After, parse, sbatch_value
+from hpclaunch.errors import UserError
+from hpclaunch.monitor import JobStatus, chain_status
+from hpclaunch.profiles import load_profile
+from hpclaunch.render import plan, preview
+from hpclaunch.rundirs import RunPaths
+from hpclaunch.validate import validate
+
+ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+def test_parse() -> None:
+    assert parse("20261123-1200") == ("20261123-1200", "ok")
+    assert parse("last:any") == ("last", "any")
+    assert parse("1234:notok") == ("1234", "notok")
+    with pytest.raises(UserError) as info:
+        parse("last:done")
+    assert info.value.render().startswith("--after: 'last:done'")
+
+
+def test_sbatch_value_only_for_runs_still_active() -> None:
+    after = [
+        After("a", "a", "/r/a", "ok", "RUNNING", ("11",)),
+        After("b", "b", "/r/b", "any", "COMPLETED", ()),
+        After("s", "s", "/r/s", "notok", "2 PENDING", ("12", "13")),
+    ]
+    assert sbatch_value(after) == "afterok:11,afternotok:12:13"
+    assert sbatch_value(after[1:2]) == ""
+
+
+def _spec(values: dict[str, Any], cluster: str = "slurm", step: bool = False) -> Any:
+    sources = {k: "cli" for k in values}
+    return validate(load_profile(cluster), values, sources, ("python", "t.py"), ENV, step, "p")
+
+
+@pytest.mark.parametrize(
+    ("values", "cluster", "step", "expected"),
+    [
+        ({"chain": 3}, "local", False, "--chain: not for a local run"),
+        ({"chain": 3}, "slurm", True, "--chain: not for a step of the current allocation"),
+        ({"after": ("x",)}, "local", False, "--after: not for a local run"),
+        ({"chain": 0}, "slurm", False, "--chain: 0 (1 to 100)"),
+        ({"chain": 2, "requeue": True, "time": 600}, "slurm", False, "--chain: with --requeue"),
+    ],
+)
+def test_refusals(values: dict[str, Any], cluster: str, step: bool, expected: str) -> None:
+    with pytest.raises(UserError) as info:
+        _spec(values, cluster, step)
+    assert expected in info.value.render()
+
+
+def test_chain_script_and_preview(tmp_path: Path) -> None:
+    spec = _spec({"chain": 3, "time": 600})
+    run = tmp_path / "run"
+    batch = plan(spec, load_profile("slurm"), RunPaths("r1", run, run / "ckpt"), tmp_path)
+    script = batch.script
+    assert "HPCLAUNCH_ATTEMPT=${1:-0}" in script
+    assert "#SBATCH --kill-on-invalid-dep=yes" in script
+    assert "--dependency" not in script and "#SBATCH --requeue" not in script
+    assert f"<{run}/chain.jobs" in script and 'scancel "${HPCLAUNCH_LATER[@]}"' in script
+    assert '/logs/attempt-"${HPCLAUNCH_ATTEMPT}"' in script
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    shown = preview(batch, {})
+    assert f"sbatch --parsable {run}/job.sh 0\n" in shown
+    assert f"'--dependency=afterany:<job id of 1>' {run}/job.sh 2\n" in shown
+
+
+def test_dependency_directive(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    spec = replace(_spec({"time": 600}), dependency="afterok:11")
+    run = tmp_path / "run"
+    script = plan(spec, load_profile("slurm"), RunPaths("r1", run, run / "c"), tmp_path).script
+    assert "#SBATCH --dependency=afterok:11\n#SBATCH --kill-on-invalid-dep=yes\n" in script
+
+
+def _st(state: str) -> JobStatus:
+    return JobStatus(state, "", None)
+
+
+def test_chain_status() -> None:
+    ids = ["1", "2", "3"]
+    pending = {"1": _st("COMPLETED"), "2": _st("RUNNING"), "3": _st("PENDING")}
+    assert chain_status(ids, pending, [0, 1]) == _st("RUNNING")
+    waiting = {"1": _st("COMPLETED"), "2": _st("PENDING"), "3": _st("PENDING")}
+    assert chain_status(ids, waiting, [0]) == _st("PENDING")
+    # Member 1 wrote the done marker and cancelled member 2: the chain COMPLETED.
+    done = {"1": _st("TIMEOUT"), "2": _st("COMPLETED"), "3": _st("CANCELLED")}
+    assert chain_status(ids, done, [0, 1]) == _st("COMPLETED")
+    assert chain_status(ids, {}, []) is None
