@@ -62,6 +62,12 @@ def test_defaults() -> None:
             False,
             "--signal-before: 120 s with a time limit of 00:01:00 (must be below the time limit)",
         ),
+        (
+            {"requeue": True, "time": 60, "signal_before": 30},
+            "lumi",
+            False,
+            "--signal-before: 30 s with a time limit of 00:01:00 (at most the time limit minus 31",
+        ),
         ({"requeue": True, "signal_before": 10}, "lumi", False, "--signal-before: 10 s (more"),
         ({"requeue": True, "max_requeues": -1}, "lumi", False, "--max-requeues: -1 (0 to 1000)"),
         ({"sbatch_arg": ("--signal=B:USR1@60",)}, "lumi", False, "is modelled by hpclaunch"),

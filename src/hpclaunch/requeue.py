@@ -36,6 +36,7 @@ from .node import HPCLAUNCH_ATTEMPT, HPCLAUNCH_REQUEUE_SIGNAL
 from .spec import Requeue
 from .units import format_time
 
+PERIODIC_S = 30  # slurmctld's time-limit check interval (PERIODIC_TIMEOUT in its source)
 MARGIN_S = 15  # kept back from --signal-before for stage-out and `scontrol requeue`
 MAX_REQUEUES = 1000  # a typo guard, far above any real campaign
 CHAIN_JOBS = "chain.jobs"  # in the run folder: a chain's job ids, one per line
@@ -91,6 +92,17 @@ def from_values(
             "--signal-before",
             f"{before} s with a time limit of {format_time(time_s)}",
             "must be below the time limit",
+            f"Give at most {max(MARGIN_S + 1, time_s - 60)} s, or a longer -t",
+        )
+    if time_s is not None and before + PERIODIC_S >= time_s:
+        # slurmctld checks time limits every PERIODIC_S s and signals at the first check
+        # where the time left is at most --signal-before + PERIODIC_S: so large a value
+        # signals every attempt at its first check, maybe before its ranks have started.
+        raise UserError(
+            "--signal-before",
+            f"{before} s with a time limit of {format_time(time_s)}",
+            f"at most the time limit minus {PERIODIC_S + 1} s: Slurm would signal every "
+            "attempt as soon as it starts",
             f"Give at most {max(MARGIN_S + 1, time_s - 60)} s, or a longer -t",
         )
     signal = str(values.get("requeue_signal", "USR2")).upper().removeprefix("SIG")
