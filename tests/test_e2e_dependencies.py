@@ -98,7 +98,7 @@ def test_chain_runs_in_order_on_one_folder_and_stops_when_done(hpc: Hpc) -> None
     early = _start(hpc, "--chain", "3", "--env", "DONE_AT=0", "--", "python3", "member.py")
     out, err = whole.communicate(timeout=300)
     assert whole.returncode == 0, out + err
-    run_id = out.split()[1]
+    run_id = next(e["run_id"] for e in hpc.runs() if e["run_id"] != early["run_id"])
     record = _record(hpc, run_id)
     assert record["state"] == "COMPLETED" and len(record["job_ids"]) == 3
     members = (Path(record["checkpoint_dir"]) / "members.log").read_text().split("\n")[:-1]

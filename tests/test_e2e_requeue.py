@@ -110,8 +110,8 @@ def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> No
 def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(
-        "run", "-t", "2", "--requeue", "--signal-before", "45", "--json", "--",
-        "python3", "count_steps.py",
+        "run", "-t", "2", "--requeue", "--signal-before", "45", "--json",
+        "--env", "STEPS=100000", "--", "python3", "count_steps.py",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     started = json.loads(proc.stdout)
