@@ -32,6 +32,7 @@ PROMISED = {
     node.LOADER: (3, 8),
     node.STAGE_GUARD: (3, 6),
     node.VENV_PROBE: (3, 8),
+    node.GPU_WATCH: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {
@@ -51,11 +52,12 @@ SHARED = {
         "HPCLAUNCH_STAGE_MARKS",
     },
     node.VENV_PROBE: {"VENV_RECORD", "VENV_CONSTRAINTS", "LIST_ONLY"},
+    node.GPU_WATCH: {"INPUT_BOUND"},
 }  # fmt: skip
 # hpclaunch.node's names that only the host uses.
 HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
-    "LOGS", "LOADER", "BOOTSTRAP_MODULE",
+    "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

@@ -1,12 +1,14 @@
 """The code that runs on the compute nodes (or inside images), not in hpclaunch.
 
-Three files are shipped out of this package:
+Four files are shipped out of this package:
 
 - ``bootstrap.py``: in front of the user's program in every task of a job. Runs with the
   image's or the node's ``python3``: Python >= 3.8.
 - ``stage_guard.py``: the per-node staging guard (unpack, wait, ``--stage-out``, clean
   up). Runs with the nodes' own ``python3``, 3.6 on some sites (SLES on LUMI).
 - ``venv_probe.py``: `hpclaunch env create`'s part inside the image (Python >= 3.8).
+- ``gpu_watch.py``: one per node beside the ranks, sampling the node's GPU tool
+  (nvidia-smi, rocm-smi, amd-smi) outside any container: the nodes' ``python3``, >= 3.6.
 
 Rules for those files, checked by tests/test_node_package.py:
 
@@ -35,6 +37,7 @@ from pathlib import Path
 BOOTSTRAP = "bootstrap.py"
 LOADER = "bootstrap_loader.py"  # runs the bootstrap from cached bytecode
 STAGE_GUARD = "stage_guard.py"
+GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6)
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
@@ -43,6 +46,7 @@ RUN_DIR_NAME = {
     LOADER: "bootstrap.py",
     BOOTSTRAP: BOOTSTRAP_MODULE + ".py",
     STAGE_GUARD: "stage_node.py",
+    GPU_WATCH: "gpu_watch.py",
 }
 # How they are started: isolated, no site (they need only the standard library).
 PYTHON_FLAGS = ("-I", "-S")
@@ -58,6 +62,11 @@ RANK_FILE = "rank-%d.%s"  # in logs/: rank-R.out, rank-R.err, rank-R.exit
 OUT, ERR, EXIT = "out", "err", "exit"
 STAGE_MARKS = "stage"  # folder of the guards' markers: ready-<node>, failed-<node>
 READY, FAILED = "ready-", "failed-"
+
+# --- the GPU watch: <run>/metrics/gpu-<node>.csv, its input-bound verdict as an event
+METRICS = "metrics"
+GPU_CSV = "gpu-%s.csv"
+INPUT_BOUND = "input_bound"
 
 # --- staging: the kinds of --stage items (stage.json's "kind"), a directory's pack
 DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
