@@ -33,6 +33,7 @@ from typing import Any, Optional
 from . import shell
 from .errors import UserError
 from .node import HPCLAUNCH_ATTEMPT, HPCLAUNCH_REQUEUE_SIGNAL
+from .rundirs import ATTEMPT_PREFIX
 from .spec import Requeue
 from .units import format_time
 
@@ -42,7 +43,6 @@ MAX_REQUEUES = 1000  # a typo guard, far above any real campaign
 CHAIN_JOBS = "chain.jobs"  # in the run folder: a chain's job ids, one per line
 DONE_FILE = "hpclaunch-done"  # in HPCLAUNCH_CHECKPOINT_DIR: the program says it is done
 CANCELLED_FILE = "cancelled"  # in the run folder: `hpclaunch cancel` asked for the end
-ATTEMPT_DIR = "attempt-%d"  # in logs/ and stage/: one folder per attempt
 # attempt_end reasons, as the batch shell writes them
 REQUEUED, ENDED, DONE, BUDGET, CANCELLED, REQUEUE_FAILED = (
     "requeued",
@@ -119,7 +119,7 @@ def directives(req: Requeue) -> list[str]:
 
 def log_dir(logs: Path) -> shell.Join:
     """HPCLAUNCH_LOG_DIR of a requeued run: logs/attempt-N for attempt N."""
-    return shell.Join((str(logs / "attempt-"), shell.Var(HPCLAUNCH_ATTEMPT)))
+    return shell.Join((str(logs / ATTEMPT_PREFIX), shell.Var(HPCLAUNCH_ATTEMPT)))
 
 
 def local_dir(template: str) -> str:
