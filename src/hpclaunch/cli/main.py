@@ -19,6 +19,7 @@ from .env import env_group
 from .logs_cmd import logs_cmd
 from .records_cmds import runs_cmd, show_cmd, status_cmd
 from .run_cmd import run_cmd
+from .stack_cmd import stack_cmd
 from .sweep_cmd import sweep_group
 
 EPILOG = """\b
@@ -55,6 +56,7 @@ cli.add_command(env_group)
 cli.add_command(rerun_cmd)
 cli.add_command(clean_cmd)
 cli.add_command(sweep_group)
+cli.add_command(stack_cmd)
 
 
 def _usage_line(exc: click.UsageError) -> str:
