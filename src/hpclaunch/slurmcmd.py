@@ -9,10 +9,13 @@ over SSH) and one place that counts what hpclaunch asks of slurmctld.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Optional
+from typing import NoReturn, Optional
 
 from .errors import SlurmError
 
@@ -66,3 +69,40 @@ def start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes
         return subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL)
     except OSError as exc:
         raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
+
+
+def become(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """Replace this process with a Slurm command (an interactive srun step): the terminal
+    (job control, Ctrl-C, the window size) belongs to it and its exit status is ours."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], list(argv), dict(env))
+    except OSError as exc:
+        raise SlurmError(f"{argv[0]}: {exc.strerror} (is Slurm installed here?)") from None
+
+
+def attached(
+    argv: Sequence[str], env: Mapping[str, str], capture: bool = False
+) -> tuple[int, str, str]:
+    """A Slurm command as a child with our stdin (and stdout/stderr unless captured):
+    (exit code, stdout, stderr). On Ctrl-C or SIGTERM it gets SIGTERM, which ends an
+    srun step, instead of being killed and leaving the step behind."""
+    pipe = subprocess.PIPE if capture else None
+    try:
+        proc = subprocess.Popen(list(argv), env=dict(env), stdout=pipe, stderr=pipe)
+    except OSError as exc:
+        raise SlurmError(f"{argv[0]}: {exc.strerror} (is Slurm installed here?)") from None
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    code = proc.returncode
+    text = (out or b"").decode("utf-8", "replace"), (err or b"").decode("utf-8", "replace")
+    return (128 - code if code < 0 else code), text[0], text[1]

@@ -13,6 +13,7 @@ from typing import Optional
 import click
 
 from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError, _one_line
+from .attach_cmd import attach_cmd
 from .clean_cmd import clean_cmd
 from .control import cancel_cmd, rerun_cmd
 from .env import env_group
@@ -56,6 +57,7 @@ cli.add_command(env_group)
 cli.add_command(rerun_cmd)
 cli.add_command(clean_cmd)
 cli.add_command(sweep_group)
+cli.add_command(attach_cmd)
 cli.add_command(stack_cmd)
 
 
