@@ -12,6 +12,11 @@
 # localhost (`slurmd -N nodeN`, ports 6831-6832): same hostname and /tmp on both nodes.
 # Force a layout with TESTBED_LAYOUT=netns|localhost (default: auto).
 #
+# Node crashes (netns layout): `bash testbed/crash-node.sh node2` SIGKILLs everything in
+# the node; Slurm sets it DOWN after SlurmdTimeout (20 s). `bash testbed/restart-node.sh
+# node2` starts its slurmd again (common.sh starts it as this script does) and waits
+# until it is up; ReturnToService=2 puts it back in service by itself.
+#
 # Everything lives in one state folder, OUTSIDE /tmp (a node's /tmp is private to it):
 # TESTBED_STATE (default /var/tmp/hpclaunch-testbed). Jobs are run by the unprivileged
 # user hpcuser, whose shared work folder is $TESTBED_STATE/work.
@@ -263,7 +268,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# Short credential life: a requeued job restarts after ~13 s instead of ~121 s.
+# Short credential life: a requeued job may start 11 s (cred_expire + 1) after its requeue
+# instead of 121 s, on the next backfill pass (bf_interval=5 below: 30 s by default).
 AuthInfo=cred_expire=10
 MailProg=/bin/true
 SlurmctldPort=6817
@@ -285,7 +291,7 @@ MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
 # Start batch jobs at once instead of on the next scheduling tick (default 3 s).
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,bf_interval=5
 GresTypes=gpu
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=5
@@ -297,6 +303,10 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 Waittime=0
+# A node whose slurmd stops answering (testbed/crash-node.sh) is DOWN and its jobs
+# NODE_FAIL within ~20-30 s instead of the default 300 s; ReturnToService=2 above brings
+# it back by itself once its slurmd registers again (testbed/restart-node.sh).
+SlurmdTimeout=20
 $node_lines
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=short Nodes=ALL MaxTime=00:01:00 State=UP
@@ -312,18 +322,11 @@ chmod 0644 "$CONF" "$STATE/gres.conf"
 export SLURM_CONF="$CONF"
 
 # ---------------------------------------------------------------------------------
-# 7. Start the daemons. Each runs in its own session (setsid, so a caller that kills
-#    its process group on exit does not take the cluster down), with stdin/stdout/
-#    stderr and fd 3 away from our caller's pipes (else `$(up.sh)` would never end).
-#    setsid, setpriv, nsenter and unshare all exec, so $! is the daemon's own PID.
+# 7. Start the daemons (start and start_slurmd come from common.sh, which
+#    restart-node.sh shares: a node restarted after a crash runs exactly as here).
 # ---------------------------------------------------------------------------------
-# start NAME COMMAND...: start a daemon, record its PID in run/testbed-NAME.pid.
-start() {
-    local name="$1"
-    shift
-    env "$MARK" setsid "$@" </dev/null >>"$STATE/log/$name.out" 2>&1 3>&- &
-    echo "$!" >"$STATE/run/testbed-$name.pid"
-}
+# shellcheck source=testbed/common.sh
+source "$HERE/common.sh"
 
 # Print the end of every log, to show why the cluster did not come up.
 show_logs() {
@@ -365,24 +368,7 @@ ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 wait_for slurmctld 30 ctld_up
 
 for node in "${NODES[@]}"; do
-    if [[ "$layout" == netns ]]; then
-        # nsenter (not `ip netns exec`, which remounts /sys and slurmd then dies with
-        # "No filesystem mounted on /sys/fs/cgroup"); unshare gives the node its own
-        # hostname and mount table, where a fresh tmpfs becomes its private /tmp.
-        # The node name and conf path reach the inner sh as "$1" "$2", not pasted
-        # into its code, so no quoting can go wrong.
-        # The node's resolver is 127.0.0.1 (nothing listens there): a name that
-        # /etc/hosts does not know fails at once instead of waiting 2 x 5 s for the
-        # host's nameserver, which a node namespace cannot reach (no forwarding).
-        # PyTorch's c10d looks such names up on every connection.
-        # shellcheck disable=SC2016
-        start "slurmd-$node" nsenter --net="/run/netns/sl-$node" unshare --uts --mount \
-            sh -c 'mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp && hostname "$1" &&
-                   mount --bind "$3" /etc/resolv.conf &&
-                   exec slurmd -D -N "$1" -f "$2"' sh "$node" "$CONF" "$STATE/resolv.conf"
-    else
-        start "slurmd-$node" slurmd -D -N "$node" -f "$CONF"
-    fi
+    start_slurmd "$node" "$layout"
 done
 
 # Ready when both nodes are idle. Fail early if a daemon died, with its log.

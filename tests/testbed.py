@@ -255,3 +255,134 @@ def known_to_controller(job_id: str) -> bool:
     """Whether slurmctld still holds the job's record (not yet purged)."""
     done = _slurm(["scontrol", "-o", "show", "job", job_id])
     return done.returncode == 0 and "JobId=" in done.stdout
+
+
+# ---------------------------------------------------------------------------------
+# Node crashes (testbed/crash-node.sh, testbed/restart-node.sh; netns layout only)
+# ---------------------------------------------------------------------------------
+
+#: The testbed's scripts (up.sh, down.sh, crash-node.sh, restart-node.sh).
+SCRIPTS = Path(__file__).resolve().parents[1] / "testbed"
+
+
+def crash_reason() -> str | None:
+    """Why nodes cannot be crashed here (``None`` when they can): a node is the
+    processes in its own network namespace, which only the netns layout has."""
+    if layout() != "netns":
+        return f"node crashes need the testbed's netns layout (this one is {layout()!r})"
+    return None
+
+
+def _script(name: str, node: str, timeout: float) -> None:
+    env = {**os.environ, "TESTBED_STATE": str(state_dir())}
+    done = subprocess.run(
+        ["bash", str(SCRIPTS / name), node],
+        env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"testbed/{name} {node} failed ({done.returncode}): {done.stderr}")
+
+
+def crash_node(name: str) -> None:
+    """SIGKILL the node's slurmd and every process in it, as a power cut would.
+    Slurm marks it DOWN (its jobs NODE_FAIL) after SlurmdTimeout (20 s)."""
+    _script("crash-node.sh", name, timeout=30)
+
+
+def restart_node(name: str, timeout: float = 60) -> None:
+    """Start the node's slurmd again and wait until Slurm shows it up (idle, or running a
+    job that waited for it). Nothing happens to a node whose slurmd runs."""
+    _script("restart-node.sh", name, timeout=timeout + 15)
+
+
+def node_state(name: str) -> str:
+    """The node's state as ``sinfo -o %T`` prints it (``idle``, ``down*``, ...)."""
+    lines = _slurm(["sinfo", "-h", "-N", "-n", name, "-o", "%T"]).stdout.split()
+    return lines[0] if lines else ""
+
+
+def slurmd_pid(name: str) -> int | None:
+    """The PID of the node's slurmd as up.sh or restart-node.sh recorded it, when it
+    still runs; ``None`` after a crash."""
+    try:
+        pid = int((state_dir() / "run" / f"testbed-slurmd-{name}.pid").read_text())
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return None if stat.rsplit(")", 1)[1].split()[0] == "Z" else pid
+
+
+def node_tmp(name: str) -> list[str]:
+    """What the node's own /tmp holds (names), read through its slurmd's mount
+    namespace (no job needed); the host's /tmp in the localhost layout."""
+    if layout() != "netns":
+        return sorted(p.name for p in Path("/tmp").iterdir())
+    pid = slurmd_pid(name)
+    if pid is None:
+        raise RuntimeError(f"{name} is down: its /tmp is gone with it")
+    done = subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", "--", "ls", "-1A", "/tmp"],
+        capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+    return sorted(done.stdout.split())
+
+
+class node_crashes:
+    """Crash nodes inside a ``with`` block; whatever happens in it, every node is up
+    again afterwards (slurmd restarted, Slurm shows it up) and, when the block failed,
+    :data:`USER`'s jobs are cancelled, so the next test finds an idle testbed.
+
+    Entering waits until the testbed is idle: a crash must not hit another test's job.
+    """
+
+    def __init__(self, idle_timeout: float = 120) -> None:
+        self.idle_timeout = idle_timeout
+
+    def __enter__(self) -> node_crashes:
+        wait_idle(timeout=self.idle_timeout)
+        return self
+
+    def crash(self, name: str) -> None:
+        crash_node(name)
+
+    def restart(self, name: str) -> None:
+        restart_node(name)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        problems: list[str] = []
+        for name in NODES:
+            try:
+                restart_node(name)
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                problems.append(str(error))
+        if exc_type is not None:
+            _slurm(["scancel", "-u", USER], timeout=30)
+        try:
+            wait_idle(timeout=self.idle_timeout)
+        except TimeoutError as error:
+            problems.append(str(error))
+        if problems and exc_type is None:
+            raise RuntimeError("; ".join(problems))
+
+
+def node_procs(name: str) -> list[str]:
+    """Processes inside the node other than its slurmd, as ``"PID ARGS"`` (job steps,
+    batch shells, tasks; of any user). The netns layout only: elsewhere the nodes
+    share the host's namespaces and ``[]`` is returned."""
+    if layout() != "netns":
+        return []
+    listed = subprocess.run(
+        ["ip", "netns", "pids", f"sl-{name}"],
+        capture_output=True, text=True, timeout=10, check=False,
+    )  # fmt: skip
+    slurmd = slurmd_pid(name)
+    found = []
+    for word in listed.stdout.split():
+        if not word.isdigit() or int(word) == slurmd:
+            continue
+        try:
+            args = Path(f"/proc/{word}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # ended meanwhile
+        found.append(f"{word} {args.strip()}")
+    return found

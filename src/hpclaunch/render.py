@@ -63,6 +63,10 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     ]
     if spec.requeue:
         lines += requeue.directives(spec.requeue)
+    else:
+        # Slurm's default (JobRequeue=1) requeues a batch job after a node failure: a run
+        # without --requeue would start again from scratch, into the same logs.
+        lines.append(shell.sbatch_line("--no-requeue"))
     if spec.dependency:
         lines.append(shell.sbatch_line("--dependency", spec.dependency))
     if spec.dependency or spec.chain > 1:

@@ -11,7 +11,7 @@ import json
 import signal
 from typing import Optional, TextIO
 
-from . import launching, records
+from . import launching, records, states
 from .records import RunRecord
 
 
@@ -80,14 +80,29 @@ def summary(record: RunRecord) -> str:
     if wall is not None:
         text += f", {_duration(wall)}"
     failure = record.events.first_failure
-    if failure is not None and record.state != "COMPLETED":
+    # A state with its own exit code (CANCELLED, NODE_FAIL, TIMEOUT, ...) ended the ranks:
+    # the first rank to die then died of it and is no cause (as in job_exit_code).
+    by_state = states.exit_code_for(record.state) is not None
+    if failure is not None and record.state != "COMPLETED" and not by_state:
         rank, rc = failure
         node = record.events.started.get(rank, "?")
         how = f"killed by {_signal_name(-rc)}" if rc < 0 else f"exit code {rc}"
         text += f"; rank {rank} on {node} failed first ({how})"
+    elif record.state == states.State.NODE_FAIL.value:
+        text += f"; {_lost_nodes(record)}"
     elif record.reason:
         text += f" ({record.reason})"
     return text + _attempts_note(record)
+
+
+def _lost_nodes(record: RunRecord) -> str:
+    """The node(s) that failed, as the ranks tell it: ranks started there, none ended."""
+    events = record.events
+    ended = {events.started.get(rank) for rank in events.returncodes}
+    lost = sorted(set(events.started.values()) - ended)
+    if not lost:
+        return "a node failed"
+    return f"{', '.join(lost)} failed (no rank there reported an end)"
 
 
 def _attempts_note(record: RunRecord) -> str:
@@ -105,8 +120,12 @@ def _attempts_note(record: RunRecord) -> str:
 
 
 def _wall(record: RunRecord) -> Optional[float]:
-    """Seconds the ranks ran (first start to last end), else submission to end."""
+    """Seconds the ranks ran (first start to last end), else submission to end; of a
+    requeued run, every attempt's batch shell from its start to its end, added up."""
     events = record.events
+    spans = [a.ended_at - a.started_at for a in events.attempts if a.ended_at and a.started_at]
+    if len(events.attempts) > 1 and spans:
+        return max(0.0, sum(spans))
     if events.first_start is not None and events.last_end is not None:
         return max(0.0, events.last_end - events.first_start)
     if record.submitted_at is not None and record.ended_at is not None:

@@ -112,7 +112,10 @@ def status_cmd(run: str, as_json: bool) -> int:
     run_dir = find_run_dir(run)
     record = tracking.refresh_one(run_dir)
     if as_json:
-        click.echo(json.dumps(record.to_dict(), indent=2, sort_keys=True))
+        data = record.to_dict()
+        if record.state != "CREATED" and not states.is_active(record.state):
+            data["summary"] = summary(record)  # which rank failed first, attempts, ...
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
         return 0
     state = record.state + (f" ({record.reason})" if record.reason else "")
     ranks = f"{record.nodes} node(s) x {record.tasks_per_node}" if record.world_size else ""
