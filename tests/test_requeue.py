@@ -111,7 +111,9 @@ def test_script_asks_slurm_for_the_signal_and_is_valid_bash(tmp_path: Path) -> N
     assert "trap hpclaunch_on_signal USR2" in script
     assert 'kill -USR2 "$HPCLAUNCH_STEP_PID"' in script
     assert '/logs/attempt-"${HPCLAUNCH_ATTEMPT}"' in script
-    assert 'scontrol requeue "$SLURM_JOB_ID"' in script  # an array task's own id
+    assert 'scontrol requeue "$HPCLAUNCH_REQUEUE_ID"' in script
+    # An array task by <array>_<task>, never by the array's id (which is the last task's).
+    assert 'HPCLAUNCH_REQUEUE_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in script
     assert "(( HPCLAUNCH_ATTEMPT >= 5 ))" in script
     assert "they have 75 s to save and exit" in script
     path = tmp_path / "job.sh"

@@ -12,11 +12,12 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
   torchrun agents, which ignore it by the bootstrap's doing, and their workers).
 - The ranks get S - margin seconds to save and exit; then the step is ended, so that
   stage-out and `scontrol requeue` happen before Slurm's own end at the time limit.
-- `scontrol requeue $SLURM_JOB_ID` runs in the batch shell, outside any container
-  (images lack scontrol); SLURM_JOB_ID is an array task's own id, so a sweep point
-  requeues only its own task. It is never run after a SIGTERM (scancel, preemption
-  without a user signal, the time limit itself): bash's default for SIGTERM ends the
-  shell, and requeue would revive a finished job.
+- `scontrol requeue` runs in the batch shell, outside any container (images lack
+  scontrol), with the job's id, or an array task's `<array>_<task>` (a sweep point
+  requeues only its own task; the last task of an array runs under the array's own job
+  id, and requeueing that id would requeue every task). It is never run after a
+  SIGTERM (scancel, preemption without a user signal, the time limit itself): bash's
+  default for SIGTERM ends the shell, and requeue would revive a finished job.
 - SLURM_RESTART_COUNT counts every requeue, Slurm's own (node failure, preemption)
   and hpclaunch's, so it is both the attempt number and the budget's count.
 - The batch shell appends attempt_start / attempt_end events to events.jsonl (bash
@@ -42,6 +43,7 @@ MARGIN_S = 15  # kept back from --signal-before for stage-out and `scontrol requ
 MAX_REQUEUES = 1000  # a typo guard, far above any real campaign
 CHAIN_JOBS = "chain.jobs"  # in the run folder: a chain's job ids, one per line
 DONE_FILE = "hpclaunch-done"  # in HPCLAUNCH_CHECKPOINT_DIR: the program says it is done
+REQUEUED_MARK = "requeued-"  # + attempt, in the run folder: this attempt queued the next
 CANCELLED_FILE = "cancelled"  # in the run folder: `hpclaunch cancel` asked for the end
 # attempt_end reasons, as the batch shell writes them
 REQUEUED, ENDED, DONE, BUDGET, CANCELLED, REQUEUE_FAILED = (
@@ -283,11 +285,22 @@ def end_lines(req: Requeue, run_dir: Path, time_s: Optional[int]) -> list[str]:
         "else",
         *("    " + line for line in why),
         f"    hpclaunch_event attempt_end {end % REQUEUED}",
-        '    echo "hpclaunch: requeueing job ${SLURM_JOB_ID} ($HPCLAUNCH_WHY)"',
-        '    if scontrol requeue "$SLURM_JOB_ID"; then',
+        "    # An array task (a sweep point) by <array>_<task>: the task that runs under the",
+        "    # array's own job id would requeue every task of the array by that id.",
+        '    if [ -n "${SLURM_ARRAY_JOB_ID-}" ]; then',
+        '        HPCLAUNCH_REQUEUE_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        "    else",
+        '        HPCLAUNCH_REQUEUE_ID="$SLURM_JOB_ID"',
+        "    fi",
+        '    echo "hpclaunch: requeueing job ${HPCLAUNCH_REQUEUE_ID} ($HPCLAUNCH_WHY)"',
+        "    # Said before the requeue (Slurm may end this shell right after it): a sweep's",
+        "    # array script sees it and writes no end for the point, which goes on.",
+        f'    : >"$HPCLAUNCH_RUN_DIR/{REQUEUED_MARK}${HPCLAUNCH_ATTEMPT}"',
+        '    if scontrol requeue "$HPCLAUNCH_REQUEUE_ID"; then',
         "        # Slurm ends this attempt now (SIGTERM ends this shell); never exit first.",
         "        while :; do sleep 60 & wait $!; done",
         "    fi",
+        f'    rm -f "$HPCLAUNCH_RUN_DIR/{REQUEUED_MARK}${HPCLAUNCH_ATTEMPT}"',
         "    HPCLAUNCH_RC=1",
         f"    hpclaunch_event attempt_end {end % REQUEUE_FAILED}",
         "fi",

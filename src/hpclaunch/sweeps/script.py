@@ -130,6 +130,12 @@ def array_script(
             f'    bash "${POINT_DIR}/job.sh" &',
             "    HPCLAUNCH_POINT_PID=$!",
             *requeue.wait_lines("HPCLAUNCH_POINT_PID", "    "),
+            "    # job.sh queued this task again: Slurm ends this attempt now. The point goes",
+            "    # on, so no end is written and no result told (its trial is resumed).",
+            f'    mark="${POINT_DIR}/{requeue.REQUEUED_MARK}${{SLURM_RESTART_COUNT:-0}}"',
+            '    if [ -e "$mark" ]; then',
+            "        while :; do sleep 60 & wait $!; done",
+            "    fi",
         ]
     else:
         body += [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]
