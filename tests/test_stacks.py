@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from hpclaunch import records, stacks
+from hpclaunch import attach, records, stacks
 from hpclaunch.cli.main import cli
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -127,18 +127,18 @@ def test_running_ranks_come_from_the_last_attempts_events(tmp_path: Path) -> Non
         1: stacks.Target(1, "n0", 31),
     }
     assert ended == {2: 3}
-    assert stacks.job_to_attach(record) == "71"  # the current attempt's job
+    assert attach.job_to_join(record) == "71"  # the current attempt's job
 
 
 def test_a_sweep_point_is_attached_by_its_own_job_id(tmp_path: Path) -> None:
     known = records.load(_run_dir(tmp_path, [], job_id="100_3", slurm_job_id="104"))
-    assert stacks.job_to_attach(known) == "104"
+    assert attach.job_to_join(known) == "104"
     (tmp_path / "run" / "run.json").write_text(json.dumps({"run_id": "p", "job_id": "100_3"}))
     point_start = {"event": "point_start", "job": "100_3", "job_id": "105", "time": 1.0}
     (tmp_path / "run" / "events.jsonl").write_text(json.dumps(point_start) + "\n")
-    assert stacks.job_to_attach(records.load(tmp_path / "run")) == "105"
+    assert attach.job_to_join(records.load(tmp_path / "run")) == "105"
     (tmp_path / "run" / "events.jsonl").unlink()
-    assert stacks.job_to_attach(records.load(tmp_path / "run")) == "100_3"
+    assert attach.job_to_join(records.load(tmp_path / "run")) == "100_3"
 
 
 def test_answers_skip_srun_noise_and_name_silent_ranks() -> None:

@@ -116,12 +116,13 @@ def check_running(record: RunRecord) -> None:
 
 
 def job_to_join(record: RunRecord) -> str:
-    """The Slurm job srun joins: a --chain run's member that runs now; a sweep point's
-    task by its own job id (srun refuses `ARRAY_TASK`), once Slurm or the point said it."""
+    """The Slurm job the ranks run in, which srun joins (`attach`, `stack`): a --requeue or
+    --chain run's current attempt's; a sweep point's task by its own job id (srun refuses
+    `ARRAY_TASK`), once Slurm or the point said it; else the recorded one."""
     attempts = record.events.attempts
-    if len(record.job_ids) > 1 and attempts and attempts[-1].job_id:
+    if attempts and attempts[-1].job_id:
         return attempts[-1].job_id
-    job = str(record.job_id)
+    job = str(record.job_id or "")
     if "_" in job:
         from .sweeps import record as sweep_record
 

@@ -180,22 +180,32 @@ def load(run_dir: Path) -> RunRecord:
     return record
 
 
+def event_lines(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """events.jsonl's objects, oldest first; lines cut short or foreign are skipped."""
+    try:
+        lines = (run_dir / EVENTS).read_bytes().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            event = json.loads(line.decode("utf-8"))
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
 def read_events(run_dir: Path) -> RankEvents:
     """Fold events.jsonl; lines that are cut short or foreign are skipped. Of a requeued
     run, the ranks' and the staging's events count for the last attempt only."""
     found = RankEvents()
     staged: set[str] = set()
     failures: list[tuple[float, int, int]] = []  # (end time, rank, returncode)
-    try:
-        lines = (run_dir / EVENTS).read_bytes().splitlines()
-    except OSError:
-        return found
     events = []
-    for line in lines:
+    for event in event_lines(run_dir):
         try:
-            event = json.loads(line.decode("utf-8"))
             kind, when = event["event"], float(event.get("time", 0.0))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError):
             continue
         events.append((kind, when, event))
     found.attempts = fold(event for _, _, event in events)

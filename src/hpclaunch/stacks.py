@@ -24,13 +24,13 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from . import slurmcmd
+from .attach import job_to_join
 from .errors import HpclaunchError
-from .node import EVENTS, RANK_END, RANK_START
-from .records import RunRecord
+from .node import RANK_END, RANK_START
+from .records import RunRecord, event_lines
 
 PYSPY_FIX = "pip install 'hpclaunch[stack]' (or py-spy) where the nodes can run it"
 TIMEOUT_S = 120.0  # the whole srun step; each py-spy gets NODE_CODE's own 20 s
@@ -191,20 +191,6 @@ class Group:
         return {**out, "pids": pids, "threads": [t.to_dict() for t in self.threads]}
 
 
-def _events(run_dir: Path) -> Iterable[dict[str, Any]]:
-    try:
-        lines = (run_dir / EVENTS).read_bytes().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        try:
-            event = json.loads(line.decode("utf-8"))
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            yield event
-
-
 def rank_tasks(record: RunRecord) -> tuple[dict[int, Target], dict[int, int]]:
     """The last attempt's ranks: those running (rank -> Target), those ended (rank ->
     returncode). A rank started again (torchrun restarts) counts by its last start."""
@@ -212,7 +198,7 @@ def rank_tasks(record: RunRecord) -> tuple[dict[int, Target], dict[int, int]]:
     last = attempts[-1].number if attempts else None
     running: dict[int, Target] = {}
     ended: dict[int, int] = {}
-    for event in _events(record.path):
+    for event in event_lines(record.path):
         rank, pid = _int(event.get("rank")), _int(event.get("pid"))
         if rank is None or (last is not None and event.get("attempt", last) != last):
             continue
@@ -228,22 +214,6 @@ def rank_tasks(record: RunRecord) -> tuple[dict[int, Target], dict[int, int]]:
 
 def _int(value: object) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def job_to_attach(record: RunRecord) -> str:
-    """The Slurm job the ranks run in: a --requeue/--chain run's current attempt's, a
-    sweep point's own job id (not ARRAY_TASK), else the recorded one."""
-    attempts = record.events.attempts
-    if attempts and attempts[-1].job_id:
-        return attempts[-1].job_id
-    job = str(record.job_id or "")
-    if "_" in job:
-        from .sweeps.record import point_started
-
-        own = record.extra.get("slurm_job_id")
-        start = point_started(record.path, job) or {}
-        return str(own or start.get("job_id") or job)
-    return job
 
 
 def pyspy_paths(environ: Mapping[str, str]) -> list[str]:
@@ -276,7 +246,7 @@ def collect(
     else:
         nodes = sorted({t.node for t in targets})
         argv = [
-            "srun", f"--jobid={job_to_attach(record)}", "--overlap", f"--nodes={len(nodes)}",
+            "srun", f"--jobid={job_to_join(record)}", "--overlap", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
             "--kill-on-bad-exit=0", "--quiet", "python3", *code,
         ]  # fmt: skip

@@ -82,16 +82,8 @@ def write_new(path: Path, text: str) -> None:
 
 def point_events(folder: Path) -> Iterator[dict[str, Any]]:
     """The point's own events (point_start, point_end), oldest first."""
-    try:
-        lines = (folder / EVENTS).read_bytes().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        try:
-            event = json.loads(line.decode("utf-8"))
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") in (POINT_START, POINT_END):
+    for event in records.event_lines(folder):
+        if event.get("event") in (POINT_START, POINT_END):
             yield event
 
 
