@@ -18,10 +18,12 @@ from .clean_cmd import clean_cmd
 from .control import cancel_cmd, rerun_cmd
 from .env import env_group
 from .logs_cmd import logs_cmd
+from .plot_cmd import plot_cmd
 from .records_cmds import runs_cmd, show_cmd, status_cmd
 from .run_cmd import run_cmd
 from .stack_cmd import stack_cmd
 from .sweep_cmd import sweep_group
+from .top_cmd import top_cmd
 
 EPILOG = """\b
 Examples:
@@ -59,6 +61,8 @@ cli.add_command(clean_cmd)
 cli.add_command(sweep_group)
 cli.add_command(attach_cmd)
 cli.add_command(stack_cmd)
+cli.add_command(top_cmd)
+cli.add_command(plot_cmd)
 
 
 def _usage_line(exc: click.UsageError) -> str:

@@ -1,0 +1,67 @@
+"""`hpclaunch plot`: a run's GPU samples over time as a PNG (and as CSV with --data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .common import RUN_ARG_HELP, find_run_dir
+
+
+@click.command("plot", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option(
+    "--metric",
+    type=click.Choice(["busy", "mem", "power"]),
+    default="busy",
+    show_default=True,
+    help="Busy % (time a kernel ran), memory used (GiB) or power (W).",
+)
+@click.option(
+    "-o", "--output", metavar="FILE.png", help="Default: <run folder>/metrics/gpu-<metric>.png."
+)
+@click.option("--data", metavar="FILE.csv", help="Also write the plotted samples as recorded.")
+@click.option(
+    "--size",
+    metavar="WxH",
+    help="The PNG's size in pixels (default 800x500, 200 taller per further row of nodes).",
+)
+def plot_cmd(
+    run: str, metric: str, output: Optional[str], data: Optional[str], size: Optional[str]
+) -> int:
+    """Plot a run's GPU busy %, memory or power over time as a PNG.
+
+    The samples of the run's GPU watch (metrics/gpu-<node>.csv): x is minutes since the
+    run's first sample, one panel per node, one line per GPU (a GPU index has the same
+    colour on every node). Prints the PNG's path.
+
+    --data writes the plotted samples exactly as recorded (header
+    time,node,gpu,busy_pct,mem_mib,power_w; node by node, in recorded order).
+
+    A PNG needs matplotlib (pip install 'hpclaunch[plot]'): without it a hint, exit code
+    0 if --data was written, else 1. A run without GPU samples: one line saying why,
+    exit code 1."""
+    from .. import gpu_plot, gpumetrics, records, tracking
+    from ..node import METRICS
+
+    asked = gpu_plot.parse_size(size) if size is not None else None
+    run_dir = find_run_dir(run)
+    reader = gpumetrics.Reader(run_dir)
+    reader.update()
+    found = reader.series()
+    if not found:
+        record = tracking.refresh_one(run_dir)
+        why = gpumetrics.why_none(run_dir, record)
+        click.echo(f"hpclaunch: plot: run {record.run_id} has no GPU samples: {why}", err=True)
+        return 1
+    if data is not None:
+        gpu_plot.write_data(reader, Path(data))
+    path = Path(output) if output else run_dir / METRICS / f"gpu-{metric}.png"
+    run_id = records.load(run_dir).run_id
+    if not gpu_plot.png(run_id, found, metric, path, asked or gpu_plot.default_size(found)):
+        click.echo(gpu_plot.HINT, err=True)
+        return 0 if data is not None else 1
+    click.echo(str(path))
+    return 0

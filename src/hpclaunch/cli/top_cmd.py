@@ -1,0 +1,82 @@
+"""`hpclaunch top`: a run's GPUs as its GPU watch sampled them, live while it runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .common import RUN_ARG_HELP, find_run_dir
+
+
+def _span(text: str) -> int:
+    from ..errors import UserError, show
+    from ..units import parse_time
+
+    try:
+        return parse_time(text, "--span")
+    except UserError:
+        raise UserError(
+            "--span",
+            f"{show(text)} is not a stretch of time",
+            "minutes (5), MM:SS or HH:MM:SS, more than 0",
+            "Write e.g. --span 10 for ten minutes",
+        ) from None
+
+
+@click.command("top", epilog=RUN_ARG_HELP)
+@click.argument("run")
+@click.option(
+    "--span",
+    metavar="TIME",
+    default="5",
+    show_default=True,
+    help="The sparklines' stretch on a running run: minutes, MM:SS or HH:MM:SS.",
+)
+@click.option("--once", is_flag=True, help="Print one view and exit, also on a running run.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (one view).")
+def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
+    """Show a run's GPUs: busy %, memory and power, live while it runs.
+
+    For every node and GPU, as the run's GPU watch sampled them (metrics/gpu-<node>.csv):
+    the busy %, the memory used (GiB), the power (W) and a sparkline of busy % over the
+    last --span; above, the run's state and elapsed time; below, the input-bound warning
+    when a node's watch recorded one.
+
+    On a running run, on a terminal, the view refreshes (the samples every 2 s, the
+    run's state from the scheduler at most every 10 s, backing off to 60 s while it does
+    not change) until the run ends, then shows the finished run's view; Ctrl-C leaves.
+    A finished run, --once, --json or output that is no terminal: one view. A finished
+    run's view summarises its samples: busy % and power are means, memory the peak, the
+    sparkline spans the whole run.
+
+    Exit code 0; 1 when the run has no GPU samples, with one line on stderr saying why
+    (no GPUs asked, --no-watch, no GPU tool on the nodes, not started yet)."""
+    from .. import gpu_top, gpumetrics, states, tracking
+
+    span_s = _span(span)
+    run_dir = find_run_dir(run)
+    record = tracking.refresh_one(run_dir)
+    if states.is_active(record.state) and not (once or as_json) and sys.stdout.isatty():
+        from rich.console import Console
+
+        how = gpu_top.Live(Console(), tracking.refresh_one)
+        shown = gpu_top.live(run_dir, record, span_s, how)
+        if shown is None or shown.gpus:
+            return 0  # Ctrl-C, or the run's last view is on the screen
+        record = shown.record
+        view = shown
+    else:
+        reader = gpumetrics.Reader(run_dir)
+        reader.update()
+        view = gpu_top.build(record, reader.series(), gpumetrics.input_bound(run_dir), span_s)
+    why = None if view.gpus else gpumetrics.why_none(run_dir, record)
+    if as_json:
+        click.echo(json.dumps({**gpu_top.to_json(view), "no_samples": why}))
+    elif view.gpus:
+        click.echo("\n".join(gpu_top.lines(view)))
+    if why is not None:
+        click.echo(f"hpclaunch: top: run {record.run_id} has no GPU samples: {why}", err=True)
+        return 1
+    return 0
