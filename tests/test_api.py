@@ -22,6 +22,7 @@ from hpclaunch.options import OPTIONS
 
 KIND_TYPES = {
     "int": "Optional[int]",
+    "float": "Optional[float]",
     "str": "Optional[str]",
     "time": "Optional[str]",
     "mem": "Optional[str]",

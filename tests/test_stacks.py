@@ -212,7 +212,13 @@ def test_node_code_finds_the_program_below_the_bootstrap(
     fake_bootstrap: subprocess.Popen[bytes],
 ) -> None:
     boot = fake_bootstrap.pid
-    found = _node([[0, "x", boot], [1, "x", os.getpid()]], [str(PYSPY)], "/nonexistent")
+    # Rank 1: a process with no children that is no bootstrap (not pytest itself: earlier
+    # tests may have left it a child).
+    with subprocess.Popen(["sleep", "60"]) as other:
+        try:
+            found = _node([[0, "x", boot], [1, "x", other.pid]], [str(PYSPY)], "/nonexistent")
+        finally:
+            other.kill()
     assert found[0]["pid"] == _descendants(boot)[1]  # the shell's child
     top = found[0]["threads"][0]["frames"][0]
     assert (top["name"], top["line"]) == ("deep_inside", 5)

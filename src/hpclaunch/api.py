@@ -62,6 +62,8 @@ def run(
     no_snapshot: Optional[bool] = None,
     snapshot_limit: Optional[str] = None,
     nccl_debug: Optional[bool] = None,
+    no_watch: Optional[bool] = None,
+    watch_interval: Optional[float] = None,
     requeue: Optional[bool] = None,
     max_requeues: Optional[int] = None,
     requeue_signal: Optional[Literal["USR2", "USR1"]] = None,
@@ -189,6 +191,7 @@ def _program(program: Union[str, Sequence[str]]) -> tuple[str, ...]:
 
 _TYPES: Mapping[str, tuple[type, ...]] = {
     "int": (int,),
+    "float": (int, float),
     "str": (str,),
     "time": (str,),
     "mem": (str,),
@@ -208,10 +211,15 @@ def _typed_options(given: Mapping[str, Any]) -> dict[str, Any]:
                 value = tuple(value)
         else:
             ok = isinstance(value, _TYPES[opt.kind]) and not (
-                opt.kind == "int" and isinstance(value, bool)
+                opt.kind in ("int", "float") and isinstance(value, bool)
             )
         if not ok:
-            want = {"list": "a list of strings", "int": "an int", "flag": "a bool"}
+            want = {
+                "list": "a list of strings",
+                "int": "an int",
+                "float": "a number",
+                "flag": "a bool",
+            }
             raise UserError(
                 dest,
                 f"{show(value)} is {_a(type(value).__name__)}",
@@ -227,7 +235,7 @@ def _a(noun: str) -> str:
 
 
 def _example(opt: Option) -> str:
-    return {"int": "2", "flag": "True", "list": '["..."]'}.get(opt.kind, '"..."')
+    return {"int": "2", "float": "2.0", "flag": "True", "list": '["..."]'}.get(opt.kind, '"..."')
 
 
 # ---- the 0.1 entry point, kept as a thin wrapper ---------------------------------------

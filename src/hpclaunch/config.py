@@ -118,6 +118,14 @@ def _convert(name: str, value: Any, where: str) -> Any:
             raise UserError(
                 field, f"{show(value)} is not a whole number", "", "Give e.g. 2"
             ) from None
+    if opt.kind == "float":
+        try:
+            number = float(value) if not isinstance(value, bool) else float("nan")
+        except (TypeError, ValueError):
+            number = float("nan")
+        if number != number or number in (float("inf"), float("-inf")):
+            raise UserError(field, f"{show(value)} is not a number", "", f"Give e.g. {opt.example}")
+        return number
     if opt.kind == "time":
         return parse_time(str(value), field)
     if name == "snapshot-limit":  # bytes: a limit may be under a megabyte (1K)

@@ -209,11 +209,10 @@ def _write_run_files(
 ) -> None:
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
     paths.job_sh.write_bytes(batch.script.encode("utf-8", "surrogateescape"))
-    shipped = [node.LOADER, node.BOOTSTRAP]
-    if spec.stage or spec.stage_out:
-        shipped.append(node.STAGE_GUARD)
+    staging = bool(spec.stage or spec.stage_out)
+    if staging:
         records.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
-    for source in shipped:
+    for source in node.shipped(staging, bool(spec.watch_interval_s)):
         shutil.copyfile(node.path(source), paths.run_dir / node.RUN_DIR_NAME[source])
     _precompile(paths.run_dir / node.RUN_DIR_NAME[node.BOOTSTRAP])
     records.write_json(paths.run_dir / "spec.json", spec.to_record())

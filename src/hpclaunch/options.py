@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["int", "str", "time", "mem", "flag", "list", "choice"]
+Kind = Literal["int", "float", "str", "time", "mem", "flag", "list", "choice"]
 
 
 @dataclass(frozen=True)
@@ -233,6 +233,21 @@ OPTIONS: tuple[Option, ...] = (
         "Add the profile's NCCL/RCCL debug variables "
         "(LUMI: NCCL_DEBUG=INFO, per-rank NCCL_DEBUG_FILE on node-local /tmp).",
         "--nccl-debug",
+    ),
+    Option(
+        "no-watch",
+        "flag",
+        "Do not sample the GPUs. A job that asks for GPUs runs a GPU watch on each node "
+        "beside the ranks (nvidia-smi, rocm-smi or amd-smi): metrics/gpu-<node>.csv, "
+        "`hpclaunch top` and `plot`, and a warning when GPUs sit idle waiting for data.",
+        "--no-watch",
+    ),
+    Option(
+        "watch-interval",
+        "float",
+        "Seconds between two GPU samples (default 2; 0.5 to 600).",
+        "--watch-interval 5",
+        metavar="SECONDS",
     ),
     Option(
         "requeue",

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from .attempts import Attempt, fold
 from .errors import HpclaunchError
-from .node import EVENTS
+from .node import EVENTS, INPUT_BOUND
 from .rundirs import RECORD
 from .spec import MASK, is_secret
 
@@ -37,6 +37,8 @@ class RankEvents:
     staged_nodes: tuple[str, ...] = ()
     # --requeue: every attempt; the rank fields above are the last attempt's.
     attempts: list[Attempt] = field(default_factory=list)
+    # The GPU watch's input-bound warnings (a node's first verdict), oldest first.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[str]:
@@ -106,6 +108,8 @@ class RunRecord:
         tried = self.events.attempts
         if tried:
             data["attempts"] = [a.to_dict(a is tried[-1]) for a in tried]
+        if self.events.warnings:
+            data["warnings"] = list(self.events.warnings)
         return {**self.extra, **data}
 
 
@@ -226,6 +230,8 @@ def read_events(run_dir: Path) -> RankEvents:
                 failures.append((when, event["rank"], rc))
         elif kind == "stage_ready":
             staged.add(str(event.get("node", "")))
+        elif kind == INPUT_BOUND and str(event.get("message", "")) not in found.warnings:
+            found.warnings.append(str(event.get("message", "")))
     found.staged_nodes = tuple(sorted(staged))
     if failures:  # nodes append in their own order: the earliest end wins, then the rank
         _, rank, rc = min(failures)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import containers, node, requeue, shell
+from . import containers, jobwatch, node, requeue, scriptend, shell
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
 from .resources import default_notes
@@ -29,6 +29,9 @@ class BatchPlan:
     task_env: tuple[tuple[str, Word], ...]  # exported before the launch (also for local)
     srun_argv: tuple[Word, ...]
     chain: int = 1  # --chain K: sbatch_argv is submitted K times (member number as $1)
+    # The GPU watch's step (jobwatch.py), empty without one: the batch script starts it,
+    # and so does a backend that runs the ranks as a step of an allocation.
+    watch_argv: tuple[str, ...] = ()
 
 
 def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
@@ -278,7 +281,9 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         body += ["", *requeue.resume_lines(spec.chain)]
     if staging:
         body += stage_lines(spec, profile, paths)
-    body += launch_lines(spec, paths, shell.join_multiline(srun[: len(srun) - len(argv)], argv))
+    srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)
+    watch = jobwatch.watch_argv(spec, profile, paths) if spec.watch_interval_s else []
+    body += scriptend.launch_lines(spec, watch, paths, srun_line)
     return BatchPlan(
         script=shell.lines(body),
         sbatch_argv=("sbatch", "--parsable", str(paths.job_sh)),
@@ -287,6 +292,7 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
         task_env=tuple(env),
         srun_argv=tuple(srun),
         chain=spec.chain,
+        watch_argv=tuple(watch),
     )
 
 
@@ -359,31 +365,4 @@ def rendezvous_lines(spec: JobSpec) -> list[str]:
         "export MASTER_PORT",
         shell.export_default("OMP_NUM_THREADS", str(spec.cpus_per_task)),
     ]
-    return body
-
-
-def launch_lines(spec: JobSpec, paths: RunPaths, srun_line: str) -> list[str]:
-    """The ranks' step; with staging, the guards' end after it; with --requeue, the
-    step in the background (the trap) and the decision about the next attempt; with
-    --chain, the end of this member (a done program cancels the rest)."""
-    staging = bool(spec.stage or spec.stage_out)
-    chain = spec.chain > 1
-    body: list[str] = [""]
-    if spec.requeue:
-        body += requeue.launch_lines(srun_line)
-    else:
-        body += [srun_line, "HPCLAUNCH_RC=$?"] if staging or chain else [srun_line]
-    if staging:
-        body += [
-            "# The ranks are done: the guards copy --stage-out results back and clean up",
-            "# (srun forwards SIGUSR1 to them; SIGTERM would make srun kill the step).",
-            'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
-            'wait "$HPCLAUNCH_STAGE_PID"',
-        ]
-    if spec.requeue:
-        body += requeue.end_lines(spec.requeue, paths.run_dir, spec.time_s)
-    elif chain:
-        body += requeue.chain_end_lines(paths.run_dir)
-    elif staging:
-        body.append('exit "$HPCLAUNCH_RC"')
     return body

@@ -27,7 +27,7 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -221,12 +221,14 @@ def trap_lines(req: Requeue) -> list[str]:
     ]
 
 
-def launch_lines(srun_line: str) -> list[str]:
-    """The ranks' step in the background, so that the trap runs while it goes on."""
+def launch_lines(srun_line: str, beside: Sequence[str] = ()) -> list[str]:
+    """The ranks' step in the background, so that the trap runs while it goes on;
+    `beside`: lines started once it runs (the GPU watch)."""
     return [
         "if (( ! HPCLAUNCH_SIGNALLED )); then",
         srun_line + " &",
         "HPCLAUNCH_STEP_PID=$!",
+        *beside,
         *wait_lines("HPCLAUNCH_STEP_PID"),
         '[ -n "$HPCLAUNCH_TIMER_PID" ] && kill "$HPCLAUNCH_TIMER_PID" 2>/dev/null',
         "else",

@@ -111,6 +111,9 @@ class JobSpec:
     run_root: str = "runs"
     checkpoint_root: str = ""
     nccl_debug: bool = False
+    # Seconds between two GPU samples of the per-node watch; 0: no watch (no GPUs asked,
+    # --no-watch, or a backend that does not start it).
+    watch_interval_s: float = 0.0
     cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
     container: Optional[ContainerJob] = None
     venv: str = ""  # absolute path of a venv every task activates

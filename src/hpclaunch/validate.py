@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Optional
 
-from . import requeue
+from . import jobwatch, requeue
 from .dependencies import check_chain
 from .errors import UserError, show
 from .profiles import Partition, Profile
@@ -289,6 +289,7 @@ def validate(
     limit = res.time_s or (part.default_time or part.max_time if part else None)
     requeued = requeue.from_values(values, limit, local=local, in_allocation=in_allocation)
     chain = check_chain(values, local=local, in_allocation=in_allocation)
+    watch_s = jobwatch.interval_from_values(values, res.gpus_per_node, local)
     return JobSpec(
         cluster=profile.name,
         program=program,
@@ -314,6 +315,7 @@ def validate(
         run_root=run_root,
         checkpoint_root=ckpt_root,
         nccl_debug=bool(values.get("nccl_debug", False)),
+        watch_interval_s=watch_s,
         cpu_bind=cpu_bind,
         requeue=requeued,
         chain=chain,

@@ -52,4 +52,23 @@ srun \
     --nodes=1 \
     --ntasks-per-node=1 \
     --cpus-per-task=7 \
-    python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py python train.py
+    python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py python train.py &
+HPCLAUNCH_STEP_PID=$!
+# The GPU watch (--no-watch turns it off): a sampler per node beside the ranks,
+# outside any container, started a moment after them so that they never wait
+# for it; a warning when GPUs starve; samples in
+#   /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/metrics/
+HPCLAUNCH_WATCH_STOP=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/".gpu-watch-stop-${SLURM_JOB_ID}"
+{ sleep 1; exec srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/gpu_watch.py --out '/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/metrics/gpu-{node}.csv' --interval 2 --warn --events /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/events.jsonl --stop-file "$HPCLAUNCH_WATCH_STOP"; } &
+HPCLAUNCH_WATCH_PID=$!
+wait "$HPCLAUNCH_STEP_PID"
+HPCLAUNCH_RC=$?
+# The ranks are done: stop the GPU watch (SIGUSR1, which srun passes on; the
+# stop file for a watch whose task had not started yet) and wait for it.
+if [ -n "${HPCLAUNCH_WATCH_PID-}" ]; then  # (not when the ranks never started)
+    : > "$HPCLAUNCH_WATCH_STOP" 2>/dev/null
+    kill -USR1 "$HPCLAUNCH_WATCH_PID" 2>/dev/null
+    wait "$HPCLAUNCH_WATCH_PID"
+    rm -f -- "$HPCLAUNCH_WATCH_STOP"
+fi
+exit "$HPCLAUNCH_RC"

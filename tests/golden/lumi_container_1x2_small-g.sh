@@ -55,4 +55,23 @@ srun \
     --nodes=1 \
     --ntasks-per-node=2 \
     --cpus-per-task=7 \
-    bash -c 'exec 3< <(for n in $(compgen -e); do printf "%s=%s\0" "$n" "${!n}"; done) && exec "$@"' hpclaunch-task singularity exec --cleanenv --pwd /project/project_465000000/alice/llm --bind /pfs,/scratch/project_465000000/alice/hpclaunch,/flash/project_465000000/alice/hpclaunch,/project/project_465000000/alice/llm /appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif bash -c '$WITH_CONDA && exec "$@"' hpclaunch-activate python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py --hpclaunch-env-fd=3 python train.py
+    bash -c 'exec 3< <(for n in $(compgen -e); do printf "%s=%s\0" "$n" "${!n}"; done) && exec "$@"' hpclaunch-task singularity exec --cleanenv --pwd /project/project_465000000/alice/llm --bind /pfs,/scratch/project_465000000/alice/hpclaunch,/flash/project_465000000/alice/hpclaunch,/project/project_465000000/alice/llm /appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif bash -c '$WITH_CONDA && exec "$@"' hpclaunch-activate python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py --hpclaunch-env-fd=3 python train.py &
+HPCLAUNCH_STEP_PID=$!
+# The GPU watch (--no-watch turns it off): a sampler per node beside the ranks,
+# outside any container, started a moment after them so that they never wait
+# for it; a warning when GPUs starve; samples in
+#   /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/metrics/
+HPCLAUNCH_WATCH_STOP=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/".gpu-watch-stop-${SLURM_JOB_ID}"
+{ sleep 1; exec srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/gpu_watch.py --out '/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/metrics/gpu-{node}.csv' --interval 2 --warn --events /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/events.jsonl --stop-file "$HPCLAUNCH_WATCH_STOP"; } &
+HPCLAUNCH_WATCH_PID=$!
+wait "$HPCLAUNCH_STEP_PID"
+HPCLAUNCH_RC=$?
+# The ranks are done: stop the GPU watch (SIGUSR1, which srun passes on; the
+# stop file for a watch whose task had not started yet) and wait for it.
+if [ -n "${HPCLAUNCH_WATCH_PID-}" ]; then  # (not when the ranks never started)
+    : > "$HPCLAUNCH_WATCH_STOP" 2>/dev/null
+    kill -USR1 "$HPCLAUNCH_WATCH_PID" 2>/dev/null
+    wait "$HPCLAUNCH_WATCH_PID"
+    rm -f -- "$HPCLAUNCH_WATCH_STOP"
+fi
+exit "$HPCLAUNCH_RC"

@@ -10,21 +10,24 @@ import time
 from collections.abc import Sequence
 from typing import Optional, TextIO
 
-from .. import render, shell, slurmcmd
+from .. import jobwatch, render, shell, slurmcmd
 from ..logs import LogFollower
 from ..monitor import JobStatus, exit_code_of, first_failure
 from ..rundirs import RunPaths
 from ..users import with_user
 from .base import Backend, Launch
+from .local import run_setup
 
 _POLL_S = 0.2
+_WATCH_STOP_S = 5.0
 
 
 def step_env(launch: Launch) -> dict[str, str]:
     """The srun step's environment: the allocation's, plus what the batch script would
     export. MASTER_ADDR comes from the step's own node list (the bootstrap reads
-    SLURM_STEP_NODELIST); the port is random so that steps of one job differ."""
-    env = with_user(launch.environ)
+    SLURM_STEP_NODELIST); the port is random so that steps of one job differ. --setup
+    lines run first, here in the allocation's shell as in a batch script."""
+    env = with_user(run_setup(launch.spec.setup, launch.environ, launch.cwd, launch.paths))
     env.pop("MASTER_ADDR", None)
     env["MASTER_PORT"] = str(random.randint(12000, 19999))
     env.update(render.task_env_values(launch.plan, launch.spec, env))
@@ -38,12 +41,15 @@ class StepBackend(Backend):
 
     def __init__(self) -> None:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._watches: dict[str, GpuWatchStep] = {}
 
     def start(self, launch: Launch) -> str:
         job_id = launch.environ["SLURM_JOB_ID"]
         env = step_env(launch)
         argv = [shell.expand(w, env) for w in launch.plan.srun_argv]
         self._procs[job_id] = slurmcmd.start(argv, env)
+        if launch.plan.watch_argv:
+            self._watches[job_id] = GpuWatchStep(list(launch.plan.watch_argv), env)
         return job_id
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
@@ -58,6 +64,8 @@ class StepBackend(Backend):
         return found
 
     def cancel(self, job_id: str) -> None:
+        if job_id in self._watches:
+            self._watches[job_id].stop()
         proc = self._procs.get(job_id)
         if proc is not None and proc.poll() is None:
             # srun ends the step on SIGINT twice in a row; one TERM is enough to end it.
@@ -75,11 +83,14 @@ class StepBackend(Backend):
         members: Sequence[str] = (),  # a --chain's: never here (Slurm only)
     ) -> tuple[int, str]:
         proc = self._procs[job_id]
+        watch = self._watches.get(job_id)
         follower = LogFollower(paths.logs, out, err)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while proc.poll() is None:
                 follower.poll()
+                if watch is not None:
+                    watch.start_when_due()
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"step of job {job_id} still running")
                 time.sleep(_POLL_S)
@@ -88,8 +99,38 @@ class StepBackend(Backend):
             proc.wait()
             follower.drain()
             return 130, "CANCELLED"
+        if watch is not None:
+            watch.stop()
         time.sleep(_POLL_S)
         follower.drain()
         rc = proc.returncode
         code = 0 if rc == 0 else (first_failure(paths.logs) or exit_code_of(rc))
         return code, "COMPLETED" if code == 0 else "FAILED"
+
+
+class GpuWatchStep:
+    """The GPU watch beside a step's ranks (jobwatch.py says why a step of its own): started
+    a second after them, as the batch script does, stopped when they end."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv, self.env = argv, env
+        self.due = time.monotonic() + jobwatch.START_DELAY_S
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.stopped = False
+
+    def start_when_due(self) -> None:
+        if self.proc is None and not self.stopped and time.monotonic() >= self.due:
+            self.proc = slurmcmd.start(self.argv, self.env)
+
+    def stop(self) -> None:
+        """SIGUSR1 (srun passes it to the task), a few seconds to write the last samples,
+        then SIGTERM (srun ends the step: its task had not started yet)."""
+        self.stopped = True
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGUSR1)
+        try:
+            self.proc.wait(timeout=_WATCH_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait()

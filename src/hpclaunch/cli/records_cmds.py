@@ -134,6 +134,8 @@ def status_cmd(run: str, as_json: bool) -> int:
             click.echo(f"{key:10} {value}")
     for line in attempt_lines(record.events.attempts):
         click.echo(f"{'':10} {line}")
+    for warning in record.events.warnings:  # the GPU watch's: input-bound
+        click.echo(f"{'warning':10} {warning}")
     if record.state != "CREATED" and not states.is_active(record.state):
         click.echo(f"{'summary':10} {summary(record)}")
     return 0

@@ -113,6 +113,12 @@ VENV_CONSTRAINTS = "hpclaunch-constraints.txt"
 LIST_ONLY = "list_only"
 
 
+def shipped(staging: bool, watching: bool) -> list[str]:
+    """The shipped files a run folder gets: always the bootstrap, and the stage guard and
+    the GPU watch when the job runs them."""
+    return [LOADER, BOOTSTRAP] + [STAGE_GUARD] * staging + [GPU_WATCH] * watching
+
+
 def path(name: str) -> Path:
     """A shipped file of this package (BOOTSTRAP, STAGE_GUARD, VENV_PROBE), on disk."""
     return Path(__file__).with_name(name)

@@ -1,27 +1,21 @@
 """hpclaunch GPU watch: samples a node's GPUs beside the ranks, and says when they starve.
 
-Shipped: stdlib only, Python >= 3.6 (the nodes' own python3, as for the stage guard), no
-import of hpclaunch, runs alone with python3 -I -S (the rules: hpclaunch/node/__init__.py);
-the host imports it too. One per node, beside the ranks (never waited for), at nice 10:
+Shipped (rules: hpclaunch/node/__init__.py): stdlib only, the nodes' python3 (>= 3.6), run
+alone with -I -S; the host imports it too. One per node, at nice 10, never waited for:
 ``gpu_watch.py --out RUN/metrics/gpu-{node}.csv [--interval 2] [--warn] [--events FILE]
-[--window 120] [--warmup 60] [--stop-file PATH] [--pid PID]...``; {node}: SLURMD_NODENAME,
-else the short host name.
+[--window 120] [--warmup 60] [--stop-file PATH] [--pid PID]...``; {node}: SLURMD_NODENAME.
 
-Its tool: the first on PATH of nvidia-smi (its loop: --query-gpu=index,utilization.gpu,
-memory.used,power.draw --format=csv,noheader,nounits -lms MS), rocm-smi (--showuse
---showpower --showmeminfo vram --json) and amd-smi (metric --usage --power --mem-usage
---json), the last two once per sample (no loop); JSON keys match loosely (ROCm renames
-them). With none it says so once on stderr and exits 0. The CSV, appended (a header once,
+Its tool, the first found on PATH then in /opt/rocm/bin: nvidia-smi (its loop, -lms),
+rocm-smi or amd-smi (a call per sample; JSON keys matched loosely: ROCm renames them).
+With none, the job's first node says so on stderr; exit 0. The CSV, appended (a header,
 one write per sample): time (Unix), node, gpu (the tool's index), busy_pct (% of time a
-kernel ran), mem_mib (device memory used, MiB), power_w (the board's, W; an MI250X's
-package power on its even GCD); empty: no reading.
+kernel ran), mem_mib (memory used), power_w (W; an MI250X's on its even GCD); empty: none.
 
-It stops on SIGUSR1 (the batch script's "the ranks are done"; srun forwards it), SIGTERM,
-SIGINT, SIGHUP, once --stop-file exists, a --pid has left /proc or its parent changed
-(checked at least once a second). From --warmup s after its first sample it judges the
-last --window s (analyze); its first verdict goes once to stderr (--warn: "hpclaunch:
-warning: " + warning()) and to --events: {"event": "input_bound", "node", "kind", "gpus":
-[[node, gpu, idle share]], "message", "time"}.
+It stops on SIGUSR1 (the batch script's "the ranks are done"; srun passes it on),
+SIGTERM, SIGINT, SIGHUP, once --stop-file exists, a --pid has left /proc or its parent
+changed (checked each second). From --warmup s after its first sample it judges the last
+--window s (analyze); the first verdict goes once to stderr (--warn) and to --events:
+{"event": "input_bound", "node", "kind", "gpus": [[node, gpu, idle share]], "message"}.
 """
 
 import argparse
@@ -49,6 +43,8 @@ ONE_SHOT = {
     "amd-smi": ["metric", "--usage", "--power", "--mem-usage", "--json"],
 }
 INTERVAL_S, WINDOW_S, WARMUP_S = 2.0, 120.0, 60.0  # --interval, --window, --warmup
+WINDOW_ENV, WARMUP_ENV = "HPCLAUNCH_WATCH_WINDOW", "HPCLAUNCH_WATCH_WARMUP"  # their defaults
+ROCM_BIN = "/opt/rocm/bin"
 
 # --- the input-bound verdict (analyze) over a window's samples
 IDLE_BUSY_PCT = 10.0  # a sample is idle when the GPU was busy less than 10% of the time
@@ -372,8 +368,10 @@ def main(argv: "list[str]") -> int:
     parser = argparse.ArgumentParser(prog="gpu_watch.py", description="hpclaunch GPU watch")
     parser.add_argument("--out", required=True, help="the CSV; {node}: the node's name")
     parser.add_argument("--interval", type=float, default=INTERVAL_S, help="seconds")
-    parser.add_argument("--window", type=float, default=WINDOW_S, help="seconds judged")
-    parser.add_argument("--warmup", type=float, default=WARMUP_S, help="seconds not judged")
+    window = number(os.environ.get(WINDOW_ENV, "")) or WINDOW_S
+    warmup = number(os.environ.get(WARMUP_ENV, "")) or WARMUP_S
+    parser.add_argument("--window", type=float, default=window, help="seconds judged")
+    parser.add_argument("--warmup", type=float, default=warmup, help="seconds not judged")
     parser.add_argument("--warn", action="store_true", help="print the warning on stderr")
     parser.add_argument("--events", help="append the warning to this events.jsonl")
     parser.add_argument("--stop-file", help="stop once this file exists")
@@ -382,10 +380,13 @@ def main(argv: "list[str]") -> int:
     if not args.interval > 0:
         parser.error("--interval must be positive")
     node = node_name(os.environ)
-    found = (shutil.which(name, path=os.environ.get("PATH")) for name in TOOLS)
-    tool = next(filter(None, found), None)
+    # PATH, then ROCm's own folder (LUMI's nodes have rocm-smi there, module or not).
+    path = (os.environ.get("PATH") or os.defpath) + os.pathsep + ROCM_BIN
+    tool = next(filter(None, (shutil.which(name, path=path) for name in TOOLS)), None)
     if tool is None:
-        say(f"no {', '.join(TOOLS)} on PATH on {node}: no GPU samples")
+        # Once for the job, not once a node: nodes of a job are alike.
+        if os.environ.get("SLURM_NODEID", "0") == "0":
+            say(f"no {', '.join(TOOLS)} on PATH on {node}: no GPU samples")
         return 0
     with contextlib.suppress(OSError):
         os.nice(10)  # never take a CPU from the ranks

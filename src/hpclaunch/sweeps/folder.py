@@ -23,10 +23,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
     code = codeplan.write_code(planned.code, paths, rundirs.absolute(spec.run_root, req.cwd))
     paths.job_sh.write_bytes(sp.array_script.encode("utf-8", "surrogateescape"))
-    shipped = [node.LOADER, node.BOOTSTRAP]
-    if spec.stage or spec.stage_out:
-        shipped.append(node.STAGE_GUARD)
-    for source in shipped:
+    for source in node.shipped(bool(spec.stage or spec.stage_out), bool(spec.watch_interval_s)):
         shutil.copyfile(node.path(source), paths.shipped(source))
     _precompile(paths.shipped(node.BOOTSTRAP))
     records.write_json(paths.run_dir / "spec.json", spec.to_record())
