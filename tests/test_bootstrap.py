@@ -683,3 +683,241 @@ def test_program_line_from_hpclaunch_argv(tmp_path: Path) -> None:
     proc = run_boot(env=base_env(HPCLAUNCH_ARGV=encoded))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"[':', '', 'a b'] False\n"
+
+
+# --- --profile-ranks/--profiler: the chosen ranks' program under the profiler -----------
+
+# A stand-in for nsys/rocprof: logs its argv, runs the command after its 3 own words and,
+# like a real profiler, exits 0 whatever the program did (FAKE_FAIL: exits 1 at once).
+FAKE_PROFILER = """#!{python}
+import json, os, subprocess, sys
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv) + "\\n")
+if os.environ.get("FAKE_FAIL"):
+    sys.exit(1)
+subprocess.call(sys.argv[4:])
+"""
+
+
+@pytest.fixture
+def fake_profilers(tmp_path: Path) -> Path:
+    """A folder holding fake `nsys` and `rocprof`, to put in front of PATH."""
+    folder = tmp_path / "fakebin"
+    folder.mkdir()
+    for name in ("nsys", "rocprof"):
+        path = folder / name
+        path.write_text(FAKE_PROFILER.format(python=PY))
+        path.chmod(0o755)
+    return folder
+
+
+def _profile_env(tmp_path: Path, fakes: Path, tool: str, rank: int, **extra: str) -> dict[str, str]:
+    env = base_env(
+        PATH=f"{fakes}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        FAKE_LOG=str(tmp_path / "fake.log"),
+        HPCLAUNCH_LOG_DIR=str(tmp_path / "logs"),
+        HPCLAUNCH_PROFILER=tool,
+        HPCLAUNCH_PROFILE_RANKS="0,1",
+        HPCLAUNCH_PROFILE_DIR=str(tmp_path / "profiles"),
+        SLURM_PROCID=str(rank),
+        SLURM_NTASKS="4",
+    )
+    env.update(extra)
+    return env
+
+
+def _fake_calls(tmp_path: Path) -> list[list[str]]:
+    log = tmp_path / "fake.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("tool", "words"),
+    [
+        ("nsys", ["profile", "--output={dir}/rank-1", "--force-overwrite=true"]),
+        ("rocprof", ["--stats", "-o", "{dir}/rank-1.csv"]),
+    ],
+)
+def test_a_chosen_rank_runs_under_the_profiler_and_keeps_its_exit_code(
+    tmp_path: Path, fake_profilers: Path, tool: str, words: list[str]
+) -> None:
+    env = _profile_env(tmp_path, fake_profilers, tool, 1)
+    code = "import os, sys; print(os.environ['HPCLAUNCH_PROFILE']); sys.exit(3)"
+    proc = run_boot(PY, "-c", code, env=env)
+    assert proc.returncode == 3  # the fake profiler exited 0: the program's code wins
+    assert exit_record(tmp_path / "logs", 1)["returncode"] == 3
+    [call] = _fake_calls(tmp_path)
+    profiles = str(tmp_path / "profiles")
+    assert call[1:4] == [w.format(dir=profiles) for w in words]
+    # Between profiler and program: the bootstrap's own file, only to learn the status.
+    assert call[4:7] == [sys.executable if BOOT_PY == PY else call[4], "-I", "-S"]
+    assert call[7] == str(BOOTSTRAP) and call[8].startswith("--hpclaunch-child=")
+    assert call[9:] == [PY, "-c", code]
+    assert (tmp_path / "logs" / "rank-1.out").read_text() == "1\n"
+    assert not [p for p in os.listdir(tmp_path / "profiles") if "status" in p]
+
+
+def test_a_rank_not_chosen_runs_bare(tmp_path: Path, fake_profilers: Path) -> None:
+    env = _profile_env(tmp_path, fake_profilers, "nsys", 2)
+    proc = run_boot(PY, "-c", "import os; print(os.environ['HPCLAUNCH_PROFILE'])", env=env)
+    assert proc.returncode == 0 and _fake_calls(tmp_path) == []
+    assert (tmp_path / "logs" / "rank-2.out").read_text() == "0\n"
+
+
+def test_a_signal_death_under_the_profiler_is_passed_on(
+    tmp_path: Path, fake_profilers: Path
+) -> None:
+    env = _profile_env(tmp_path, fake_profilers, "nsys", 0)
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    proc = run_boot(PY, "-c", code, env=env)
+    assert proc.returncode == -signal.SIGTERM
+    assert exit_record(tmp_path / "logs", 0)["returncode"] == -signal.SIGTERM
+
+
+def test_a_missing_program_under_the_profiler_is_127_once(
+    tmp_path: Path, fake_profilers: Path
+) -> None:
+    env = _profile_env(tmp_path, fake_profilers, "rocprof", 0)
+    proc = run_boot("no-such-program-hpclaunch", env=env)
+    assert proc.returncode == 127
+    err = (tmp_path / "logs" / "rank-0.err").read_text()
+    assert err.count("command not found") == 1, err
+
+
+def test_a_missing_profiler_is_one_line_and_the_rank_runs(tmp_path: Path) -> None:
+    env = _profile_env(tmp_path, tmp_path / "nowhere", "nsys", 1, PATH="/usr/bin:/bin")
+    proc = run_boot(PY, "-c", "import sys; print('ran'); sys.exit(4)", env=env)
+    assert proc.returncode == 4
+    assert (tmp_path / "logs" / "rank-1.out").read_text() == "ran\n"
+    [line] = (tmp_path / "logs" / "rank-1.err").read_text().splitlines()
+    assert line.startswith("hpclaunch-bootstrap: rank 1 runs without nsys: nsys is not found")
+
+
+def test_a_profiler_that_fails_first_leaves_the_program_unprofiled(
+    tmp_path: Path, fake_profilers: Path
+) -> None:
+    env = _profile_env(tmp_path, fake_profilers, "nsys", 0, FAKE_FAIL="1")
+    proc = run_boot(PY, "-c", "import sys; print('ran'); sys.exit(5)", env=env)
+    assert proc.returncode == 5 and len(_fake_calls(tmp_path)) == 1
+    assert (tmp_path / "logs" / "rank-0.out").read_text() == "ran\n"
+    [line] = (tmp_path / "logs" / "rank-0.err").read_text().splitlines()
+    assert "before it started the program, which runs unprofiled" in line
+
+
+def test_torch_profiler_is_told_through_variables(probe: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "profiles"
+    common = {"HPCLAUNCH_PROFILER": "torch", "HPCLAUNCH_PROFILE_RANKS": "1"}
+    env, _ = probe(SLURM_PROCID="1", HPCLAUNCH_PROFILE_DIR=str(folder), **common)
+    assert env["HPCLAUNCH_PROFILE"] == "1" and env["HPCLAUNCH_PROFILE_DIR"] == str(folder)
+    assert folder.is_dir()  # made for the program's own trace handler
+    env, _ = probe(SLURM_PROCID="0", HPCLAUNCH_PROFILE_DIR=str(folder), **common)
+    assert env["HPCLAUNCH_PROFILE"] == "0"
+    env, _ = probe(SLURM_PROCID="0")
+    assert "HPCLAUNCH_PROFILE" not in env
+
+
+PYSPY = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "py-spy"
+HOT = """
+import sys, time
+def profiled_hot_loop(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(2000))
+print("started", flush=True)
+profiled_hot_loop(float(sys.argv[1]))
+sys.exit(6)
+"""
+
+
+@pytest.mark.skipif(not PYSPY.exists(), reason="py-spy is not installed in .venv")
+def test_pyspy_records_the_program_not_the_bootstrap(tmp_path: Path) -> None:
+    script = tmp_path / "hot.py"
+    script.write_text(HOT)
+    env = _profile_env(tmp_path, tmp_path, "py-spy", 0, HPCLAUNCH_PYSPY=str(PYSPY))
+    proc = run_boot(PY, str(script), "1.5", env=env)
+    assert proc.returncode == 6
+    profile = json.loads((tmp_path / "profiles" / "rank-0.speedscope.json").read_text())
+    frames = profile["shared"]["frames"]
+    assert "profiled_hot_loop" in {frame["name"] for frame in frames}
+    # The copy of the bootstrap that keeps the exit status may show in its first
+    # milliseconds (its start-up), never beyond: the samples are the program's.
+    ours = {i for i, f in enumerate(frames) if f.get("file", "").endswith("bootstrap.py")}
+    samples = [s for p in profile["profiles"] for s in p["samples"]]
+    assert len([s for s in samples if ours & set(s)]) <= max(3, len(samples) // 20)
+
+
+@pytest.mark.skipif(not PYSPY.exists(), reason="py-spy is not installed in .venv")
+def test_pyspy_profile_survives_sigterm_to_the_whole_task(tmp_path: Path) -> None:
+    # Slurm's time limit and scancel signal every process of the task: py-spy too.
+    script = tmp_path / "hot.py"
+    script.write_text(HOT)
+    env = _profile_env(tmp_path, tmp_path, "py-spy", 0, HPCLAUNCH_PYSPY=str(PYSPY))
+    boot = subprocess.Popen(boot_cmd(PY, str(script), "60"), env=env, start_new_session=True)
+    wait_for(tmp_path / "logs" / "rank-0.out")
+    deadline = time.monotonic() + 20
+    while "started" not in (tmp_path / "logs" / "rank-0.out").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.killpg(boot.pid, signal.SIGTERM)
+    assert boot.wait(timeout=30) == -signal.SIGTERM
+    profile = (tmp_path / "profiles" / "rank-0.speedscope.json").read_text()
+    assert "profiled_hot_loop" in profile
+
+
+# --- --nccl-debug: each rank's NCCL_DEBUG_FILE moved into <logs>/nccl/rank-R.txt -------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "name"),
+    [
+        ("/tmp/u-rccl-%h-%p.txt", "/tmp/u-rccl-nid5-42.txt"),
+        ("/tmp/a%%b-%x-%", "/tmp/a%b-%x-%"),
+        ("plain", "plain"),
+    ],
+)
+def test_nccl_file_is_named_as_nccl_names_it(pattern: str, name: str) -> None:
+    assert bs.nccl_file(pattern, "nid5", 42) == name
+
+
+WRITER = """
+import os, socket, sys
+name = os.environ["NCCL_DEBUG_FILE"].replace("%h", socket.gethostname().split(".")[0])
+with open(name.replace("%p", str(os.getpid())), "w") as f:
+    f.write("debug of rank %s\\n" % os.environ["RANK"])
+code = int(sys.argv[1])
+if code < 0:
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3, -signal.SIGTERM])
+def test_nccl_debug_file_moves_into_the_logs(tmp_path: Path, code: int) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    local = tmp_path / "node-tmp"
+    local.mkdir()
+    env = base_env(
+        HPCLAUNCH_LOG_DIR=str(tmp_path / "logs"),
+        HPCLAUNCH_NCCL_COLLECT="1",
+        NCCL_DEBUG_FILE=f"{local}/u-nccl-%h-%p.txt",
+        SLURM_PROCID="3",
+        SLURM_NTASKS="4",
+    )
+    proc = run_boot(PY, str(script), str(code), env=env)
+    assert proc.returncode == code
+    copied = tmp_path / "logs" / "nccl" / "rank-3.txt"
+    assert copied.read_text() == "debug of rank 3\n"
+    assert list(local.iterdir()) == []  # the node-local file is gone
+
+
+def test_nccl_debug_file_stays_without_the_switch(tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    env = base_env(
+        HPCLAUNCH_LOG_DIR=str(tmp_path / "logs"), NCCL_DEBUG_FILE=f"{tmp_path}/n-%h-%p.txt"
+    )
+    assert run_boot(PY, str(script), "0", env=env).returncode == 0
+    assert len(list(tmp_path.glob("n-*.txt"))) == 1
+    assert not (tmp_path / "logs" / "nccl").exists()

@@ -110,3 +110,13 @@ def test_stack_inside_a_container(hpc: Hpc, user_image: Path, runtime: str) -> N
         _check_groups(hpc, started["job_id"])
     finally:
         hpc.run("cancel", started["job_id"])
+
+
+def test_stack_sees_through_a_profiled_rank(hpc: Hpc) -> None:
+    """Rank 1 runs under py-spy record (--profile-ranks): its stack is still the
+    program's, not the profiler's or the bootstrap's copy between them."""
+    started = _start(hpc, "--profile-ranks", "1", "--profiler", "py-spy")
+    try:
+        _check_groups(hpc, started["job_id"])
+    finally:
+        hpc.run("cancel", started["job_id"])

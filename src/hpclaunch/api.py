@@ -62,6 +62,8 @@ def run(
     no_snapshot: Optional[bool] = None,
     snapshot_limit: Optional[str] = None,
     nccl_debug: Optional[bool] = None,
+    profile_ranks: Optional[str] = None,
+    profiler: Optional[Literal["py-spy", "nsys", "rocprof", "torch"]] = None,
     no_watch: Optional[bool] = None,
     watch_interval: Optional[float] = None,
     requeue: Optional[bool] = None,

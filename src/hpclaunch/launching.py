@@ -19,7 +19,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from . import __version__, codeplan, index, node, project, records, render, rundirs, shell
+from . import (
+    __version__,
+    codeplan,
+    index,
+    node,
+    profiling,
+    project,
+    records,
+    render,
+    rundirs,
+    shell,
+)
 from .backends import pick
 from .backends.base import Backend, Launch
 from .errors import HpclaunchError
@@ -215,6 +226,7 @@ def _write_run_files(
     for source in node.shipped(staging, bool(spec.watch_interval_s)):
         shutil.copyfile(node.path(source), paths.run_dir / node.RUN_DIR_NAME[source])
     _precompile(paths.run_dir / node.RUN_DIR_NAME[node.BOOTSTRAP])
+    profiling.ship(spec, paths)
     records.write_json(paths.run_dir / "spec.json", spec.to_record())
     records.create(
         paths.run_dir,

@@ -235,6 +235,23 @@ OPTIONS: tuple[Option, ...] = (
         "--nccl-debug",
     ),
     Option(
+        "profile-ranks",
+        "str",
+        "Run these ranks (comma-separated) under --profiler, inside the container where "
+        "they run; output in <run>/profiles/rank-R.* (docs/profiling.md).",
+        "--profile-ranks 0,14",
+        metavar="R,R,...",
+    ),
+    Option(
+        "profiler",
+        "choice",
+        "The profiler of --profile-ranks: py-spy (speedscope JSON; shipped with the run), "
+        "nsys, rocprof (--stats), or torch (the program's own torch.profiler, told by "
+        "HPCLAUNCH_PROFILE=1 and HPCLAUNCH_PROFILE_DIR).",
+        "--profiler py-spy",
+        choices=("py-spy", "nsys", "rocprof", "torch"),
+    ),
+    Option(
         "no-watch",
         "flag",
         "Do not sample the GPUs. A job that asks for GPUs runs a GPU watch on each node "

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import containers, jobwatch, node, requeue, scriptend, shell
+from . import containers, jobwatch, node, profiling, requeue, scriptend, shell
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
 from .resources import default_notes
@@ -118,6 +118,7 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     env += [(k, Template(v)) for k, v in profile.env.items()]
     if spec.nccl_debug:
         env += [(k, Template(v)) for k, v in profile.debug_env.items()]
+    env += profiling.task_env(spec, profile, paths)
     env += [(k, v) for k, v in spec.public_env()]
     env += data_env(spec)
     if spec.container:

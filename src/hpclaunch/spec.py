@@ -86,6 +86,15 @@ class Requeue:
 
 
 @dataclass(frozen=True)
+class Profiling:
+    """--profile-ranks/--profiler: which ranks run under which profiler (profiling.py)."""
+
+    ranks: tuple[int, ...]
+    tool: str  # py-spy | nsys | rocprof | torch
+    pyspy: str = ""  # py-spy: this side's binary, copied into the run folder at submission
+
+
+@dataclass(frozen=True)
 class JobSpec:
     cluster: str
     program: tuple[str, ...]
@@ -111,6 +120,7 @@ class JobSpec:
     run_root: str = "runs"
     checkpoint_root: str = ""
     nccl_debug: bool = False
+    profiling: Optional[Profiling] = None
     # Seconds between two GPU samples of the per-node watch; 0: no watch (no GPUs asked,
     # --no-watch, or a backend that does not start it).
     watch_interval_s: float = 0.0

@@ -115,10 +115,13 @@ def rank(spy, number, pid):
         out["error"] = "its task has ended, or runs in a PID namespace of its own"
         return out
     queue, first = children(pid), ""
-    for _ in range(4):
+    for _ in range(5):
         if not queue:
             break
         child = queue.pop(0)
+        if is_bootstrap(child):  # a profiled rank: the bootstrap's copy under the profiler
+            queue += children(child)
+            continue
         threads, why = dump(spy, child)
         if threads is not None:
             out.update(pid=child, threads=threads)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Optional
 
-from . import jobwatch, requeue
+from . import jobwatch, profiling, requeue
 from .dependencies import check_chain
 from .errors import UserError, show
 from .profiles import Partition, Profile
@@ -290,6 +290,8 @@ def validate(
     requeued = requeue.from_values(values, limit, local=local, in_allocation=in_allocation)
     chain = check_chain(values, local=local, in_allocation=in_allocation)
     watch_s = jobwatch.interval_from_values(values, res.gpus_per_node, local)
+    world_size = res.nodes * res.tasks_per_node
+    profiled = profiling.from_values(values, world_size, local, environ)
     return JobSpec(
         cluster=profile.name,
         program=program,
@@ -315,6 +317,7 @@ def validate(
         run_root=run_root,
         checkpoint_root=ckpt_root,
         nccl_debug=bool(values.get("nccl_debug", False)),
+        profiling=profiled,
         watch_interval_s=watch_s,
         cpu_bind=cpu_bind,
         requeue=requeued,

@@ -9,6 +9,8 @@ Four files are shipped out of this package:
 - ``venv_probe.py``: `hpclaunch env create`'s part inside the image (Python >= 3.8).
 - ``gpu_watch.py``: one per node beside the ranks, sampling the node's GPU tool
   (nvidia-smi, rocm-smi, amd-smi) outside any container: the nodes' ``python3``, >= 3.6.
+- ``doctor_probe.py``: `hpclaunch doctor`'s probe, copied beside the doctor's runs; once
+  per node (the nodes' ``python3``) and as every rank's program (the image's).
 
 Rules for those files, checked by tests/test_node_package.py:
 
@@ -122,3 +124,20 @@ def shipped(staging: bool, watching: bool) -> list[str]:
 def path(name: str) -> Path:
     """A shipped file of this package (BOOTSTRAP, STAGE_GUARD, VENV_PROBE), on disk."""
     return Path(__file__).with_name(name)
+
+
+# --- profiling chosen ranks (--profile-ranks/--profiler) and --nccl-debug's files
+# (hpclaunch/profiling.py on the host, the bootstrap in the job; docs/profiling.md)
+PROFILES = "profiles"  # <run>/profiles/: rank-R.* written by the profilers
+PYSPY = "py-spy"  # the static py-spy binary, copied beside the bootstrap (containers see it)
+HPCLAUNCH_PROFILER = "HPCLAUNCH_PROFILER"  # py-spy | nsys | rocprof | torch
+HPCLAUNCH_PROFILE_RANKS = "HPCLAUNCH_PROFILE_RANKS"  # the chosen ranks, comma-joined
+HPCLAUNCH_PROFILE_DIR = "HPCLAUNCH_PROFILE_DIR"  # <run>/profiles
+HPCLAUNCH_PROFILE = "HPCLAUNCH_PROFILE"  # set by the bootstrap: "1" on a chosen rank, else "0"
+HPCLAUNCH_PYSPY = "HPCLAUNCH_PYSPY"  # the py-spy the ranks run
+# The bootstrap run again between the profiler and the program, only to learn the
+# program's exit status (no profiler passes it on): SIGNALS:STATUS_FILE follows the flag.
+CHILD_FLAG = "--hpclaunch-child="
+HPCLAUNCH_NCCL_COLLECT = "HPCLAUNCH_NCCL_COLLECT"  # "1": copy NCCL_DEBUG_FILE into logs/nccl/
+NCCL_DIR = "nccl"  # in the attempt's log folder
+NCCL_FILE = "rank-%d.txt"  # in logs/nccl/

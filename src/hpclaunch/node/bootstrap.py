@@ -66,6 +66,17 @@ HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments
 HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole program line, hex
 HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"  # --requeue: 0, 1, ... (rank events carry it)
 HPCLAUNCH_REQUEUE_SIGNAL = "HPCLAUNCH_REQUEUE_SIGNAL"  # --requeue: USR1 or USR2
+# --profile-ranks/--profiler and --nccl-debug (docs/profiling.md)
+HPCLAUNCH_PROFILER = "HPCLAUNCH_PROFILER"  # py-spy | nsys | rocprof | torch
+HPCLAUNCH_PROFILE_RANKS = "HPCLAUNCH_PROFILE_RANKS"  # the chosen ranks, comma-joined
+HPCLAUNCH_PROFILE_DIR = "HPCLAUNCH_PROFILE_DIR"  # <run>/profiles
+HPCLAUNCH_PROFILE = "HPCLAUNCH_PROFILE"  # set here: "1" on a chosen rank, else "0"
+HPCLAUNCH_PYSPY = "HPCLAUNCH_PYSPY"  # the py-spy the ranks run
+LOADED_AS = "hpclaunch_bootstrap.py"  # this file's name in a run folder, beside its loader
+CHILD_FLAG = "--hpclaunch-child="  # SIGNALS:STATUS_FILE: this file between profiler and program
+HPCLAUNCH_NCCL_COLLECT = "HPCLAUNCH_NCCL_COLLECT"  # "1": copy NCCL_DEBUG_FILE into logs/nccl/
+NCCL_DIR = "nccl"
+NCCL_FILE = "rank-%d.txt"
 
 # Placeholder name -> the variable that holds its value.
 PLACEHOLDERS = {
@@ -391,10 +402,26 @@ def _json_str(text: str) -> str:
     return "".join(out)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[posix.write(fd, view) :]
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """``data`` written to a temporary name and renamed so readers never see half."""
+    tmp = "%s.tmp.%d" % (path, posix.getpid())
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o666)
+    try:
+        _write_all(fd, data)
+    finally:
+        posix.close(fd)
+    posix.replace(tmp, path)
+
+
 def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None:
     """rank-R.exit, written to a temporary name and renamed so readers never see half."""
     path = _join(log_dir, RANK_FILE % (rank, EXIT))
-    tmp = "%s.tmp.%d" % (path, posix.getpid())
     data = '{"rank": %d, "node": %s, "returncode": %d, "time": %r}\n' % (
         rank,
         _json_str(node),
@@ -402,14 +429,7 @@ def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None
         time.time(),
     )
     try:
-        fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o666)
-        try:
-            view = data.encode("ascii")
-            while view:
-                view = view[posix.write(fd, view) :]
-        finally:
-            posix.close(fd)
-        posix.replace(tmp, path)
+        _write_file(path, data.encode("ascii"))
     except OSError as exc:
         _say("cannot write %s: %s" % (path, exc.strerror))
 
@@ -448,14 +468,23 @@ class _Child:
 
     pid = 0
     forward = False
+    group = False  # the child leads a process group (a profiler): forward to all of it
     pending: List[int] = []  # noqa: RUF012 - one instance per process, never shared
+    handled: List[int] = []  # noqa: RUF012 - the signals given _on_signal
+
+
+def _signal_child(signum: int) -> None:
+    if _Child.group:
+        posix.killpg(_Child.pid, signum)
+    else:
+        posix.kill(_Child.pid, signum)
 
 
 def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
     if _Child.pid > 0:
         if _Child.forward:
             try:
-                posix.kill(_Child.pid, signum)
+                _signal_child(signum)
             except ProcessLookupError:
                 return  # it has just exited; waitpid will tell
     elif _Child.pid == 0:
@@ -478,9 +507,19 @@ def install_signal_handlers(forward: bool, requeue_signal: Optional[int] = None)
         ignored = _signal.getsignal(signum) == _signal.SIG_IGN if signum is not None else True
         if signum is not None and (not ignored or signum == requeue_signal):
             _signal.signal(signum, _on_signal)
+            _Child.handled.append(signum)
 
 
-def spawn(args: List[str], env: Env, out: int, err: int) -> int:
+def spawn(
+    args: List[str],
+    env: Env,
+    out: int,
+    err: int,
+    defaults: Tuple[int, ...] = (),
+    group: bool = False,
+) -> int:
+    """The program (or its profiler) as a child; ``defaults``: more signals it gets with
+    their default action; ``group``: in a process group of its own."""
     actions = []
     if out >= 0:
         actions.append((posix.POSIX_SPAWN_DUP2, out, 1))
@@ -491,7 +530,12 @@ def spawn(args: List[str], env: Env, out: int, err: int) -> int:
     requeue_signal = getattr(_signal, "SIG" + env.get(HPCLAUNCH_REQUEUE_SIGNAL, "-"), None)
     if requeue_signal is not None:  # ignored by a torchrun agent: the program's own again
         reset.append(requeue_signal)
+    reset += defaults
     _export_path(env)
+    if group:
+        return posix.posix_spawnp(
+            args[0], args, env, file_actions=actions, setsigdef=reset, setpgroup=0
+        )
     return posix.posix_spawnp(args[0], args, env, file_actions=actions, setsigdef=reset)
 
 
@@ -587,6 +631,252 @@ def _unhex(encoded: str) -> List[str]:
     return [_fsdecode(bytes.fromhex(h)) for h in encoded.split(",")]
 
 
+def start(
+    args: List[str],
+    env: Env,
+    out: int,
+    err: int,
+    defaults: Tuple[int, ...] = (),
+    group: bool = False,
+) -> Tuple[int, int, str]:
+    """Spawn ``args`` as the child: (pid, 0, "") or, when it cannot start, (0, its exit
+    status, why). Signals that arrived before it existed are passed on at once."""
+    try:
+        _Child.pid = spawn(args, env, out, err, defaults, group)
+    except (FileNotFoundError, ValueError):  # ValueError: an empty program name
+        return 0, 127, "command not found"
+    except PermissionError:
+        return 0, 126, "permission denied"
+    except OSError as exc:  # e.g. ENOEXEC: a file that is no program
+        return 0, 126, (exc.strerror or str(exc)).lower()
+    _Child.group = group
+    for signum in _Child.pending:
+        try:
+            _signal_child(signum)
+        except ProcessLookupError:
+            break
+    del _Child.pending[:]
+    return _Child.pid, 0, ""
+
+
+def wait_child() -> int:
+    """The child's returncode (negative: the signal that ended it)."""
+    _, status = posix.waitpid(_Child.pid, 0)  # PEP 475: retried after each signal handler
+    _Child.pid = -1  # reaped: its pid may be reused, never signal it again
+    return -posix.WTERMSIG(status) if posix.WIFSIGNALED(status) else posix.WEXITSTATUS(status)
+
+
+# ---- profiling chosen ranks (--profile-ranks, --profiler; docs/profiling.md)
+
+
+def chosen_profiler(env: Env, rank: int) -> str:
+    """The profiler this rank runs under ("" for none); tells the program in
+    HPCLAUNCH_PROFILE whether it is a chosen rank (the torch profiler reads it)."""
+    tool = env.get(HPCLAUNCH_PROFILER, "")
+    if not tool:
+        return ""
+    chosen = str(rank) in [r.strip() for r in env.get(HPCLAUNCH_PROFILE_RANKS, "").split(",")]
+    env[HPCLAUNCH_PROFILE] = "1" if chosen else "0"
+    return tool if chosen else ""
+
+
+def _which(name: str, path: str) -> Optional[str]:
+    """An executable file ``name`` (a path, or searched on ``path``), or None."""
+    candidates = [name] if "/" in name else [_join(d or ".", name) for d in path.split(":")]
+    for candidate in candidates:
+        if candidate and posix.access(candidate, posix.X_OK) and not _isdir(candidate):
+            return candidate
+    return None
+
+
+def profiler_words(tool: str, env: Env, rank: int, attempt: str) -> Tuple[List[str], str]:
+    """The profiler's words in front of the program, or why it cannot run here (then
+    the rank runs unprofiled). The output is <profiles>/rank-R[.attempt-N].*"""
+    folder = env.get(HPCLAUNCH_PROFILE_DIR, "")
+    if not folder:
+        return [], "%s is not set" % HPCLAUNCH_PROFILE_DIR
+    try:  # also for torch: the program's trace handler writes there
+        _makedirs(folder)
+    except OSError as exc:
+        return [], "cannot create %s: %s" % (folder, exc.strerror)
+    if tool == "torch":
+        return [], ""  # the program profiles itself: it reads HPCLAUNCH_PROFILE
+    if tool not in ("py-spy", "nsys", "rocprof"):
+        return [], "unknown profiler"
+    path = env.get("PATH", DEFAULT_EXEC_PATH)
+    # py-spy: the copy shipped beside the bootstrap (a static binary any image can run),
+    # else one on PATH.
+    shipped = _which(env.get(HPCLAUNCH_PYSPY, ""), "") if tool == "py-spy" else None
+    exe = shipped or _which(tool, path)
+    if exe is None:
+        return [], "%s is not found here (PATH=%s)" % (tool, path)
+    base = _join(folder, "rank-%d" % rank + (".attempt-" + attempt if attempt.isdigit() else ""))
+    if tool == "py-spy":
+        out = ["--format", "speedscope", "--output", base + ".speedscope.json", "--"]
+        return [exe, "record", "--subprocesses", *out], ""
+    if tool == "nsys":
+        return [exe, "profile", "--output=" + base, "--force-overwrite=true"], ""
+    return [exe, "--stats", "-o", base + ".csv"], ""
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        fd = posix.open(path, posix.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return posix.read(fd, 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        posix.close(fd)
+
+
+def _remove(path: str) -> None:
+    try:  # noqa: SIM105 - contextlib would be one more import
+        posix.unlink(path)
+    except OSError:
+        pass
+
+
+def _gone(pid: int) -> bool:
+    try:
+        posix.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # there, someone else's
+    return False
+
+
+def run_profiled(
+    words: List[str], args: List[str], env: Env, logs: Tuple[int, int], errors: Tuple[int, ...]
+) -> Tuple[int, int]:
+    """The program under the profiler: (its returncode, its pid); pid 0 when the
+    profiler never started it (the caller then runs it unprofiled).
+
+    No profiler passes the program's exit status on (py-spy exits 0), so between the
+    two runs this file again (``child``), which starts the program, waits and writes
+    its status to a file. The profiler and that copy ignore the task's signals: Slurm
+    sends SIGTERM to every process of a task, and a py-spy that dies of it writes no
+    profile; the copy gives the program their default actions back."""
+    folder = env.get(HPCLAUNCH_PROFILE_DIR, "")
+    status = _join(folder, ".rank-%s.status.%d" % (env.get("RANK", "0"), posix.getpid()))
+    here = __file__ if __file__[:1] == "/" else _join(posix.getcwd(), __file__)
+    if here.endswith("/" + LOADED_AS):  # in a run folder: its loader runs cached bytecode,
+        here = here[: -len(LOADED_AS)] + "bootstrap.py"  # so the copy starts in fewer ms
+    signals = ",".join(str(s) for s in _Child.handled)
+    inner = [sys.executable or "python3", "-I", "-S", here, CHILD_FLAG + signals + ":" + status]
+    _remove(status)
+    saved = [(s, _signal.signal(s, _signal.SIG_IGN)) for s in _Child.handled]
+    try:
+        # Under forwarding (an old torchrun signals the bootstrap only) the profiler
+        # leads a group of its own, so a forwarded signal reaches the program too.
+        pid, _, why = start(words + inner + args, env, logs[0], logs[1], (), _Child.forward)
+    finally:
+        for signum, handler in saved:
+            _signal.signal(signum, handler)
+    if why:
+        _say("rank runs unprofiled: %s: %s" % (words[0], why), errors)
+        return 0, 0
+    profiler = wait_child()
+    text = _read_text(status)
+    _remove(status)
+    if text is None:
+        _say("%s ended (%d) before it started the program, which runs unprofiled"
+             % (words[0], profiler), errors)  # fmt: skip
+        return 0, 0
+    lines = text.split("\n")
+    pid = _int(lines[0], 0)
+    if len(lines) > 2 and lines[1].lstrip("-").isdigit():
+        return int(lines[1]), pid or -1  # -1: the program never started, nothing to rerun
+    # The profiler ended first (killed its child): the program may still run.
+    while pid > 0 and not _gone(pid):
+        time.sleep(0.2)
+    _say("%s ended (%d) before the program, whose exit status is unknown" % (words[0], profiler),
+         errors)  # fmt: skip
+    return (profiler if profiler else 1), pid
+
+
+def child(argv: List[str]) -> int:
+    """``bootstrap.py --hpclaunch-child=SIGNALS:STATUS PROGRAM...``, run by the profiler:
+    start the program with SIGNALS at their default action, write "PID\\n" and then
+    "PID\\nRETURNCODE\\n" to STATUS for the bootstrap, and end as the program did."""
+    signals, _, status = argv[1][len(CHILD_FLAG) :].partition(":")
+    defaults = tuple(n for n in (_int(s, 0) for s in signals.split(",")) if n > 0)
+    if len(argv) < 3:
+        return 2
+    env = _environ()
+    pid, returncode, why = start(argv[2:], env, -1, -1, defaults)
+    if why:
+        _say("%s: %s" % (argv[2], why))
+    else:
+        _write_status(status, "%d\n" % pid)
+        returncode = wait_child()
+    _write_status(status, "%d\n%d\n" % (pid, returncode))
+    return returncode
+
+
+def _write_status(path: str, text: str) -> None:
+    try:
+        _write_file(path, text.encode("ascii"))
+    except OSError as exc:
+        _say("cannot write %s: %s" % (path, exc.strerror))
+
+
+# ---- --nccl-debug: each rank's NCCL_DEBUG_FILE into <logs>/nccl/rank-R.txt
+
+
+def nccl_file(pattern: str, host: str, pid: int) -> str:
+    """NCCL_DEBUG_FILE as NCCL names it: %h the host name (up to its first dot), %p the
+    pid of the process, %% a percent sign; any other % pair is kept as it is."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        i += 1
+        if ch != "%" or i == len(pattern):
+            out.append(ch)
+            continue
+        code = pattern[i]
+        i += 1
+        out.append({"%": "%", "h": host, "p": str(pid)}.get(code, "%" + code))
+    return "".join(out)
+
+
+def collect_nccl(env: Env, log_dir: str, rank: int, pid: int, errors: Tuple[int, ...]) -> None:
+    """Move the program's node-local debug file into the run's logs (appended, so a
+    restarted rank adds to it). Nothing written (no communicator) is nothing to do."""
+    pattern = env.get("NCCL_DEBUG_FILE", "")
+    if env.get(HPCLAUNCH_NCCL_COLLECT) != "1" or not pattern or not log_dir or pid <= 0:
+        return
+    source = nccl_file(pattern, posix.uname().nodename.split(".")[0], pid)
+    target = _join(_join(log_dir, NCCL_DIR), NCCL_FILE % rank)
+    try:
+        src = posix.open(source, posix.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _say("cannot read %s: %s" % (source, exc.strerror), errors)
+        return
+    try:
+        _makedirs(_join(log_dir, NCCL_DIR))
+        dst = posix.open(target, posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o666)
+        try:
+            data = posix.read(src, 1 << 20)
+            while data:
+                _write_all(dst, data)
+                data = posix.read(src, 1 << 20)
+        finally:
+            posix.close(dst)
+    except OSError as exc:  # the node-local file stays: nothing is lost
+        _say("cannot copy %s to %s: %s" % (source, target, exc.strerror), errors)
+        return
+    finally:
+        posix.close(src)
+    _remove(source)
+
+
 def run(argv: List[str]) -> int:
     """Everything but the final exit; returns the program's returncode (negative: signal)."""
     env = _environ()
@@ -635,29 +925,26 @@ def run(argv: List[str]) -> int:
         # the task's pid, as in ranks.tsv (Slurm's SLURM_TASK_PID)
         rank_event(run_dir, RANK_START, rank, node, "pid", posix.getpid(), attempt)
 
-    returncode, why = 0, ""
-    try:
-        _Child.pid = spawn(args, env, out, err)
-    except (FileNotFoundError, ValueError):  # ValueError: an empty program name
-        returncode, why = 127, "command not found"
-    except PermissionError:
-        returncode, why = 126, "permission denied"
-    except OSError as exc:  # e.g. ENOEXEC: a file that is no program
-        returncode, why = 126, (exc.strerror or str(exc)).lower()
-    if why:
-        # Into the rank's own log when there is one (it is streamed from there), else stderr.
-        _say("%s: %s" % (args[0], why), (err,) if err >= 0 else (2,))
-    else:
-        for signum in _Child.pending:
-            posix.kill(_Child.pid, signum)
-        del _Child.pending[:]
-        if out >= 0:  # the program holds its own copies now
-            posix.close(out)
-            posix.close(err)
-        _, status = posix.waitpid(_Child.pid, 0)  # PEP 475: retried after each signal handler
-        _Child.pid = -1  # reaped: its pid may be reused, never signal it again
-        signaled = posix.WIFSIGNALED(status)
-        returncode = -posix.WTERMSIG(status) if signaled else posix.WEXITSTATUS(status)
+    errors = (err,) if err >= 0 else (2,)  # the rank's own log when there is one
+    tool = chosen_profiler(env, rank)
+    words: List[str] = []
+    if tool:
+        words, why_not = profiler_words(tool, env, rank, attempt)
+        if why_not:
+            _say("rank %d runs without %s: %s" % (rank, tool, why_not), errors)
+    returncode, pid = 0, 0
+    if words:
+        returncode, pid = run_profiled(words, args, env, (out, err), errors)
+    if not pid:
+        pid, returncode, why = start(args, env, out, err)
+        if why:
+            _say("%s: %s" % (args[0], why), errors)
+        else:
+            returncode = wait_child()
+    collect_nccl(env, log_dir, rank, pid, errors)
+    if out >= 0:
+        posix.close(out)
+        posix.close(err)
     if log_dir:
         write_exit_file(log_dir, rank, node, returncode)
     if run_dir:
@@ -666,6 +953,8 @@ def run(argv: List[str]) -> int:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].startswith(CHILD_FLAG):
+        die_like(child(sys.argv))
     die_like(run(sys.argv))
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .. import __version__, codeplan, discover, launching, node, records, render, rundirs
+from .. import __version__, codeplan, discover, launching, node, profiling, records, render, rundirs
 from . import record, script
 from .plans import SweepPlan
 from .points import Point
@@ -26,6 +26,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     for source in node.shipped(bool(spec.stage or spec.stage_out), bool(spec.watch_interval_s)):
         shutil.copyfile(node.path(source), paths.shipped(source))
     _precompile(paths.shipped(node.BOOTSTRAP))
+    profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every point looks
     records.write_json(paths.run_dir / "spec.json", spec.to_record())
     _write_points(sp)
     if spec.stage:
