@@ -54,7 +54,8 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
 _GRES_GPU = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
 
 
-def _gpus(gres: str) -> int:
+def gres_gpus(gres: str) -> int:
+    """GPUs in a GRES text: "gpu:8", "gpu:mi250:8(S:0-7)", "gpu:a100:4,gpu:v100:2"."""
     return sum(int(m.group(1)) for m in _GRES_GPU.finditer(gres))
 
 
@@ -86,7 +87,7 @@ def partitions() -> dict[str, Partition]:
         )
         entry["nodes"] += _int(count) or 0
         entry["cpus"] = max(entry["cpus"], _int(cpus) or 0)
-        entry["gpus"] = max(entry["gpus"], _gpus(gres))
+        entry["gpus"] = max(entry["gpus"], gres_gpus(gres))
         entry["memory_mb"] = max(entry["memory_mb"], _int(mem) or 0)
         if _int(tmp_disk):  # 0 = not configured
             entry["local_disk_mb"] = max(entry.get("local_disk_mb", 0), _int(tmp_disk) or 0)

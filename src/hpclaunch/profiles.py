@@ -135,6 +135,9 @@ class ContainerSettings(_Record):
     gpu_flags: tuple[str, ...] = ()  # given when the job asks for GPUs (--nv on NVIDIA)
     # Shell text run inside the container before Python starts (LUMI: "$WITH_CONDA").
     activate: str = ""
+    # The network plugin library the site's images must hold for fast collectives across
+    # nodes (LUMI: librccl-net, from aws-ofi-rccl); `hpclaunch doctor` looks for it.
+    network_plugin: str = ""
     binds: tuple[ContainerBind, ...] = ()
     pass_env: tuple[str, ...] = PASS_ENV
 

@@ -16,6 +16,7 @@ from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError, _o
 from .attach_cmd import attach_cmd
 from .clean_cmd import clean_cmd
 from .control import cancel_cmd, rerun_cmd
+from .doctor_cmd import doctor_cmd
 from .env import env_group
 from .logs_cmd import logs_cmd
 from .plot_cmd import plot_cmd
@@ -61,6 +62,7 @@ cli.add_command(clean_cmd)
 cli.add_command(sweep_group)
 cli.add_command(attach_cmd)
 cli.add_command(stack_cmd)
+cli.add_command(doctor_cmd)
 cli.add_command(top_cmd)
 cli.add_command(plot_cmd)
 
