@@ -1,8 +1,10 @@
 """Launch-cost benchmark on the Slurm testbed (a harness, not a test).
 
-Starts the same 2-node x 2-task gloo program (bench/rank_time.py) five ways:
+Starts the same 2-node x 2-task gloo program (bench/rank_time.py) seven ways:
 hpclaunch's srun launcher, hpclaunch's torchrun launcher, a hand-written sbatch + srun
-script (the floor), submitit and torchx. Per method it reports, as median (min-max), n:
+script (the floor), submitit and torchx, and hpclaunch's srun launcher on a job with
+GPUs with its GPU watch on (sampling the nvidia-smi stand-in) and with --no-watch. Per
+method it reports, as median (min-max), n:
 
   (a) allocation -> last rank in user code
   (b) allocation -> last rank past init_process_group("gloo")
@@ -248,11 +250,23 @@ def hpclaunch_argv() -> tuple[list[str], dict[str, str]]:
     return [PY, "-c", code], {"PYTHONPATH": str(ROOT / "src")}
 
 
-def launch_hpclaunch(launcher: str) -> Callable[[Path, Path], Submitted]:
+# A GPU job: the testbed's 2 fake GPUs per node, and the nvidia-smi stand-in on the nodes'
+# PATH, so that the GPU watch really samples (its nvidia-smi loop) beside the ranks.
+GPU_PATTERN = SCRATCH / "gpu-pattern.json"
+GPU_ARGS = [
+    "--gpus-per-node", "2", "--setup", f"export PATH={ROOT}/tests/doubles/gpu:$PATH",
+    "--env", f"HPCLAUNCH_FAKE_GPU_PATTERN={GPU_PATTERN}",
+]  # fmt: skip
+WATCH, NO_WATCH = "hpclaunch srun GPUs watch", "hpclaunch srun GPUs --no-watch"
+
+
+def launch_hpclaunch(
+    launcher: str, extra: tuple[str, ...] = ()
+) -> Callable[[Path, Path], Submitted]:
     def launch(out: Path, work: Path) -> Submitted:
         base, extra_env = hpclaunch_argv()
         argv = [*base, "run", "-N", str(NODES), "--tasks-per-node", str(TASKS_PER_NODE)]
-        argv += ["--launcher", launcher, "--cluster", "slurm", "--json"]
+        argv += ["--launcher", launcher, "--cluster", "slurm", "--json", *extra]
         argv += ["--", PY, str(RANK_TIME), str(out)]
         env = {**os.environ, **extra_env, "XDG_DATA_HOME": str(SCRATCH / "xdg")}
         t0 = time.time()
@@ -322,6 +336,8 @@ def launch_torchx(out: Path, work: Path) -> Submitted:
 METHODS: dict[str, Callable[[Path, Path], Submitted]] = {
     "hpclaunch srun": launch_hpclaunch("srun"),
     "hpclaunch torchrun": launch_hpclaunch("torchrun"),
+    WATCH: launch_hpclaunch("srun", tuple(GPU_ARGS)),
+    NO_WATCH: launch_hpclaunch("srun", (*GPU_ARGS, "--no-watch")),
     "sbatch+srun (floor)": launch_floor,
     "submitit": launch_submitit,
     "torchx": launch_torchx,
@@ -435,6 +451,21 @@ def med(xs: list[float] | None) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def paired_difference(
+    series: dict[str, Series], a: str, b: str, key: str
+) -> tuple[float, float, float]:
+    """a - b over the reps both have (methods are interleaved rep by rep, so a rep's pair
+    saw the same machine): the median, and the 2nd smallest and 2nd largest difference,
+    a sign-test interval for the median (87% with 7 pairs, more with more); NaN when
+    fewer than 5 reps pair up."""
+    xs = series[a].samples.get(key, []) if a in series else []
+    ys = series[b].samples.get(key, []) if b in series else []
+    if len(xs) != len(ys) or len(xs) < 5:
+        return float("nan"), float("nan"), float("nan")
+    diffs = sorted(x - y for x, y in zip(xs, ys))
+    return statistics.median(diffs), diffs[1], diffs[-2]
+
+
 def results_table(series: dict[str, Series]) -> list[str]:
     head = "| method | (a) alloc → last rank in user code | (b) alloc → last rank past init "
     head += "| (c) submit command | submit → alloc (scheduler) | n |"
@@ -481,6 +512,16 @@ def targets(
         f"srun launcher (a) {srun_a * 1e3:.0f} ms <= floor (a) {floor_a * 1e3:.0f} ms + 24 ms "
         f"(+{(srun_a - floor_a) * 1e3:.0f} ms; aiming at +15 ms)",
     )
+    for key, what in (("a_alloc_to_user", "(a)"), ("b_alloc_to_init", "(b)")):
+        diff, low, high = paired_difference(series, WATCH, NO_WATCH, key)
+        same = low <= 0 <= high
+        verdict(
+            same,
+            f"GPU watch on vs --no-watch, {what}: {diff * 1e3:+.0f} ms, the median of the "
+            f"reps' paired differences; the 2nd smallest to 2nd largest difference "
+            f"({low * 1e3:+.0f} to {high * 1e3:+.0f} ms) "
+            + ("holds 0: no change the noise does not explain" if same else "excludes 0"),
+        )
     for name in ("hpclaunch srun", "hpclaunch torchrun"):
         c = m(name, "c_submit_cmd")
         verdict(c <= TARGET_RUN_CMD, f"`hpclaunch run` (c) with {name}: {c:.3f} s <= 0.3 s")
@@ -570,6 +611,7 @@ def measure(
     """Run everything on the testbed; the result is what bench/results/launch.json holds."""
     ensure_cluster()
     SCRATCH.mkdir(parents=True, exist_ok=True)
+    GPU_PATTERN.write_text(json.dumps({"gpus": [{"samples": [[97, 40000, 600.0]]}]}))
     wait_idle()
     stall = dns_stall_s()
     if stall > 0.5:
