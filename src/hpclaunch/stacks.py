@@ -90,9 +90,12 @@ def is_bootstrap(pid):
     return any(w.endswith(b"bootstrap.py") for w in words)
 
 
-def dump(spy, pid):
+def dump(spy, pid, nonblocking=False):
+    # Under py-spy record (a profiled rank) a second tracer cannot pause the program:
+    # read its memory without stopping it.
+    extra = ["--nonblocking"] if nonblocking else []
     try:
-        done = subprocess.run([spy, "dump", "--json", "--pid", str(pid)],
+        done = subprocess.run([spy, "dump", "--json", *extra, "--pid", str(pid)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, timeout=LIMIT)
     except subprocess.TimeoutExpired:
@@ -114,15 +117,15 @@ def rank(spy, number, pid):
     if not is_bootstrap(pid):
         out["error"] = "its task has ended, or runs in a PID namespace of its own"
         return out
-    queue, first = children(pid), ""
+    queue, first, profiled = children(pid), "", False
     for _ in range(5):
         if not queue:
             break
         child = queue.pop(0)
         if is_bootstrap(child):  # a profiled rank: the bootstrap's copy under the profiler
-            queue += children(child)
+            queue, profiled = queue + children(child), True
             continue
-        threads, why = dump(spy, child)
+        threads, why = dump(spy, child, profiled)
         if threads is not None:
             out.update(pid=child, threads=threads)
             return out
