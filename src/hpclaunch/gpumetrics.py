@@ -47,13 +47,7 @@ def parse_line(raw: bytes) -> Optional[Row]:
         return Row(float(when), node.decode(errors="replace"), int(float(gpu)),
                    None if busy is None else float(busy), None if mem is None else float(mem),
                    None if power is None else float(power))  # fmt: skip
-    parts = raw.decode(errors="replace").split(",")
-    if len(parts) != 6:
-        return None
-    when, gpu = gpu_watch.number(parts[0]), gpu_watch.number(parts[2])
-    if when is None or gpu is None:
-        return None
-    return Row(when, parts[1], int(gpu), *(gpu_watch.number(p) for p in parts[3:]))
+    return gpu_watch.parse_line(raw.decode(errors="replace"))  # the general rule
 
 
 def _value(reading: Optional[float]) -> float:

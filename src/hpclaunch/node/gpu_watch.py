@@ -1,9 +1,8 @@
 """hpclaunch GPU watch: samples a node's GPUs beside the ranks, and says when they starve.
 
-Shipped (rules: hpclaunch/node/__init__.py): stdlib only, the nodes' python3 (>= 3.6), run
-alone with -I -S; the host imports it too. One per node, at nice 10, never waited for:
-``gpu_watch.py --out RUN/metrics/gpu-{node}.csv [--interval 2] [--warn] [--events FILE]
-[--window 120] [--warmup 60] [--stop-file PATH] [--pid PID]...``; {node}: SLURMD_NODENAME.
+Shipped (rules: hpclaunch/node/__init__.py): stdlib, python3 >= 3.6, -I -S; the host imports
+it too. One per node at nice 10: ``gpu_watch.py --out RUN/metrics/gpu-{node}.csv [--warn]
+[--interval 2] [--events FILE] [--window 120] [--warmup 60] [--stop-file P] [--pid PID]``.
 
 Its tool, the first found on PATH then in /opt/rocm/bin: nvidia-smi (its loop, -lms),
 rocm-smi or amd-smi (a call per sample; JSON keys matched loosely: ROCm renames them).
@@ -170,17 +169,18 @@ def csv_lines(rows: "list[Row]") -> str:
     )
 
 
-def read_csv(path: str) -> "list[Row]":
-    """A gpu-<node>.csv; the header, a line cut short and other damage are skipped."""
-    rows = []
+def parse_line(line: str) -> Optional[Row]:
+    """A line of a gpu-<node>.csv without its newline; None: the header, or damage."""
+    parts = line.split(",")
+    when, gpu = (number(parts[0]), number(parts[2])) if len(parts) == 6 else (None, None)
+    if when is None or gpu is None:
+        return None
+    return Row(when, parts[1], int(gpu), *(number(p) for p in parts[3:]))
+
+
+def read_csv(path: str) -> "list[Row]":  # a line cut short (no newline) is skipped too
     with open(path, errors="replace") as handle:
-        for line in handle:
-            parts = line.rstrip("\n").split(",")
-            ok = len(parts) == 6 and line.endswith("\n")
-            when, gpu = (number(parts[0]), number(parts[2])) if ok else (None, None)
-            if when is not None and gpu is not None:
-                rows.append(Row(when, parts[1], int(gpu), *(number(p) for p in parts[3:])))
-    return rows
+        return [r for r in map(parse_line, (x[:-1] for x in handle if x.endswith("\n"))) if r]
 
 
 def analyze(rows: "list[Row]") -> Optional[Verdict]:
