@@ -85,7 +85,7 @@ fi
 # 2. The Slurm daemons, then munged (only when up.sh started it; otherwise there is no
 #    record of it and it keeps running).
 pids=()
-for name in slurmd-node1 slurmd-node2 slurmctld; do
+for name in sshd slurmd-node1 slurmd-node2 slurmctld; do
     if pid="$(recorded "$name")"; then
         log "stopping $name (pid $pid)"
         pids+=("$pid")

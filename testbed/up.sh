@@ -76,7 +76,8 @@ missing=()
 for pair in slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client munged:munge \
     ip:iproute2 ss:iproute2 nsenter:util-linux unshare:util-linux setpriv:util-linux \
     ch-run:charliecloud-runtime debootstrap:debootstrap mksquashfs:squashfs-tools squashfuse:squashfuse \
-    runuser:util-linux ps:procps python3:python3; do
+    runuser:util-linux ps:procps python3:python3 \
+    sshd:openssh-server ssh-keygen:openssh-client rsync:rsync git:git; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 # The tests may create a Python venv as hpcuser; Debian's python3 needs python3-venv.
@@ -388,7 +389,12 @@ nodes_idle() {
 }
 wait_for "both nodes to be idle (sinfo -h -N -t idle -o %N)" "$TIMEOUT" nodes_idle
 
+# shellcheck source=testbed/login.sh
+source "$HERE/login.sh"
+wait_for "sshd on 127.0.0.1:$SSH_PORT" 15 sshd_up
+
 log "cluster up in $((SECONDS - T0))s ($layout layout, $cpus CPUs and ${real_mem} MB per node, 2 fake GPUs per node)"
 log "run jobs as: runuser -u $TB_USER -- env SLURM_CONF=$CONF sbatch ... (shared folder $STATE/work)"
+log "laptop: runuser -u $LAPTOP_USER -- env PATH=$STATE/laptop-bin <venv>/bin/hpclaunch --remote testbed-login ..."
 log "stop with: TESTBED_STATE=$STATE bash $HERE/down.sh"
 echo "SLURM_CONF=$CONF" >&3

@@ -103,6 +103,12 @@ def environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+def apply_environment(extra: Mapping[str, str]) -> None:
+    """Variables a laptop sent over SSH's standard input (secrets among them) become this
+    process's own, so every later reader sees them as if set on the login node."""
+    os.environ.update(extra)
+
+
 def request(
     program: tuple[str, ...],
     options: Mapping[str, Any],

@@ -70,6 +70,11 @@ def find_project_file(cwd: Path, environ: Mapping[str, str]) -> Optional[Path]:
     return None
 
 
+def project_tables(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The project file's [run] and [clusters] tables (empty without a file)."""
+    return _project(find_project_file(cwd, environ))
+
+
 SWEEP_KEYS = ("wandb_sweep",)  # [sweep] in hpclaunch.toml (read by sweeps/wandb.py)
 
 

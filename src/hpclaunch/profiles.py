@@ -143,6 +143,15 @@ class ContainerSettings(_Record):
 
 
 @dataclass(frozen=True)
+class RemoteSettings(_Record):
+    """[remote]: the OpenSSH destination a laptop reaches the cluster by; ignored on the
+    login node (hostname = host's, or fnmatch login_hostnames, or sbatch on PATH)."""
+
+    host: str = ""
+    login_hostnames: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Profile(_Record):
     name: str
     description: str = ""
@@ -180,6 +189,7 @@ class Profile(_Record):
     container: ContainerSettings = ContainerSettings()
     cluster_name: str = ""  # filled by discovery
     wandb_credentials: str = ""  # a file holding the W&B API key (mode 600), e.g. seed 003's
+    remote: RemoteSettings = RemoteSettings()
 
     def partition(self, name: str) -> Optional[Partition]:
         return self.partitions.get(name)

@@ -21,6 +21,7 @@ from .env import env_group
 from .logs_cmd import logs_cmd
 from .plot_cmd import plot_cmd
 from .records_cmds import runs_cmd, show_cmd, status_cmd
+from .remote_cmd import remote_group
 from .run_cmd import run_cmd
 from .stack_cmd import stack_cmd
 from .sweep_cmd import sweep_group
@@ -33,6 +34,11 @@ Examples:
   hpclaunch sweep --grid lr=0.1,0.01 --repeat 2 --max-parallel 4 -- python train.py --lr {lr}
   hpclaunch runs
   hpclaunch logs last --rank 0 --follow
+  hpclaunch remote setup lumi && hpclaunch run --remote lumi -N 2 --wait -- python train.py
+
+\b
+Every command but `remote` takes --remote HOST (before any `--`): it then runs on that
+cluster's login node over ssh, with this folder's code shipped for run and sweep.
 """
 
 
@@ -65,6 +71,7 @@ cli.add_command(stack_cmd)
 cli.add_command(doctor_cmd)
 cli.add_command(top_cmd)
 cli.add_command(plot_cmd)
+cli.add_command(remote_group)
 
 
 def _usage_line(exc: click.UsageError) -> str:
@@ -107,6 +114,22 @@ def _interrupt_on_signals() -> None:
         signal.signal(sig, handler)
 
 
+def _dispatch(argv: Optional[list[str]]) -> object:
+    """Here, or on the cluster a --remote or the profile's [remote] names."""
+    from pathlib import Path
+
+    from ..remote.choose import choose
+    from .common import environ
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    choice = choose(words, Path.cwd(), environ())
+    if choice is None:
+        return cli.main(args=argv, prog_name="hpclaunch", standalone_mode=False)
+    from ..remote.forward import forward
+
+    return forward(choice.host, choice.argv, Path.cwd(), environ())
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     _interrupt_on_signals()
     from .. import logs
@@ -114,7 +137,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     logs.configure(no_color=bool(environ().get("NO_COLOR")))
     try:
-        code = cli.main(args=argv, prog_name="hpclaunch", standalone_mode=False)
+        code = _dispatch(argv)
     except click.UsageError as exc:
         print(f"hpclaunch: error: {_usage_line(exc)}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)

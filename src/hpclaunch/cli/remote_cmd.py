@@ -1,0 +1,47 @@
+"""`hpclaunch remote setup|check HOST`: install this hpclaunch on a cluster's login node
+over SSH, and say what works there."""
+
+from __future__ import annotations
+
+import click
+
+PYTHON_HELP = (
+    "The cluster's Python >= 3.9 to build the venv with (default: python3 on the login "
+    "node's PATH; LUMI's system one is older: give a module's, e.g. /appl/.../bin/python3)."
+)
+
+
+@click.group("remote")
+def remote_group() -> None:
+    """Work on a cluster from this machine: every command takes --remote HOST (an
+    OpenSSH destination: a ~/.ssh/config alias, user@host, host:port), or a profile's
+    `[remote] host`. See docs/remote.md."""
+
+
+@remote_group.command("setup")
+@click.argument("host")
+@click.option("--python", default="python3", metavar="PATH", help=PYTHON_HELP)
+def setup_cmd(host: str, python: str) -> int:
+    """Install this hpclaunch on HOST into ~/.hpclaunch/venv, from wheels built and
+    shipped from here (the login node needs no package index). Checks first: Python,
+    Slurm's commands and controller, rsync; a refusal leaves nothing behind."""
+    from ..remote.setup import setup
+    from .common import environ
+
+    return setup(host, python, environ())
+
+
+@remote_group.command("check")
+@click.argument("host")
+@click.option("--python", default="python3", metavar="PATH", help=PYTHON_HELP)
+def check_cmd(host: str, python: str) -> int:
+    """One table of what works on HOST: connection, multiplexing, Python, Slurm, rsync,
+    hpclaunch (the same build as here?), a writable ~/.hpclaunch. Exit 1 on a FAIL."""
+    from ..remote.setup import check_rows
+    from .common import environ
+
+    rows = check_rows(host, python, environ())
+    width = max(len(what) for what, _, _ in rows)
+    for what, verdict, detail in rows:
+        click.echo(f"{what:<{width}}  {verdict:<4}  {detail}")
+    return 1 if any(verdict == "FAIL" for _, verdict, _ in rows) else 0

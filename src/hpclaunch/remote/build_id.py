@@ -1,0 +1,36 @@
+"""Which hpclaunch this is, to the byte: a hash of the installed package's files.
+
+The laptop and the cluster compute it the same way over their own installed files, so
+two installs match only when every file matches (a version string alone would let an
+edited or older copy through). Standard library only: the remote side computes it on
+every call, before anything else is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent
+SKIP_DIRS = frozenset({"__pycache__"})
+
+
+def package_files(root: Path = PACKAGE) -> list[str]:
+    """Posix paths relative to the package folder, sorted: what a wheel of it holds."""
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        rel = Path(folder).relative_to(root)
+        found += [(rel / name).as_posix() for name in files if not name.endswith(".pyc")]
+    return sorted(found)
+
+
+def fingerprint(root: Path = PACKAGE) -> str:
+    """sha256 over every file's path and bytes; the first 16 hex digits."""
+    digest = hashlib.sha256()
+    for rel in package_files(root):
+        digest.update(rel.encode() + b"\0")
+        digest.update((root / rel).read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]

@@ -1,0 +1,102 @@
+"""Does this command run here or on a cluster's login node over SSH?
+
+`--remote HOST` (anywhere before the program's `--`) always goes remote. Otherwise the
+profile the command names (`--cluster`, HPCLAUNCH_CLUSTER, the project file's
+`cluster`) may say `[remote] host`; that is ignored on the login node itself: where the
+hostname matches the host or the profile's login_hostnames, or where sbatch is on PATH.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import UserError
+
+OPTION = "--remote"
+LOCAL_ONLY = ("remote",)  # `hpclaunch remote ...` manages remotes: never forwarded
+
+
+@dataclass(frozen=True)
+class Choice:
+    host: str
+    argv: tuple[str, ...]  # the command line without --remote
+    source: str  # "--remote" or "profile NAME"
+
+
+def _split(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
+    """--remote's value and the argv without it; only words before `--` count."""
+    out: list[str] = []
+    host: Optional[str] = None
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            out += words[i:]
+            break
+        if word == OPTION:
+            if i + 1 >= len(words) or words[i + 1].startswith("-"):
+                raise UserError(OPTION, "needs a host", "", "Example: --remote lumi")
+            host, i = words[i + 1], i + 2
+            continue
+        if word.startswith(OPTION + "="):
+            host = word.partition("=")[2]
+        else:
+            out.append(word)
+        i += 1
+    return host, out
+
+
+def _named_cluster(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Optional[str]:
+    words = list(argv[: argv.index("--")] if "--" in argv else argv)
+    for i, word in enumerate(words):
+        if word == "--cluster" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--cluster="):
+            return word.partition("=")[2]
+    from ..config import named_cluster, project_tables
+
+    found = named_cluster(project_tables(cwd, environ)[0], environ)
+    return found[0] if found else None
+
+
+def on_login_node(host: str, patterns: Sequence[str], environ: Mapping[str, str]) -> bool:
+    here = socket.gethostname()
+    short = here.split(".")[0]
+    target = host.rpartition("@")[2].split(":")[0]
+    if here in (target, target.split(".")[0]) or short == target.split(".")[0]:
+        return True
+    if any(fnmatch.fnmatch(here, p) or fnmatch.fnmatch(short, p) for p in patterns):
+        return True
+    return shutil.which("sbatch", path=environ.get("PATH", "")) is not None
+
+
+def choose(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Optional[Choice]:
+    """Where the command runs: a Choice to forward it, None to run it here."""
+    if not argv or argv[0] in LOCAL_ONLY:
+        return None
+    host, rest = _split(argv)
+    if host is not None:
+        return Choice(host, tuple(rest), OPTION)
+    if argv[0] in ("-h", "--help", "--version"):
+        return None
+    name = _named_cluster(rest, cwd, environ)
+    if not name:
+        return None
+    from ..config import project_tables
+    from ..profiles import load_profile, user_profile_dir
+
+    clusters = project_tables(cwd, environ)[1]
+    if name not in clusters and not (user_profile_dir(environ) / f"{name}.toml").is_file():
+        return None  # a built-in profile: none names a remote (no load on the fast path)
+    profile = load_profile(name, clusters, environ)
+    remote = profile.remote
+    if not remote.host or on_login_node(remote.host, remote.login_hostnames, environ):
+        return None
+    return Choice(remote.host, tuple(rest), f"profile {name}")

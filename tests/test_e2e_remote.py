@@ -1,0 +1,202 @@
+"""Submit from a laptop (issue 14): the laptop user hpclaptop (no Slurm on PATH, no
+SLURM_CONF, no USER/LOGNAME) drives the testbed through its login node, a real OpenSSH
+server on 127.0.0.1:2222 (testbed/login.sh), with `hpclaunch --remote`.
+
+What this cannot show: a real network between laptop and cluster (both are this
+machine; timings over SSH are loopback figures), two-factor prompts, jump hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import laptop as lp
+import testbed
+
+pytestmark = pytest.mark.testbed
+
+SECRET = "s3cret-" + os.urandom(6).hex()
+TOKEN = "tok-" + os.urandom(6).hex()
+PROGRAM = """\
+import hashlib, os, sys
+from helper import VERSION
+rank = os.environ["RANK"]
+key = os.environ.get("WANDB_API_KEY", "")
+tok = os.environ.get("MY_TOKEN", "")
+digest = lambda s: hashlib.sha256(s.encode()).hexdigest()[:12]
+leaks = 0
+if rank == "0":  # every process's command line on the machine (one PID namespace here)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            line = open("/proc/%s/cmdline" % pid, "rb").read()
+        except OSError:
+            continue
+        leaks += (key.encode() in line) if key else 0
+        leaks += (tok.encode() in line) if tok else 0
+print("rank", rank, "of", os.environ["WORLD_SIZE"], "v", VERSION, "key", digest(key),
+      "tok", digest(tok), "leaks", leaks, flush=True)
+sys.exit(int(os.environ.get("CODE", "0")) if rank == "3" else 0)
+"""
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@pytest.fixture(scope="module")
+def set_up(slurm_conf: Path) -> None:
+    reason = lp.available()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    done = lp.Laptop(lp.home()).run("remote", "setup", lp.LOGIN, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "installed hpclaunch-" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def project(set_up: None) -> Iterator[lp.Laptop]:
+    found = lp.new_project(
+        {"train.py": PROGRAM, "helper.py": "VERSION = 1\n", "data/big.bin": "x" * 100},
+        ignore="data/\n",
+    )
+    yield found
+    shutil.rmtree(found.cwd, ignore_errors=True)
+    for mirror in (lp.login_home() / ".hpclaunch" / "projects").glob(f"{found.cwd.name}-*"):
+        shutil.rmtree(mirror, ignore_errors=True)
+    testbed.wait_idle(timeout=60)
+
+
+def _remote(project: lp.Laptop, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return project.run("--remote", lp.LOGIN, *args, **kw)  # type: ignore[arg-type]
+
+
+def _files_holding(text: str, *roots: Path) -> list[str]:
+    found = subprocess.run(
+        ["grep", "-rlF", "--", text, *map(str, roots)], capture_output=True, text=True
+    )
+    return found.stdout.split()
+
+
+def test_run_from_the_laptop(project: lp.Laptop) -> None:
+    secrets = {"WANDB_API_KEY": SECRET, "MY_TOKEN": TOKEN}
+    run = ["run", "--remote", lp.LOGIN, "-N", "2", "--tasks-per-node", "2", "--wait"]
+    done = project.run(*run, "--", "python3", "train.py", env=secrets)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [ln for ln in done.stdout.splitlines() if " rank " in ln]
+    assert len(lines) == 4, done.stdout
+    for rank in range(4):
+        assert any(f"rank {rank} of 4 v 1" in ln for ln in lines), done.stdout
+    assert all(f"key {_digest(SECRET)} tok {_digest(TOKEN)}" in ln for ln in lines)
+    assert "leaks 0" in next(ln for ln in lines if "rank 0 " in ln)
+    readable = [lp.login_home(), testbed.work_dir()]
+    assert _files_holding(SECRET, *readable) == []
+    assert _files_holding(TOKEN, *readable) == []
+
+    # A rank's exit code comes back; one changed file is all that moves.
+    project.write("helper.py", "VERSION = 2\n")
+    failed = project.run(*run, "--env", "CODE=5", "--", "python3", "train.py")
+    assert failed.returncode == 5, failed.stdout + failed.stderr
+    assert "shipped 1 changed file(s)" in failed.stderr and ": helper.py\n" in failed.stderr, (
+        failed.stderr
+    )
+    assert "v 2" in failed.stdout
+
+    status = _remote(project, "status", "last", "--json")
+    assert status.returncode == 0, status.stderr
+    record = json.loads(status.stdout)
+    assert record["state"] == "FAILED" and record["exit_code"] == 5, record
+    logs = _remote(project, "logs", "last", "--rank", "3")
+    assert logs.returncode == 0 and "rank 3 of 4 v 2" in logs.stdout, logs.stdout + logs.stderr
+    runs = _remote(project, "runs")
+    assert record["run_id"] in runs.stdout, runs.stdout
+
+
+def test_ignored_path_refused_before_anything_moves(project: lp.Laptop) -> None:
+    done = _remote(project, "run", "--", "python3", "train.py", "--data=data/big.bin")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "git ignores data/big.bin" in done.stderr
+    assert not list((lp.login_home() / ".hpclaunch" / "projects").glob(f"{project.cwd.name}-*"))
+
+
+def test_cancel_and_a_sweep_remotely(project: lp.Laptop) -> None:
+    sleeper = _remote(
+        project, "run", "--json", "--", "python3", "-c", "import time; time.sleep(300)"
+    )
+    assert sleeper.returncode == 0, sleeper.stderr
+    run_id = json.loads(sleeper.stdout)["run_id"]
+    cancel = _remote(project, "cancel", run_id)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    testbed.wait_idle(timeout=60)
+    status = _remote(project, "status", run_id, "--json")
+    assert json.loads(status.stdout)["state"] == "CANCELLED", status.stdout
+
+    sweep = _remote(project, "sweep", "--grid", "x=1,2", "--", "python3", "-c", "print({x})")
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    waited = _remote(project, "sweep", "wait", "last")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    table = _remote(project, "sweep", "status", "last", "--json")
+    assert table.returncode == 0, table.stderr
+    points = json.loads(table.stdout)["points"]
+    assert [p["state"] for p in points] == ["COMPLETED", "COMPLETED"], points
+
+
+def _listing(folder: Path) -> list[tuple[str, int]]:
+    return sorted(
+        (str(p), p.lstat().st_mtime_ns) for p in folder.rglob("*") if "__pycache__" not in str(p)
+    )
+
+
+def _ssh_to(host: str) -> str:
+    found = subprocess.run(["pgrep", "-a", "-u", lp.USER, "ssh"], capture_output=True, text=True)
+    return "\n".join(ln for ln in found.stdout.splitlines() if host in ln)
+
+
+def test_refusals_are_one_line_and_leave_nothing(project: lp.Laptop) -> None:
+    remote_dir = lp.login_home() / ".hpclaunch"
+    before = _listing(remote_dir)
+    cases = {
+        "nosuchhost.invalid": ("cannot find the host", "status", "last"),
+        "testbed-badkey": ("refused the login", "status", "last"),
+        "testbed-noslurm": ("has no Slurm", "remote", "setup"),
+    }
+    for host, (said, *command) in cases.items():
+        argv = [*command, host] if command[0] == "remote" else ["--remote", host, *command]
+        done = project.run(*argv)
+        assert done.returncode == 2, (host, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and host in done.stderr, done.stderr
+        assert said in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert _ssh_to(host) == "", _ssh_to(host)
+    assert _listing(remote_dir) == before
+
+    # Another hpclaunch on the cluster: one file edited there.
+    init = next(remote_dir.glob("venv/lib/python*/site-packages/hpclaunch/__init__.py"))
+    original = init.read_bytes()
+    try:
+        init.write_bytes(original + b"\n# edited on the cluster\n")
+        before = _listing(remote_dir / "projects")
+        for argv in (["status", "last"], ["run", "--", "python3", "train.py"]):
+            done = _remote(project, *argv)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert "runs another hpclaunch" in done.stderr, done.stderr
+            assert f"hpclaunch remote setup {lp.LOGIN}" in done.stderr
+            assert done.stderr.count("\n") == 1, done.stderr
+        assert _listing(remote_dir / "projects") == before
+    finally:
+        init.write_bytes(original)
+
+
+def test_remote_check_table(set_up: None) -> None:
+    done = lp.Laptop(lp.home()).run("remote", "check", lp.LOGIN)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for row in ("connection", "multiplexing", "python", "slurm", "rsync", "hpclaunch"):
+        assert any(ln.startswith(row) and " PASS " in ln for ln in done.stdout.splitlines()), row
