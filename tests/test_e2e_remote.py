@@ -200,3 +200,20 @@ def test_remote_check_table(set_up: None) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for row in ("connection", "multiplexing", "python", "slurm", "rsync", "hpclaunch"):
         assert any(ln.startswith(row) and " PASS " in ln for ln in done.stdout.splitlines()), row
+
+
+API_USER = """\
+import json, hpclaunch
+run = hpclaunch.run(["python3", "train.py"], nodes=2, tasks_per_node=2, remote="testbed-login")
+code = run.wait()
+print(json.dumps({"id": run.id, "code": code, "state": run.state, "log": run.logs(rank=1)}))
+"""
+
+
+def test_python_api_with_remote(project: lp.Laptop) -> None:
+    project.write("use_api.py", API_USER)
+    done = project.cmd([str(lp.REPO / ".venv" / "bin" / "python"), "use_api.py"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["code"] == 0 and found["state"] == "COMPLETED", found
+    assert "rank 1 of 4 v 1" in found["log"], found

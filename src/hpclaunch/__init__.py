@@ -25,6 +25,7 @@ _EXPORTS = {
     "runs": "api",
     "get": "api",
     "Run": "handle",
+    "RemoteRun": "remote.handle",
     "RunRecord": "records",
     "HpclaunchError": "errors",
     "UserError": "errors",
@@ -41,6 +42,7 @@ __all__ = [
     "HpclaunchError",
     "JobSpec",
     "Profile",
+    "RemoteRun",
     "Run",
     "RunRecord",
     "RunRequest",
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from .handle import Run
     from .profiles import Profile, load_profile
     from .records import RunRecord
+    from .remote.handle import RemoteRun
     from .spec import JobSpec
     from .states import State
 

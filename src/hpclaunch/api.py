@@ -23,8 +23,9 @@ from . import index, launching, records, states, tracking
 from .errors import UserError, show
 from .handle import Run
 from .options import BY_NAME, Option
+from .remote.handle import RemoteRun
 
-_API_ONLY = ("cwd", "environ")
+_API_ONLY = ("cwd", "environ", "remote")
 # A list option takes a list (or tuple) of strings; a bare str is refused (by mypy too:
 # a str is a Sequence[str], and env="A=1" would be read letter by letter).
 StrList = Union[list[str], tuple[str, ...]]
@@ -74,11 +75,19 @@ def run(
     chain: Optional[int] = None,
     cwd: Union[str, Path, None] = None,
     environ: Optional[Mapping[str, str]] = None,
-) -> Run:
+    remote: Optional[str] = None,
+) -> Union[Run, RemoteRun]:
     """Start PROGRAM (a list of words, or one string split like a shell would) as a run;
     returns at once with its handle. Raises UserError (one line) for a bad request,
-    before anything is submitted or written. See docs/api.md."""
+    before anything is submitted or written. remote="HOST": on that cluster, over SSH
+    (docs/remote.md); the handle then asks the cluster. See docs/api.md."""
     given = {k: v for k, v in locals().items() if k in BY_NAME_DEST and v is not None}
+    if remote is not None:
+        from .remote.handle import start as start_remote
+
+        here = Path(cwd) if cwd is not None else Path.cwd()
+        caller_env = environment() if environ is None else dict(environ)
+        return start_remote(remote, _program(program), _typed_options(given), here, caller_env)
     return start(_program(program), _typed_options(given), cwd=cwd, environ=environ)
 
 

@@ -8,3 +8,5 @@ state: str = run.state
 text: str = run.logs(rank=0)
 again: hpclaunch.Run = hpclaunch.get("last")
 listed: list[hpclaunch.Run] = hpclaunch.runs(exp="default", state="FAILED")
+remote_run = hpclaunch.run("python train.py", nodes=2, remote="lumi")
+remote_code: int = remote_run.wait()
