@@ -130,12 +130,12 @@ def _reads_environ(name: str) -> bool:
 
 
 def test_one_module_reads_the_environment() -> None:
-    """The API reads os.environ once and hands the request's environment on; the code
-    shipped into jobs (hpclaunch.node) reads its own task's environment."""
+    """environ.py reads os.environ once and the API hands the request's environment on;
+    the code shipped into jobs (hpclaunch.node) reads its own task's environment."""
     readers = {
         name for name in MODULES if not name.startswith("hpclaunch.node") and _reads_environ(name)
     }
-    assert readers == {"hpclaunch.api"}
+    assert readers == {"hpclaunch.environ"}
 
 
 def test_no_submodule_shadows_the_api() -> None:

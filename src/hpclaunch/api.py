@@ -4,13 +4,13 @@ recorded runs; `get()` finds one. The CLI is a thin layer over the same code.
 `run()` has one keyword argument per `hpclaunch run` option (options.OPTIONS), typed
 (ints as ints, lists as lists) and None by default, meaning "not given", so the layers
 of hpclaunch.toml and the cluster profile still apply. tests/test_api_signature.py keeps
-the signature equal to the registry. This module is the one that reads os.environ for a
-run: everything after it takes the request's environment.
+the signature equal to the registry. os.environ is read in one place, environ.py (light,
+so the laptop's forwarding path need not import this module): everything after it takes
+the request's environment.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import warnings
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, TextIO, Union
 
 from . import index, launching, records, states, tracking
+from .environ import environment
 from .errors import UserError, show
 from .handle import Run
 from .options import BY_NAME, Option
@@ -107,17 +108,6 @@ def start(
     return Run(started.paths.run_dir, started)
 
 
-def environment() -> dict[str, str]:
-    """This process's environment: read here only, then handed on with the request."""
-    return dict(os.environ)
-
-
-def apply_environment(extra: Mapping[str, str]) -> None:
-    """Variables a laptop sent over SSH's standard input (secrets among them) become this
-    process's own, so every later reader sees them as if set on the login node."""
-    os.environ.update(extra)
-
-
 def request(
     program: tuple[str, ...],
     options: Mapping[str, Any],
@@ -189,7 +179,7 @@ def check_state(state: str) -> str:
 def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
     """A run by id, unique id prefix, Slurm job id, or "last"; a sweep's point by
     "SWEEP:INDEX"."""
-    env = os.environ if environ is None else environ
+    env = environment() if environ is None else environ
     if ":" in ref:  # SWEEP:INDEX: a point of a sweep
         from .sweeps.ops import point_folder
 

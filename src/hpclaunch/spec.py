@@ -6,20 +6,15 @@ profile; everything downstream (render, launchers, backends) only reads it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
+
+from .secretnames import is_secret as is_secret  # re-exported: records, attach
 
 Launcher = Literal["srun", "torchrun"]
 Visibility = Literal["all", "per-task"]
 
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 MASK = "***"
-
-
-def is_secret(name: str) -> bool:
-    """Names that look secret never reach a file or a command line, only the environment."""
-    return bool(_SECRET.search(name))
 
 
 @dataclass(frozen=True)

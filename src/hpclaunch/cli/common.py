@@ -15,7 +15,7 @@ RUN_ARG_HELP = (
 
 def environ() -> dict[str, str]:
     """The CLI's environment (read by the API's one reader) handed on to what runs."""
-    from ..api import environment
+    from ..environ import environment
 
     return environment()
 

@@ -1,105 +1,27 @@
-"""`hpclaunch` entry point: the command group and the one-line error contract.
+"""`hpclaunch` entry point: where the command runs, and the one-line error contract.
 
 Every user error, including click's own usage errors, prints
 `hpclaunch: error: <field>: <problem> (<limit>). <fix>` and exits 2; no tracebacks.
-Heavy modules are imported inside the commands so that `hpclaunch run` starts fast.
+A command for a remote cluster (--remote HOST, or a profile's [remote] host) is
+forwarded before click or any command module is imported, so SSH adds little to it;
+heavy modules are imported inside the commands so that `hpclaunch run` starts fast.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Any, Optional
 
-import click
-
-from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError, _one_line
-from .attach_cmd import attach_cmd
-from .clean_cmd import clean_cmd
-from .control import cancel_cmd, rerun_cmd
-from .doctor_cmd import doctor_cmd
-from .env import env_group
-from .logs_cmd import logs_cmd
-from .plot_cmd import plot_cmd
-from .records_cmds import runs_cmd, show_cmd, status_cmd
-from .remote_cmd import remote_group
-from .run_cmd import run_cmd
-from .stack_cmd import stack_cmd
-from .sweep_cmd import sweep_group
-from .top_cmd import top_cmd
-
-EPILOG = """\b
-Examples:
-  hpclaunch run -N 2 --tasks-per-node 4 --wait -- python train.py --lr 3e-4
-  hpclaunch run --cluster lumi -N 4 -A project_465000000 -t 1:00:00 --dry-run -- python train.py
-  hpclaunch sweep --grid lr=0.1,0.01 --repeat 2 --max-parallel 4 -- python train.py --lr {lr}
-  hpclaunch runs
-  hpclaunch logs last --rank 0 --follow
-  hpclaunch remote setup lumi && hpclaunch run --remote lumi -N 2 --wait -- python train.py
-
-\b
-Every command but `remote` takes --remote HOST (before any `--`): it then runs on that
-cluster's login node over ssh, with this folder's code shipped for run and sweep.
-"""
+from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted
 
 
-@click.group(
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog=EPILOG,
-)
-@click.version_option(package_name="hpclaunch", prog_name="hpclaunch")
-def cli() -> None:
-    """Run a training program unchanged on a Slurm cluster (LUMI or any site) or locally.
+def __getattr__(name: str) -> Any:
+    """`cli`, the click group, for callers that import it from here (lazily)."""
+    if name == "cli":
+        from .group import cli
 
-    The same command runs locally (no Slurm) with the same per-rank environment:
-    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT,
-    Slurm's own SLURM_* variables, HPCLAUNCH_RUN_DIR and HPCLAUNCH_CHECKPOINT_DIR.
-    """
-
-
-cli.add_command(run_cmd)
-cli.add_command(runs_cmd)
-cli.add_command(status_cmd)
-cli.add_command(show_cmd)
-cli.add_command(logs_cmd)
-cli.add_command(cancel_cmd)
-cli.add_command(env_group)
-cli.add_command(rerun_cmd)
-cli.add_command(clean_cmd)
-cli.add_command(sweep_group)
-cli.add_command(attach_cmd)
-cli.add_command(stack_cmd)
-cli.add_command(doctor_cmd)
-cli.add_command(top_cmd)
-cli.add_command(plot_cmd)
-cli.add_command(remote_group)
-
-
-def _usage_line(exc: click.UsageError) -> str:
-    """click's usage errors in hpclaunch's one-line format."""
-    if isinstance(exc, click.NoSuchOption):
-        return UserError(
-            exc.option_name,
-            "unknown option",
-            "",
-            "See hpclaunch run --help; put the program after --",
-        ).render()
-    if isinstance(exc, click.MissingParameter) and exc.param is not None:
-        # Before BadParameter: click >= 8.2 makes MissingParameter one of them.
-        name = str(exc.param.name).upper()
-        return UserError(name, "missing", "", f"See hpclaunch {_cmd(exc)} --help").render()
-    if isinstance(exc, click.BadParameter) and exc.param is not None:
-        name = exc.param.opts[0] if exc.param.opts else str(exc.param.name)
-        return UserError(name, exc.message, "", f"See hpclaunch {_cmd(exc)} --help").render()
-    message = _one_line(exc.format_message())
-    return f"usage: {message}. See hpclaunch --help"
-
-
-def _cmd(exc: click.UsageError) -> str:
-    """The command as typed after `hpclaunch` ("sweep status"), for the help hint."""
-    if not exc.ctx or not exc.ctx.command:
-        return ""
-    path = exc.ctx.command_path.split(" ", 1)
-    return path[1] if len(path) > 1 else exc.ctx.command.name or ""
+        return cli
+    raise AttributeError(name)
 
 
 def _interrupt_on_signals() -> None:
@@ -118,40 +40,47 @@ def _dispatch(argv: Optional[list[str]]) -> object:
     """Here, or on the cluster a --remote or the profile's [remote] names."""
     from pathlib import Path
 
+    from ..environ import environment
     from ..remote.choose import choose
-    from .common import environ
 
     words = list(sys.argv[1:] if argv is None else argv)
-    choice = choose(words, Path.cwd(), environ())
+    choice = choose(words, Path.cwd(), environment())
     if choice is None:
-        return cli.main(args=argv, prog_name="hpclaunch", standalone_mode=False)
+        return _run_here(argv)
     from ..remote.forward import forward
 
-    return forward(choice.host, choice.argv, Path.cwd(), environ())
+    return forward(choice.host, choice.argv, Path.cwd(), environment())
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    _interrupt_on_signals()
+def _run_here(argv: Optional[list[str]]) -> object:
+    """The click group; its usage errors in one line, its Abort as the interrupt it was."""
+    import click
+
     from .. import logs
-    from .common import environ
+    from ..environ import environment
+    from .group import _usage_line, cli
 
-    logs.configure(no_color=bool(environ().get("NO_COLOR")))
+    logs.configure(no_color=bool(environment().get("NO_COLOR")))
     try:
-        code = _dispatch(argv)
+        return cli.main(args=argv, prog_name="hpclaunch", standalone_mode=False)
     except click.UsageError as exc:
         print(f"hpclaunch: error: {_usage_line(exc)}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
-    except HpclaunchError as exc:
-        print(exc.line(), file=sys.stderr)
-        sys.exit(exc.exit_code)
     except click.exceptions.Abort as exc:
         # click turns KeyboardInterrupt (and so SIGTERM/SIGHUP, see above) into Abort.
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, Interrupted):
-            print(f"hpclaunch: interrupted (signal {cause.signum})", file=sys.stderr)
-            sys.exit(128 + cause.signum)
-        print("hpclaunch: interrupted", file=sys.stderr)
-        sys.exit(130)
+            raise cause from None
+        raise KeyboardInterrupt from None
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    _interrupt_on_signals()
+    try:
+        code = _dispatch(argv)
+    except HpclaunchError as exc:
+        print(exc.line(), file=sys.stderr)
+        sys.exit(exc.exit_code)
     except Interrupted as exc:
         print(f"hpclaunch: interrupted (signal {exc.signum})", file=sys.stderr)
         sys.exit(128 + exc.signum)

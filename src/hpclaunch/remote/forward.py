@@ -12,15 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import UserError
-from ..spec import is_secret
+from ..secretnames import is_secret
 from .build_id import fingerprint
-from .ship import refuse_ignored, ship
 from .ssh import Connection, Host
 
 VENV = ".hpclaunch/venv"  # relative to the remote home
@@ -118,6 +116,7 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
     extra: dict[str, Any] = {"env": sent_environment(environ)}
     if submits(argv):
         from ..project import git_root
+        from .ship import refuse_ignored, ship
 
         refuse_ignored(git_root(cwd), cwd, program_of(argv), conn.host.name)
         refuse_other_build(conn)
@@ -125,7 +124,7 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
         names = ", ".join(shipped.names[:5]) + (", ..." if len(shipped.names) > 5 else "")
         print(
             f"hpclaunch: shipped {shipped.files} changed file(s) "
-            f"({shipped.bytes_sent} bytes) to {conn.host.name}:~/{shipped.remote_cwd}"
+            f"({shipped.bytes_moved} bytes moved) to {conn.host.name}:~/{shipped.remote_cwd}"
             + (f": {names}" if names else ""),
             file=sys.stderr,
         )
@@ -161,6 +160,8 @@ def _rewrite_outputs(argv: Sequence[str], tmp: str) -> tuple[list[str], dict[str
 
 def _plot(conn: Connection, argv: Sequence[str], cwd: Path, extra: dict[str, Any]) -> int:
     """A plot made on the cluster; the PNG (and --data CSV) come back to the laptop."""
+    import uuid
+
     tmp = f"{TMP}/{uuid.uuid4().hex[:12]}"
     new_argv, fetch = _rewrite_outputs(argv, tmp)
     payload = json.dumps(request(conn, [*new_argv], **extra)).encode() + b"\n"

@@ -70,9 +70,9 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    from .. import api
+    from ..environ import apply_environment
 
-    api.apply_environment({str(k): str(v) for k, v in req.get("env", {}).items()})
+    apply_environment({str(k): str(v) for k, v in req.get("env", {}).items()})
     if req.get("cwd"):
         os.chdir(os.path.expanduser("~"))
         os.chdir(req["cwd"])

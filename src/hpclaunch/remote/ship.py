@@ -42,7 +42,7 @@ class Shipped:
     remote_cwd: str  # where the remote hpclaunch starts (relative to the remote home)
     files: int  # files rsync sent
     names: tuple[str, ...]  # their paths, relative to the project
-    bytes_sent: int  # bytes on the wire, compression and protocol included
+    bytes_moved: int  # bytes on the wire both ways, compression and protocol included
 
 
 def mirror_name(root: Path) -> str:
@@ -145,7 +145,8 @@ def ship(conn: Connection, cwd: Path) -> Shipped:
             for line in done.stdout.splitlines()
             if line.startswith(SENT) and not line.endswith("/")
         ),
-        bytes_sent=_stat(done.stdout, "Total bytes sent"),
+        bytes_moved=_stat(done.stdout, "Total bytes sent")
+        + _stat(done.stdout, "Total bytes received"),
     )
 
 

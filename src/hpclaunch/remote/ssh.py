@@ -22,9 +22,8 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .. import shell
 from ..errors import UserError
@@ -36,8 +35,7 @@ _PORT = re.compile(r"^(?P<dest>.+?):(?P<port>[0-9]{1,5})$")
 _SOCKET_MAX = 100  # sun_path holds 108 bytes; ssh appends a random suffix while binding
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     """An OpenSSH destination as the user wrote it: an alias, user@host, host:port."""
 
     name: str  # as written (messages name it so)

@@ -1,0 +1,96 @@
+"""The `hpclaunch` click group: every command, and click's usage errors in hpclaunch's
+one-line format. Imported only when a command runs here (main.py decides first whether
+it runs on a remote cluster instead)."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import UserError, _one_line
+from .attach_cmd import attach_cmd
+from .clean_cmd import clean_cmd
+from .control import cancel_cmd, rerun_cmd
+from .doctor_cmd import doctor_cmd
+from .env import env_group
+from .logs_cmd import logs_cmd
+from .plot_cmd import plot_cmd
+from .records_cmds import runs_cmd, show_cmd, status_cmd
+from .remote_cmd import remote_group
+from .run_cmd import run_cmd
+from .stack_cmd import stack_cmd
+from .sweep_cmd import sweep_group
+from .top_cmd import top_cmd
+
+EPILOG = """\b
+Examples:
+  hpclaunch run -N 2 --tasks-per-node 4 --wait -- python train.py --lr 3e-4
+  hpclaunch run --cluster lumi -N 4 -A project_465000000 -t 1:00:00 --dry-run -- python train.py
+  hpclaunch sweep --grid lr=0.1,0.01 --repeat 2 --max-parallel 4 -- python train.py --lr {lr}
+  hpclaunch runs
+  hpclaunch logs last --rank 0 --follow
+  hpclaunch remote setup lumi && hpclaunch run --remote lumi -N 2 --wait -- python train.py
+
+\b
+Every command but `remote` takes --remote HOST (before any `--`): it then runs on that
+cluster's login node over ssh, with this folder's code shipped for run and sweep.
+"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
+@click.version_option(package_name="hpclaunch", prog_name="hpclaunch")
+def cli() -> None:
+    """Run a training program unchanged on a Slurm cluster (LUMI or any site) or locally.
+
+    The same command runs locally (no Slurm) with the same per-rank environment:
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT,
+    Slurm's own SLURM_* variables, HPCLAUNCH_RUN_DIR and HPCLAUNCH_CHECKPOINT_DIR.
+    """
+
+
+cli.add_command(run_cmd)
+cli.add_command(runs_cmd)
+cli.add_command(status_cmd)
+cli.add_command(show_cmd)
+cli.add_command(logs_cmd)
+cli.add_command(cancel_cmd)
+cli.add_command(env_group)
+cli.add_command(rerun_cmd)
+cli.add_command(clean_cmd)
+cli.add_command(sweep_group)
+cli.add_command(attach_cmd)
+cli.add_command(stack_cmd)
+cli.add_command(doctor_cmd)
+cli.add_command(top_cmd)
+cli.add_command(plot_cmd)
+cli.add_command(remote_group)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """click's usage errors in hpclaunch's one-line format."""
+    if isinstance(exc, click.NoSuchOption):
+        return UserError(
+            exc.option_name,
+            "unknown option",
+            "",
+            "See hpclaunch run --help; put the program after --",
+        ).render()
+    if isinstance(exc, click.MissingParameter) and exc.param is not None:
+        # Before BadParameter: click >= 8.2 makes MissingParameter one of them.
+        name = str(exc.param.name).upper()
+        return UserError(name, "missing", "", f"See hpclaunch {_cmd(exc)} --help").render()
+    if isinstance(exc, click.BadParameter) and exc.param is not None:
+        name = exc.param.opts[0] if exc.param.opts else str(exc.param.name)
+        return UserError(name, exc.message, "", f"See hpclaunch {_cmd(exc)} --help").render()
+    message = _one_line(exc.format_message())
+    return f"usage: {message}. See hpclaunch --help"
+
+
+def _cmd(exc: click.UsageError) -> str:
+    """The command as typed after `hpclaunch` ("sweep status"), for the help hint."""
+    if not exc.ctx or not exc.ctx.command:
+        return ""
+    path = exc.ctx.command_path.split(" ", 1)
+    return path[1] if len(path) > 1 else exc.ctx.command.name or ""
