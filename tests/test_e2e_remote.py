@@ -57,7 +57,7 @@ def set_up(slurm_conf: Path) -> None:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    done = lp.Laptop(lp.home()).run("remote", "setup", lp.LOGIN, timeout=600)
+    done = lp.Laptop(lp.home()).run("remote", "setup", lp.LOGIN, "--with", "stack", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "installed hpclaunch-" in done.stdout, done.stdout
 
@@ -133,7 +133,14 @@ def test_cancel_and_a_sweep_remotely(project: lp.Laptop) -> None:
     )
     assert sleeper.returncode == 0, sleeper.stderr
     run_id = json.loads(sleeper.stdout)["run_id"]
+    for _ in range(100):  # attach and stack need the job's step running
+        if json.loads(_remote(project, "status", run_id, "--json").stdout)["state"] == "RUNNING":
+            break
+    attach = _remote(project, "attach", run_id, "--", "hostname")
+    assert attach.returncode == 0 and attach.stdout.strip() == "node1", attach.stderr
+    stack = _remote(project, "stack", run_id)
     cancel = _remote(project, "cancel", run_id)
+    assert stack.returncode == 0 and "rank 0 (node1):" in stack.stdout, stack.stdout + stack.stderr
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     testbed.wait_idle(timeout=60)
     status = _remote(project, "status", run_id, "--json")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,15 +16,24 @@ GIT_TIMEOUT = 60  # seconds; ls-files walks untracked folders, slow on a cold ne
 
 
 def git(
-    cwd: Path, args: list[str], timeout: float = GIT_TIMEOUT
+    cwd: Path,
+    args: list[str],
+    timeout: float = GIT_TIMEOUT,
+    extra_env: Optional[Mapping[str, str]] = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Bytes, not text: paths may be any bytes."""
+    """Bytes, not text: paths may be any bytes. extra_env: added to this process's."""
+    env = None
+    if extra_env:
+        from .environ import environment
+
+        env = {**environment(), **extra_env}
     return subprocess.run(
         ["git", "--no-optional-locks", "-c", "core.quotepath=off", *args],
         cwd=cwd,
         capture_output=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
 
 

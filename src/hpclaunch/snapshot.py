@@ -10,12 +10,14 @@ the run root, when it lies inside the project, and wherever they are, run folder
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import re
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -256,6 +258,21 @@ def make(p: SnapshotPlan, dest: Path, exclude: Optional[Path] = None) -> Snapsho
     return SnapshotStats(files, nbytes, links, time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def _index_copy(root: Path) -> Iterator[dict[str, str]]:
+    """GIT_INDEX_FILE for a copy of the repository's index. `git diff` refreshes and
+    rewrites the index even under --no-optional-locks (git 2.39, seen): on the user's own
+    index that takes index.lock beside their git, and on a laptop's mirror it made the
+    next ship send .git/index again."""
+    found = _git(root, ["rev-parse", "--git-path", "index"], timeout=10)
+    index = root / os.fsdecode(found.stdout).rstrip("\n")
+    with tempfile.TemporaryDirectory(prefix="hpclaunch-index-") as tmp:
+        copy = os.path.join(tmp, "index")
+        if found.returncode == 0 and index.is_file():
+            shutil.copyfile(index, copy)
+        yield {"GIT_INDEX_FILE": copy}
+
+
 def diff(root: Path) -> str:
     """Staged and unstaged changes against HEAD as a binary patch; "" when clean or on a git
     error. Untracked files are not in it (they are in the snapshot). Undecodable bytes are
@@ -265,11 +282,15 @@ def diff(root: Path) -> str:
     args = ["-c", "diff.relative=false", "diff", "--binary", "--no-color", "--no-ext-diff"]
     args += ["--no-textconv", "--submodule=short", "--src-prefix=a/", "--dst-prefix=b/"]
     try:
-        if _git(root, ["rev-parse", "-q", "--verify", "HEAD"], timeout=10).returncode == 0:
-            out, note = _git(root, [*args, "HEAD", "--"]), ""  # "--": a file may be named HEAD
-        else:
-            out = _git(root, [*args, "--cached", "--"])
-            note = "# hpclaunch: no commits yet; this is the staged content (git diff --cached)\n"
+        with _index_copy(root) as env:
+            if _git(root, ["rev-parse", "-q", "--verify", "HEAD"], timeout=10).returncode == 0:
+                # "--": a file may be named HEAD
+                out, note = _git(root, [*args, "HEAD", "--"], extra_env=env), ""
+            else:
+                out = _git(root, [*args, "--cached", "--"], extra_env=env)
+                note = (
+                    "# hpclaunch: no commits yet; this is the staged content (git diff --cached)\n"
+                )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     if out.returncode != 0 or not out.stdout:

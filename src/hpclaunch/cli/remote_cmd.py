@@ -21,14 +21,25 @@ def remote_group() -> None:
 @remote_group.command("setup")
 @click.argument("host")
 @click.option("--python", default="python3", metavar="PATH", help=PYTHON_HELP)
-def setup_cmd(host: str, python: str) -> int:
+@click.option(
+    "--with",
+    "extras",
+    multiple=True,
+    metavar="EXTRA",
+    help="Also install an optional extra there (repeatable): stack (py-spy), plot "
+    "(matplotlib), optuna, yaml.",
+)
+def setup_cmd(host: str, python: str, extras: tuple[str, ...]) -> int:
     """Install this hpclaunch on HOST into ~/.hpclaunch/venv, from wheels built and
     shipped from here (the login node needs no package index). Checks first: Python,
-    Slurm's commands and controller, rsync; a refusal leaves nothing behind."""
+    Slurm's commands and controller, rsync; a refusal leaves nothing behind. Run it
+    again after upgrading hpclaunch here: later commands refuse a cluster whose
+    hpclaunch differs from this one, file for file."""
     from ..remote.setup import setup
     from .common import environ
 
-    return setup(host, python, environ())
+    wanted = [name for item in extras for name in item.split(",") if name]
+    return setup(host, python, environ(), wanted)
 
 
 @remote_group.command("check")

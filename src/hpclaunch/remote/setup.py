@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,16 +46,38 @@ print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys
     "machine": platform.machine(), "glibc": glibc, "has_venv": has_venv, "tools": tools,
     "ping": ping, "rsync": shutil.which("rsync"), "home": os.path.expanduser("~")}))
 """
-# Made anew each time: an older install's files never linger. Arguments: venv, wheels.
+# Made anew beside the old one, which stays in use until the new one is complete (a
+# failed pip leaves the old install as it was); then swapped in, its scripts' paths
+# mended. Arguments: venv, wheels, extras ("stack,plot" or "").
 INSTALL = r"""
 import glob, os, shutil, subprocess, sys
-venv, wheels = sys.argv[1], sys.argv[2]
-shutil.rmtree(venv, ignore_errors=True)
-subprocess.check_call([sys.executable, "-m", "venv", venv])
+venv, wheels, extras = sys.argv[1], sys.argv[2], sys.argv[3]
+new, old = venv + ".new", venv + ".old"
+shutil.rmtree(new, ignore_errors=True)
+subprocess.check_call([sys.executable, "-m", "venv", new])
 own = glob.glob(os.path.join(wheels, "hpclaunch-*.whl"))
-pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--quiet",
+own = [w + ("[" + extras + "]" if extras else "") for w in own]
+pip = [os.path.join(new, "bin", "python"), "-m", "pip", "install", "--quiet",
        "--disable-pip-version-check", "--no-index", "--find-links", wheels]
-sys.exit(subprocess.call(pip + own))
+code = subprocess.call(pip + own)
+if code:
+    shutil.rmtree(new, ignore_errors=True)
+    sys.exit(code)
+full_new, full = os.path.abspath(new), os.path.abspath(venv)
+for name in os.listdir(os.path.join(new, "bin")):
+    path = os.path.join(new, "bin", name)
+    if os.path.islink(path) or not os.path.isfile(path):
+        continue
+    with open(path, "rb") as f:
+        data = f.read()
+    if full_new.encode() in data:
+        with open(path, "wb") as f:
+            f.write(data.replace(full_new.encode(), full.encode()))
+shutil.rmtree(old, ignore_errors=True)
+if os.path.exists(venv):
+    os.rename(venv, old)
+os.rename(new, venv)
+shutil.rmtree(old, ignore_errors=True)
 """
 
 
@@ -123,9 +145,27 @@ def refuse_unfit(found: Probe, host: str, python: str) -> None:
         raise UserError("--remote", f"{host} has no rsync", "", "Install rsync there")
 
 
-def setup(host: str, python: str, environ: Mapping[str, str], out: Any = sys.stdout) -> int:
+def check_extras(wanted: Sequence[str]) -> None:
+    from .wheels import extras
+
+    offered = extras()
+    for name in wanted:
+        if name not in offered:
+            raise UserError(
+                "--with", f"{name!r} is no extra of hpclaunch", f"one of {', '.join(offered)}", ""
+            )
+
+
+def setup(
+    host: str,
+    python: str,
+    environ: Mapping[str, str],
+    wanted: Sequence[str] = (),
+    out: Any = sys.stdout,
+) -> int:
     from .wheels import dependencies, own_wheel
 
+    check_extras(wanted)
     started = time.monotonic()
     conn = Connection(Host.parse(host), environ).open()
     try:
@@ -147,14 +187,14 @@ def setup(host: str, python: str, environ: Mapping[str, str], out: Any = sys.std
         f"Slurm answers; building wheels",
         file=out,
     )
-    dependencies(folder, target)
+    dependencies(folder, target, wanted)
     own = own_wheel(folder)
     sent = conn.rsync(
         ["-a", "--delete", "--stats", f"{folder}/", f":{WHEELS}/"], make_dir=".hpclaunch"
     )
     if sent.returncode != 0:
         raise UserError("--remote", f"shipping wheels to {host} failed ({sent.stderr.strip()})")
-    done = conn.run([python, "-c", INSTALL, VENV, WHEELS], timeout=600)
+    done = conn.run([python, "-c", INSTALL, VENV, WHEELS, ",".join(wanted)], timeout=600)
     if done.returncode != 0:
         said = done.stderr.decode("utf-8", "replace").strip().splitlines() or ["failed"]
         raise UserError("remote setup", f"pip on {host} failed ({said[-1]})", "", "")
@@ -163,7 +203,9 @@ def setup(host: str, python: str, environ: Mapping[str, str], out: Any = sys.std
         raise UserError("remote setup", f"the install on {host} does not answer as this one")
     wheels = len(list(folder.glob("*.whl")))
     print(
-        f"hpclaunch: {host}: installed {own.name} and {wheels - 1} dependencies into "
+        f"hpclaunch: {host}: installed {own.name}"
+        + (f" with {', '.join(wanted)}" if wanted else "")
+        + f" and {wheels - 1} wheels it needs into "
         f"~/{VENV} in {time.monotonic() - started:.0f} s; "
         f"`hpclaunch --remote {host} runs` works now",
         file=out,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
+import re
 import subprocess
 import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import UserError
@@ -57,13 +58,30 @@ def own_wheel(folder: Path) -> Path:
     return path
 
 
-def requirements() -> list[str]:
-    """hpclaunch's own dependencies (no extras), markers kept for pip to judge."""
+def extras() -> list[str]:
+    """The optional extras this hpclaunch offers (stack, plot, optuna, yaml, ...)."""
+    meta = importlib.metadata.distribution(DIST).metadata
+    return [name for name in meta.get_all("Provides-Extra") or [] if name not in HIDDEN]
+
+
+HIDDEN = ("test", "bench")  # the project's own, never wanted on a cluster
+
+
+def requirements(wanted: Sequence[str] = ()) -> list[str]:
+    """hpclaunch's own dependencies, and those of the `wanted` extras (their marker
+    dropped: pip judges the rest)."""
     found = importlib.metadata.distribution(DIST).requires or []
-    return [req for req in found if "extra ==" not in req]
+    out: list[str] = []
+    for req in found:
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
+        if extra is None:
+            out.append(req)
+        elif extra.group(1) in wanted:
+            out.append(req.split(";", 1)[0].strip())
+    return out
 
 
-def dependencies(folder: Path, target: Mapping[str, str]) -> None:
+def dependencies(folder: Path, target: Mapping[str, str], wanted: Sequence[str] = ()) -> None:
     """pip download the dependencies' wheels for the target's Python and machine.
     target: `version` ("3.11"), `machine` ("x86_64"), `glibc` ("2.36" or "")."""
     major, minor = target["version"].split(".")[:2]
@@ -90,7 +108,9 @@ def dependencies(folder: Path, target: Mapping[str, str]) -> None:
     ]
     for platform in _platforms(target["machine"], target.get("glibc", "")):
         argv += ["--platform", platform]
-    done = subprocess.run([*argv, *requirements()], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*argv, *requirements(wanted)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["failed"])[-1]
         raise UserError(
