@@ -80,9 +80,13 @@ def _remote(project: lp.Laptop, *args: str, **kw: object) -> subprocess.Complete
 
 
 def _files_holding(text: str, *roots: Path) -> list[str]:
+    """Files the login node's user can read that hold `text` (grep as that user)."""
     found = subprocess.run(
-        ["grep", "-rlF", "--", text, *map(str, roots)], capture_output=True, text=True
-    )
+        ["/usr/sbin/runuser", "-u", testbed.USER, "--", "grep", "-rlsF", "--devices=skip",
+         "--", text, *map(str, roots)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
     return found.stdout.split()
 
 
@@ -97,7 +101,7 @@ def test_run_from_the_laptop(project: lp.Laptop) -> None:
         assert any(f"rank {rank} of 4 v 1" in ln for ln in lines), done.stdout
     assert all(f"key {_digest(SECRET)} tok {_digest(TOKEN)}" in ln for ln in lines)
     assert "leaks 0" in next(ln for ln in lines if "rank 0 " in ln)
-    readable = [lp.login_home(), testbed.work_dir()]
+    readable = [lp.login_home(), testbed.state_dir(), Path("/tmp")]
     assert _files_holding(SECRET, *readable) == []
     assert _files_holding(TOKEN, *readable) == []
 

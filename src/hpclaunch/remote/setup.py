@@ -218,11 +218,13 @@ def check_rows(host: str, python: str, environ: Mapping[str, str]) -> list[tuple
     rows: list[tuple[str, str, str]] = []
     conn = Connection(Host.parse(host), environ)
     started = time.monotonic()
+    reused = conn.alive()
     try:
         conn.open()
     except UserError as exc:
         return [("connection", "FAIL", exc.render())]
-    rows.append(("connection", "PASS", f"ssh {host} in {time.monotonic() - started:.2f} s"))
+    how = "a master already running" if reused else f"in {time.monotonic() - started:.2f} s"
+    rows.append(("connection", "PASS", f"ssh {host}: {how}"))
     started = time.monotonic()
     conn.run(["true"])
     again = time.monotonic() - started
