@@ -13,13 +13,12 @@ costs without a network's round trip (add your link's RTT once per command).
     ignored: what a snapshot takes) with `run --dry-run`: first time, then unchanged,
     then with one file changed; rsync's own byte counts, both ways.
 
-Environment: REPS (default 15), NO_DOC=1 (print only). Needs root (runuser) and the
+Environment: REPS (default 25), NO_DOC=1 (print only). Needs root (runuser) and the
 testbed: export "$(sudo bash testbed/up.sh | tail -n 1)".
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import pwd
@@ -103,8 +102,9 @@ def status_rows(project: lp.Laptop, reps: int) -> tuple[list[str], float]:
 def control_socket() -> str:
     """The laptop's master socket, named as hpclaunch.remote.ssh names it (computed
     here: Connection() would make the folder as root)."""
-    key = hashlib.sha1(f"{lp.LOGIN}:None".encode()).hexdigest()[:16]
-    return f"{lp.home()}/.cache/hpclaunch/ssh/{key}"
+    from hpclaunch.remote.ssh import Host, socket_name
+
+    return f"{lp.home()}/.cache/hpclaunch/ssh/{socket_name(Host.parse(lp.LOGIN))}"
 
 
 def moved(done: subprocess.CompletedProcess[str]) -> tuple[int, int]:
@@ -149,7 +149,7 @@ def main() -> int:
     if reason:
         print(f"bench/remote.py: {reason}", file=sys.stderr)
         return 2
-    reps = int(os.environ.get("REPS", "15"))
+    reps = int(os.environ.get("REPS", "25"))
     home = lp.Laptop(lp.home())
     setup = home.run("remote", "setup", lp.LOGIN, timeout=900)
     assert setup.returncode == 0, setup.stderr

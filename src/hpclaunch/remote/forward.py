@@ -22,7 +22,8 @@ from .build_id import fingerprint
 from .ssh import Connection, Host
 
 VENV = ".hpclaunch/venv"  # relative to the remote home
-SERVE = (f"{VENV}/bin/python", "-I", "-m", "hpclaunch.remote.serve")
+# -c, not -m: runpy's imports are a few ms on every command.
+SERVE = (f"{VENV}/bin/python", "-I", "-c", "from hpclaunch.remote.serve import main; main()")
 NOT_SET_UP = 127  # the remote shell's "command not found"
 SUBMITTING = ("run",)
 SWEEP_SUBCOMMANDS = ("status", "wait", "retry", "cancel", "throttle", "plot", "wandb-template")

@@ -1,4 +1,5 @@
-"""The cluster's side of a laptop's command: `python -m hpclaunch.remote.serve`.
+"""The cluster's side of a laptop's command: `python -I -c "from hpclaunch.remote.serve
+import main; main()"` in ~/.hpclaunch/venv.
 
 The laptop's ssh runs exactly this fixed command line; the request comes as one JSON
 line on standard input (argv, working folder, environment, the laptop's build id), so no

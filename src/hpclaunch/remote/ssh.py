@@ -20,7 +20,6 @@ import os
 import re
 import socket
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -69,6 +68,8 @@ def control_dir(environ: Mapping[str, str]) -> Path:
     home = Path(environ.get("HOME") or Path.home())
     base = Path(environ.get("XDG_RUNTIME_DIR") or home / ".cache") / "hpclaunch" / "ssh"
     if len(str(base)) > _SOCKET_MAX - 20:
+        import tempfile
+
         base = Path(tempfile.gettempdir()) / f"hpclaunch-ssh-{os.getuid()}"
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = base.stat()
@@ -81,14 +82,18 @@ def control_dir(environ: Mapping[str, str]) -> Path:
     return base
 
 
+def socket_name(host: Host) -> str:
+    """The master's socket in control_dir(): one per destination and port."""
+    return hashlib.sha1(f"{host.dest}:{host.port}".encode()).hexdigest()[:16]
+
+
 class Connection:
     """Calls to one host over one master connection."""
 
     def __init__(self, host: Host, environ: Mapping[str, str]) -> None:
         self.host = host
         self.environ = dict(environ)
-        key = hashlib.sha1(f"{host.dest}:{host.port}".encode()).hexdigest()[:16]
-        self.socket = control_dir(environ) / key
+        self.socket = control_dir(environ) / socket_name(host)
 
     # ---- the master ------------------------------------------------------------------
     def _options(self, master: str) -> list[str]:
@@ -126,6 +131,8 @@ class Connection:
         if self.socket.exists():
             self.socket.unlink()  # a dead master's socket: ssh would refuse to bind
         argv = ["ssh", "-f", "-N", *self._options("yes"), self.host.dest]
+        import tempfile
+
         # stderr into a file, not a pipe: the backgrounded master would hold a pipe open.
         with tempfile.TemporaryFile() as err:
             try:
