@@ -228,3 +228,30 @@ def test_python_api_with_remote(project: lp.Laptop) -> None:
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["code"] == 0 and found["state"] == "COMPLETED", found
     assert "rank 1 of 4 v 1" in found["log"], found
+
+
+def test_plot_and_top_of_a_gpu_run_remotely(project: lp.Laptop) -> None:
+    """The GPU watch's samples (the nvidia-smi stand-in on the nodes' PATH) seen from
+    the laptop: `top --once` streams back, `plot --data` brings the CSV back."""
+    doubles = lp.REPO / "tests" / "doubles" / "gpu"
+    pattern = testbed.work_dir() / f"pattern-{project.cwd.name}.json"  # a cluster path
+    pattern.write_text(json.dumps({"gpus": [{"samples": [[95, 40000, 600.0]]}]}))
+    pattern.chmod(0o644)
+    try:
+        done = _remote(
+            project, "run", "-N", "2", "--gpus-per-node", "1", "--watch-interval", "0.5",
+            "--setup", f"export PATH={doubles}:$PATH", "--wait",
+            "--env", f"HPCLAUNCH_FAKE_GPU_PATTERN={pattern}",
+            "--", "python3", "-c", "import time; time.sleep(4)",
+        )  # fmt: skip
+    finally:
+        pattern.unlink()
+    assert done.returncode == 0, done.stdout + done.stderr
+    top = _remote(project, "top", "last", "--once")
+    assert top.returncode == 0 and "node1" in top.stdout and "node2" in top.stdout, top.stdout
+    plot = _remote(project, "plot", "last", "--data", "samples/gpu.csv")
+    csv = project.cwd / "samples" / "gpu.csv"
+    assert csv.is_file(), plot.stdout + plot.stderr
+    lines = csv.read_text().splitlines()
+    assert lines[0] == "time,node,gpu,busy_pct,mem_mib,power_w" and len(lines) > 2, lines[:3]
+    assert not list((lp.login_home() / ".hpclaunch" / "tmp").iterdir())

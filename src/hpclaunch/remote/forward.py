@@ -174,6 +174,7 @@ def _plot(conn: Connection, argv: Sequence[str], cwd: Path, extra: dict[str, Any
         return not_set_up(conn)
     try:
         for remote, wanted in fetch.items():
+            (cwd / wanted).parent.mkdir(parents=True, exist_ok=True)
             conn.rsync(["-a", f":{remote}", str(cwd / wanted)])  # missing: the remote said why
         for line in done.stdout.decode("utf-8", "replace").splitlines():
             print(_brought_back(conn, line, fetch, cwd))
