@@ -158,6 +158,7 @@ def main() -> int:
         status, added = status_rows(project, reps)
         ship, again = ship_rows(project)
     finally:
+        lp.close_master()
         shutil.rmtree(project.cwd, ignore_errors=True)
         for mirror in (lp.login_home() / ".hpclaunch" / "projects").glob(f"{project.cwd.name}-*"):
             shutil.rmtree(mirror, ignore_errors=True)

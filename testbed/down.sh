@@ -82,10 +82,25 @@ if recorded slurmctld >/dev/null && [[ -f "$CONF" ]]; then
     fi
 fi
 
-# 2. The Slurm daemons, then munged (only when up.sh started it; otherwise there is no
+# 2. The login node's sshd (testbed/login.sh) and its open sessions (a laptop's master
+#    connection keeps one for 10 minutes). sshd rewrites its process title, and with it
+#    the environment area ours() reads: it is known by its PID file and its own
+#    config's path in that title.
+sshd_pid_file="$STATE/run/testbed-sshd.pid"
+if [[ -f "$sshd_pid_file" ]]; then
+    pid="$(cat "$sshd_pid_file")"
+    if [[ "$pid" =~ ^[0-9]+$ ]] && alive "$pid" &&
+        grep -qaF -- "$STATE/ssh/sshd_config" "/proc/$pid/cmdline" 2>/dev/null; then
+        mapfile -t sessions < <(pgrep -P "$pid" || true)
+        log "stopping sshd (pid $pid) and ${#sessions[@]} session(s)"
+        stop 5 "$pid" "${sessions[@]}"
+    fi
+fi
+
+# 3. The Slurm daemons, then munged (only when up.sh started it; otherwise there is no
 #    record of it and it keeps running).
 pids=()
-for name in sshd slurmd-node1 slurmd-node2 slurmctld; do
+for name in slurmd-node1 slurmd-node2 slurmctld; do
     if pid="$(recorded "$name")"; then
         log "stopping $name (pid $pid)"
         pids+=("$pid")
@@ -97,7 +112,7 @@ if pid="$(recorded munged)"; then
     stop 10 "$pid"
 fi
 
-# 3. Everything still inside a node's network namespace belongs to the testbed (job
+# 4. Everything still inside a node's network namespace belongs to the testbed (job
 #    steps and user tasks that outlived slurmd, or a slurmd not recorded); then the
 #    namespaces, veths and bridge. Deleting a netns whose processes still live would
 #    keep its veth alive, and the next `ip link add` would fail with "File exists",
@@ -131,7 +146,7 @@ if command -v ip >/dev/null 2>&1; then
     fi
 fi
 
-# 4. The tagged /etc/hosts lines. Rewritten in place (not `sed -i`, which replaces the
+# 5. The tagged /etc/hosts lines. Rewritten in place (not `sed -i`, which replaces the
 #    file) because in containers /etc/hosts is often a bind mount.
 if grep -qF -- "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
     log "removing testbed lines from /etc/hosts"
@@ -139,6 +154,6 @@ if grep -qF -- "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
     printf '%s\n' "$hosts_new" >/etc/hosts
 fi
 
-# 5. PID files: ours and Slurm's own (stale ones would mislead the next start).
+# 6. PID files: ours and Slurm's own (stale ones would mislead the next start).
 rm -f "$STATE"/run/*.pid
 exit 0

@@ -102,5 +102,9 @@ Match LocalPort $SSH_PORT_NOSLURM
     SetEnv PATH=$STATE/noslurm-bin
 CONF
 install -d -m 0755 /run/sshd
+if ss -Hltn "sport = :$SSH_PORT" | grep -q .; then
+    log "port $SSH_PORT is already in use (an sshd of an earlier testbed? see: ss -ltnp 'sport = :$SSH_PORT')"
+    exit 1
+fi
 start sshd /usr/sbin/sshd -D -f "$SSH_DIR/sshd_config" -E "$STATE/log/sshd.log"
 sshd_up() { ss -Hltn "sport = :$SSH_PORT" | grep -q .; }

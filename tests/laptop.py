@@ -111,3 +111,19 @@ def new_project(files: dict[str, str], ignore: str = "") -> Laptop:
         )
         assert done.returncode == 0, done.stderr
     return laptop
+
+
+def close_master(host: str = LOGIN) -> None:
+    """End the laptop's master connection (hpclaunch keeps it 10 minutes): its session
+    on the login node is a process of the testbed's user, which tests that count the
+    user's processes would otherwise see."""
+    from hpclaunch.remote.ssh import Host, socket_name
+
+    sock = home() / ".cache" / "hpclaunch" / "ssh" / socket_name(Host.parse(host))
+    subprocess.run(
+        ["/usr/sbin/runuser", "-u", USER, "--", "ssh", "-O", "exit", "-o", f"ControlPath={sock}",
+         host],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )  # fmt: skip

@@ -51,7 +51,7 @@ def _digest(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def set_up(slurm_conf: Path) -> None:
+def set_up(slurm_conf: Path) -> Iterator[None]:
     reason = lp.available()
     if reason:
         if os.environ.get("CI"):
@@ -60,6 +60,8 @@ def set_up(slurm_conf: Path) -> None:
     done = lp.Laptop(lp.home()).run("remote", "setup", lp.LOGIN, "--with", "stack", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "installed hpclaunch-" in done.stdout, done.stdout
+    yield
+    lp.close_master()
 
 
 @pytest.fixture

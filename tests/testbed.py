@@ -193,8 +193,11 @@ def procs_of_user_on_nodes() -> list[str]:
         timeout=10,
         check=False,
     )
-    # ps exits 1 when there is no such process (or no such user): an empty list.
-    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    # ps exits 1 when there is no such process (or no such user): an empty list. The login
+    # node's ssh sessions (testbed/login.sh; a laptop's master keeps one open) are not
+    # the nodes' processes.
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    return [line for line in lines if not line.split(maxsplit=1)[-1].startswith(("sshd", "[sshd"))]
 
 
 class first_job_id:
