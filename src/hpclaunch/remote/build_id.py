@@ -9,6 +9,7 @@ every call, before anything else is imported.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -28,6 +29,7 @@ def package_files(root: Path = PACKAGE) -> list[str]:
     return sorted(found)
 
 
+@functools.cache  # once a process: every request carries it
 def fingerprint(root: Path = PACKAGE) -> str:
     """sha256 over every file's path and bytes; the first 16 hex digits. Remembered
     in the environment's prefix (the venv) for as long as no file's size or mtime

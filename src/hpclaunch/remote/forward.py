@@ -14,12 +14,15 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import UserError
 from ..secretnames import is_secret
 from .build_id import fingerprint
 from .ssh import Connection, Host
+
+if TYPE_CHECKING:  # ship.py is imported only for a submission (its imports cost)
+    from .ship import Shipped
 
 VENV = ".hpclaunch/venv"  # relative to the remote home
 # -c, not -m: runpy's imports are a few ms on every command.
@@ -74,37 +77,48 @@ def remote_facts(conn: Connection) -> Optional[dict[str, Any]]:
     return found
 
 
+def _not_set_up(name: str) -> UserError:
+    return UserError(
+        "--remote",
+        f"hpclaunch is not set up on {name} (no ~/{VENV})",
+        "",
+        f"Run: hpclaunch remote setup {name}",
+    )
+
+
 def refuse_other_build(conn: Connection) -> None:
     """Before shipping anything: the cluster must run this very hpclaunch."""
     facts = remote_facts(conn)
-    name = conn.host.name
-    if facts is None or facts.get("build") != fingerprint():
-        conn.close()  # refused: no master left behind for a host that cannot be used
+    name, mine = conn.host.name, fingerprint()
+    if facts is not None and facts.get("build") == mine:
+        return
+    conn.close()  # refused: no master left behind for a host that cannot be used
     if facts is None:
-        raise UserError(
-            "--remote",
-            f"hpclaunch is not set up on {name} (no ~/{VENV})",
-            "",
-            f"Run: hpclaunch remote setup {name}",
-        )
-    if facts.get("build") != fingerprint():
-        raise UserError(
-            "--remote",
-            f"{name} runs another hpclaunch (build {facts.get('build')}; "
-            f"this machine's is {fingerprint()})",
-            "",
-            f"Run: hpclaunch remote setup {name}",
-        )
+        raise _not_set_up(name)
+    raise UserError(
+        "--remote",
+        f"{name} runs another hpclaunch (build {facts.get('build')}; this machine's is {mine})",
+        "",
+        f"Run: hpclaunch remote setup {name}",
+    )
 
 
 def not_set_up(conn: Connection) -> int:
-    name = conn.host.name
-    print(
-        f"hpclaunch: error: --remote: hpclaunch is not set up on {name} (no ~/{VENV}). "
-        f"Run: hpclaunch remote setup {name}",
-        file=sys.stderr,
-    )
-    return 2
+    """The remote shell found no venv (exit 127): the same line as refuse_other_build's."""
+    error = _not_set_up(conn.host.name)
+    print(error.line(), file=sys.stderr)
+    return error.exit_code
+
+
+def ship_code(conn: Connection, cwd: Path, program: Sequence[str]) -> Shipped:
+    """Before a submission: refuse an ignored path among the program's arguments and a
+    cluster with another hpclaunch, then mirror the project (the CLI and the API)."""
+    from ..project import git_root
+    from .ship import refuse_ignored, ship
+
+    refuse_ignored(git_root(cwd), cwd, program, conn.host.name)
+    refuse_other_build(conn)
+    return ship(conn, cwd)
 
 
 def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> int:
@@ -116,12 +130,7 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
         return not_set_up(conn) if code == NOT_SET_UP else code
     extra: dict[str, Any] = {"env": sent_environment(environ)}
     if submits(argv):
-        from ..project import git_root
-        from .ship import refuse_ignored, ship
-
-        refuse_ignored(git_root(cwd), cwd, program_of(argv), conn.host.name)
-        refuse_other_build(conn)
-        shipped = ship(conn, cwd)
+        shipped = ship_code(conn, cwd, program_of(argv))
         names = ", ".join(shipped.names[:5]) + (", ..." if len(shipped.names) > 5 else "")
         print(
             f"hpclaunch: shipped {shipped.files} changed file(s) "

@@ -19,8 +19,7 @@ from typing import Any, Optional
 from ..errors import HpclaunchError, UserError
 from ..node import RESULT_JSON
 from ..options import BY_NAME
-from .forward import SERVE, refuse_other_build, request, sent_environment
-from .ship import refuse_ignored, ship
+from .forward import SERVE, request, sent_environment, ship_code
 from .ssh import Connection, Host
 
 
@@ -135,14 +134,10 @@ def start(
     environ: Mapping[str, str],
 ) -> RemoteRun:
     """Ship the code, submit on the cluster, return the handle (nothing printed)."""
-    from ..project import git_root
-
     conn = Connection(Host.parse(host), environ).open()
     if not program:
         raise UserError("program", "missing", "", "Pass the program to run")
-    refuse_ignored(git_root(cwd), cwd, program, conn.host.name)
-    refuse_other_build(conn)
-    shipped = ship(conn, cwd)
+    shipped = ship_code(conn, cwd, program)
     argv = ["run", *option_words(options), "--json", "--", *program]
     done = call(conn, argv, environ, cwd=shipped.remote_cwd)
     lines = _checked(done).strip().splitlines()
