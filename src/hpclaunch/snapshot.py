@@ -269,7 +269,11 @@ def _index_copy(root: Path) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory(prefix="hpclaunch-index-") as tmp:
         copy = os.path.join(tmp, "index")
         if found.returncode == 0 and index.is_file():
-            shutil.copyfile(index, copy)
+            # copy2: the copy keeps the index's mtime, which git's racy-entry check
+            # compares against (a file rewritten in the same clock tick as the index, at
+            # the same size, is looked at by content only while it is "racy"). A fresh
+            # mtime hid such an edit from the diff (seen in CI).
+            shutil.copy2(index, copy)
         yield {"GIT_INDEX_FILE": copy}
 
 
