@@ -579,6 +579,7 @@ def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
             "",
             "```bash",
             "bash scripts/setup.sh --test && .venv/bin/pip install -e '.[bench]'",
+            "sudo apt-get install -y hyperfine  # the bootstrap rows (without it: a Python loop)",
             'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
             f"REPS={reps} PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/launch.py",
             "```",
