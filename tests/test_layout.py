@@ -1,14 +1,17 @@
 """The package's shape, read from its source: small modules and functions, no import
-loop, config only layers, one reader of os.environ, no submodule shadowing the API."""
+loop, config only layers, one reader of os.environ, no submodule shadowing the API, and
+docs/internals.md naming every module."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hpclaunch"
+INTERNALS = PACKAGE.parents[1] / "docs" / "internals.md"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 # Files that must ship as one piece may be longer if their docstring says why.
@@ -108,7 +111,7 @@ def test_config_only_layers() -> None:
         "hpclaunch.snapshot",
     }
     assert not (_imports("hpclaunch.config") & forbidden)
-    stdlib = set()
+    stdlib: set[str] = set()
     for node in ast.walk(_tree("hpclaunch.config")):
         if isinstance(node, ast.Import):
             stdlib.update(a.name for a in node.names)
@@ -141,3 +144,23 @@ def test_one_module_reads_the_environment() -> None:
 def test_no_submodule_shadows_the_api() -> None:
     for name in ("run", "runs", "get", "call"):
         assert f"hpclaunch.{name}" not in MODULES
+
+
+def _section(doc: str, heading: str) -> str:
+    start = doc.index(heading)
+    end = doc.find("\n## ", start + len(heading))
+    return doc[start : end if end >= 0 else len(doc)]
+
+
+def test_internals_names_every_module() -> None:
+    """docs/internals.md's layout tree (and its section on the shipped node files) names
+    every module by its file name, so a newcomer's map never misses a file."""
+    doc = INTERNALS.read_text(encoding="utf-8")
+    text = _section(doc, "## Layout") + _section(doc, "## Code that runs on the nodes")
+    unnamed = [
+        str(path.relative_to(PACKAGE))
+        for path in MODULES.values()
+        if not path.stem.startswith("__")
+        and not re.search(rf"(?<![\w.]){re.escape(path.stem)}(?![\w])", text)
+    ]
+    assert not unnamed, f"docs/internals.md does not name: {', '.join(unnamed)}"
