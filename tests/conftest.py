@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -123,12 +123,11 @@ def _fail_or_skip(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def base_image(slurm_conf: Path) -> Path:
-    """The Debian + python3 directory image testbed/image.sh builds (root's: read-only
-    for the test user, as a site's shared image would be)."""
-    if not shutil.which("ch-run"):
-        _fail_or_skip("Charliecloud (ch-run) is not installed: run testbed/up.sh")
+def build_test_image() -> tuple[Optional[Path], str]:
+    """Run testbed/image.sh: the Debian + python3 directory image, built once (a built
+    image is kept; the script also installs ch-run). (its path, "") or (None, why not).
+    Every test that needs the image asks here, so none depends on the order tests run
+    in (on a fresh machine the image exists only once something built it)."""
     done = subprocess.run(
         ["bash", str(REPO / "testbed" / "image.sh")],
         capture_output=True,
@@ -137,8 +136,21 @@ def base_image(slurm_conf: Path) -> Path:
         check=False,
     )
     if done.returncode != 0:
-        _fail_or_skip(f"testbed/image.sh failed: {done.stderr[-2000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+        return None, f"testbed/image.sh failed: {done.stderr[-2000:]}"
+    return Path(done.stdout.strip().splitlines()[-1]), ""
+
+
+@pytest.fixture(scope="session")
+def base_image(slurm_conf: Path) -> Path:
+    """The Debian + python3 directory image testbed/image.sh builds (root's: read-only
+    for the test user, as a site's shared image would be)."""
+    if not shutil.which("ch-run"):
+        _fail_or_skip("Charliecloud (ch-run) is not installed: run testbed/up.sh")
+    image, why = build_test_image()
+    if image is None:
+        _fail_or_skip(why)
+    assert image is not None
+    return image
 
 
 @pytest.fixture(scope="session")

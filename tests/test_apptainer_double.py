@@ -2,7 +2,8 @@
 
 The double stands in for Apptainer/SingularityCE, which cannot be installed on this
 machine kind; it runs `exec` with Charliecloud's ch-run. These tests run it directly on
-the image that testbed/image.sh builds (skipped when that image is missing, failed in CI).
+the image that testbed/image.sh builds (built here when missing, as root or in CI; else
+skipped; failed in CI when it cannot be built).
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def _unavailable() -> str:
 @pytest.fixture(scope="session")
 def image() -> Path:
     reason = _unavailable()
+    if reason and (os.environ.get("CI") or os.geteuid() == 0):
+        # Build it (as root: image.sh installs ch-run and debootstraps). These tests run
+        # before any testbed test has built it, and a fresh machine has none.
+        from conftest import build_test_image
+
+        reason = build_test_image()[1] or _unavailable()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"the double's test image is required in CI: {reason}")
