@@ -51,8 +51,10 @@ def test_doctor_passes_on_the_healthy_testbed(hpc: Hpc) -> None:
     assert "node1" in checks["job"]["detail"] and "node2" in checks["job"]["detail"]
     assert checks["all-reduce"]["detail"].startswith("gloo, 4 ranks, 64 MiB: "), checks
     assert checks["GPUs visible"]["detail"].startswith("2 per node"), checks
-    text = hpc.run("doctor", "--python", PYTHON, "-N", "2", timeout=400)
+    # The text form, with the ranks per node a user's runs would use (not the profile's).
+    text = hpc.run("doctor", "--python", PYTHON, "-N", "2", "--tasks-per-node", "1", timeout=400)
     assert text.returncode == 0 and text.stdout.startswith("PASS  controller"), text.stdout
+    assert "all-reduce        gloo, 2 ranks, 64 MiB: " in text.stdout, text.stdout
     _queue_empty()
 
 

@@ -14,6 +14,13 @@ from .common import environ
 @click.command("doctor")
 @click.option("--cluster", metavar="NAME", help="Cluster profile (default: as for run).")
 @click.option("-N", "--nodes", type=int, default=2, show_default=True, help="Nodes to check.")
+@click.option(
+    "--tasks-per-node",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Ranks per node, as your runs will use (default: as for run, the profile's).",
+)
 @click.option("-p", "--partition", metavar="P", help="Partition (default: the profile's).")
 @click.option("-A", "--account", metavar="A", help="Account to charge the short job to.")
 @click.option("--container", metavar="IMAGE", help="Also check this image on the nodes.")
@@ -42,6 +49,7 @@ from .common import environ
 def doctor_cmd(
     cluster: Optional[str],
     nodes: int,
+    tasks_per_node: Optional[int],
     partition: Optional[str],
     account: Optional[str],
     container: Optional[str],
@@ -73,6 +81,7 @@ def doctor_cmd(
     given = {
         "cluster": cluster,
         "nodes": nodes,
+        "tasks_per_node": tasks_per_node,
         "partition": partition,
         "account": account,
         "container": container,
