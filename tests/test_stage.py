@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import tarfile
+import time
 from pathlib import Path
+from types import FrameType
+from typing import Optional
 
 import pytest
 
@@ -182,3 +186,46 @@ def test_parts_unpack_side_by_side_into_read_only_folders(
         (got / "d3").chmod(0o755)
     finally:
         (src / "d3").chmod(0o755)
+
+
+def test_signals_held_arrive_after_the_block_with_their_own_handler() -> None:
+    """run_all starts each tar inside signals_held: a raising handler (Ctrl-C,
+    hpclaunch's SIGTERM) that fired inside Popen would leave an untracked tar unpacking
+    into the folder being removed (seen: an interrupted local run left /tmp data)."""
+    seen: list[str] = []
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        seen.append(f"handler {signum}")
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), stage_guard.signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # a handler would run here, at the next bytecode
+            seen.append("block done")
+        assert seen == ["block done", f"handler {int(signal.SIGTERM)}"]
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_an_interrupted_run_all_leaves_no_command_running(tmp_path: Path) -> None:
+    def stop(signum: int, frame: Optional[FrameType]) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, stop)
+    pids = tmp_path / "pids"
+    command = ["sh", "-c", f"echo $$ >> {pids}; exec sleep 30"]
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            stage_guard.run_all([command, command, command], 2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2
+    for pid in started:  # killed and reaped: no such process any more
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

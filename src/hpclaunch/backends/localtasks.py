@@ -25,6 +25,7 @@ from typing import TextIO
 
 from ..logs import LogFollower
 from ..monitor import exit_code_of, first_failure
+from ..node.stage_guard import signals_held  # the same guard the staging tars start under
 from .watchdog import Watchdog
 
 _TICK_S = 0.1  # how often task states and logs are looked at
@@ -313,16 +314,19 @@ class LocalTasks:
         python = sys.executable or "python3"
         try:
             for task in range(self.plan.ntasks):
-                proc = subprocess.Popen(
-                    [python, "-I", "-S", "-c", _EXEC_TASK, *self.plan.task_argv],
-                    env=step_env(self.plan, task, host),
-                    cwd=self.plan.cwd,
-                    stdin=subprocess.DEVNULL,  # as in a batch job
-                    start_new_session=True,
-                )
-                self.procs.append(proc)
-                if self._watchdog is not None:
-                    self._watchdog.watch(proc.pid)
+                # Held: a SIGTERM or Ctrl-C raising inside Popen (after the fork) left a
+                # rank that nobody tracked, running on after hpclaunch had ended.
+                with signals_held():
+                    proc = subprocess.Popen(
+                        [python, "-I", "-S", "-c", _EXEC_TASK, *self.plan.task_argv],
+                        env=step_env(self.plan, task, host),
+                        cwd=self.plan.cwd,
+                        stdin=subprocess.DEVNULL,  # as in a batch job
+                        start_new_session=True,
+                    )
+                    self.procs.append(proc)
+                    if self._watchdog is not None:
+                        self._watchdog.watch(proc.pid)
         except BaseException:
             self.abort()
             raise

@@ -23,6 +23,7 @@ It appends ``stage_ready`` (after 3) and ``stage_done`` (after 4, or after a fai
 ``<run_dir>/events.jsonl``.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -33,7 +34,7 @@ import sys
 import time
 
 # typing's generics, not the builtin ones: Python 3.6 runs this file.
-from typing import Any, List, Mapping, Optional, Set, Tuple  # noqa: F401 - Tuple: a type comment
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple  # noqa: F401 - type comments
 
 PREFIX = "hpclaunch-stage: "
 
@@ -189,6 +190,30 @@ def cpus() -> int:
         return 1
 
 
+@contextlib.contextmanager
+def signals_held():  # type: () -> Iterator[None]
+    """SIGINT, SIGTERM and SIGHUP wait until the block is done, then arrive as sent.
+
+    A handler that raises (Ctrl-C; hpclaunch's SIGTERM in the local backend) inside
+    subprocess.Popen, after the fork but before Popen returns, leaves a child nobody
+    tracks: a tar that went on unpacking into the folder being removed. Only the main
+    thread may change handlers (and only it runs them), so elsewhere nothing is held."""
+    held = []  # type: List[int]
+    old = {}  # type: Dict[int, Any]
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for number, handler in old.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        for number in held:
+            os.kill(os.getpid(), number)  # its own handler now runs, as if sent just now
+
+
 def run_all(commands: List[List[str]], width: int) -> None:
     """Run the commands, at most `width` at a time; raise OSError on the first failure."""
     pending = list(commands)
@@ -198,12 +223,9 @@ def run_all(commands: List[List[str]], width: int) -> None:
         while pending or running:
             while pending and len(running) < width and not failure:
                 argv = pending.pop(0)
-                proc = None
-                try:
+                with signals_held():  # tracked before an interruption can end the start
                     proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
-                finally:  # tracked even when Ctrl-C lands right after the start
-                    if proc is not None:
-                        running.append((argv[0], proc))
+                    running.append((argv[0], proc))
             if not running:
                 break
             name, proc = running[0]
