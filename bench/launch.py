@@ -49,6 +49,8 @@ from typing import Any, Callable
 
 from benchdoc import write_section  # bench/ is on sys.path when run as a script
 
+from hpclaunch import node
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RANK_TIME = BENCH / "rank_time.py"
@@ -409,11 +411,9 @@ def bench_bootstrap(runs: int) -> dict[str, list[float]]:
     bootstrap shipped as a run directory holds it (the loader beside the bootstrap
     module, whose bytecode is cached after the first start)."""
     shipped = fresh(SCRATCH / "bootstrap-run-dir")
-    shutil.copyfile(
-        ROOT / "src" / "hpclaunch" / "node" / "bootstrap_loader.py", shipped / "bootstrap.py"
-    )
-    shutil.copyfile(BOOTSTRAP, shipped / "hpclaunch_bootstrap.py")
-    boot = [PY, "-I", "-S", str(shipped / "bootstrap.py")]
+    for source in (node.LOADER, node.BOOTSTRAP):  # the run folder's layout (launching)
+        shutil.copyfile(node.path(source), shipped / node.RUN_DIR_NAME[source])
+    boot = [PY, *node.PYTHON_FLAGS, str(shipped / node.RUN_DIR_NAME[node.LOADER])]
     pyc = [PY, "-c", "pass"]
     cmds = {"true": ["true"], "boot true": [*boot, "true"], "python -c pass": pyc}
     cmds["boot python -c pass"] = [*boot, *pyc]

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import pytest
 
@@ -117,7 +117,7 @@ def load_json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _fail_or_skip(reason: str) -> None:
+def _fail_or_skip(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(reason)
     pytest.skip(reason)
@@ -149,7 +149,6 @@ def base_image(slurm_conf: Path) -> Path:
     image, why = build_test_image()
     if image is None:
         _fail_or_skip(why)
-    assert image is not None
     return image
 
 

@@ -11,6 +11,7 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -24,6 +25,8 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from hpclaunch import node
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "hpclaunch" / "node" / "bootstrap.py"
 PY = sys.executable
@@ -665,9 +668,10 @@ def test_overhead_information(capsys: pytest.CaptureFixture[str], tmp_path: Path
     direct = median_ms(["true"])
     interp = median_ms([PY, "-I", "-S", "-c", "pass"])
     script = median_ms(boot_cmd("true"))
-    (tmp_path / "bootstrap.py").write_bytes((BOOTSTRAP.parent / "bootstrap_loader.py").read_bytes())
-    (tmp_path / "hpclaunch_bootstrap.py").write_bytes(BOOTSTRAP.read_bytes())
-    shipped = median_ms([BOOT_PY, "-I", "-S", str(tmp_path / "bootstrap.py"), "true"])
+    for source in (node.LOADER, node.BOOTSTRAP):  # the run folder's layout (launching)
+        shutil.copyfile(node.path(source), tmp_path / node.RUN_DIR_NAME[source])
+    loader = tmp_path / node.RUN_DIR_NAME[node.LOADER]
+    shipped = median_ms([BOOT_PY, *node.PYTHON_FLAGS, str(loader), "true"])
     with capsys.disabled():
         print(
             f"\n[bootstrap overhead] true: {direct:.1f} ms, python -I -S: {interp:.1f} ms, "
