@@ -40,6 +40,7 @@ STATE="${TESTBED_STATE:-/var/tmp/hpclaunch-testbed}"
 LAYOUT_WANTED="${TESTBED_LAYOUT:-auto}"
 TIMEOUT="${TESTBED_TIMEOUT:-60}"
 TB_USER=hpcuser
+OTHER_USER=hpcother  # tests/testbed.py OTHER_USER
 CONF="$STATE/slurm.conf"
 # Every daemon we start carries this variable in its environment: down.sh checks it
 # in /proc/PID/environ before killing a recorded PID, so a reused PID is never hit.
@@ -138,6 +139,12 @@ if ! id -u "$TB_USER" >/dev/null 2>&1; then
 fi
 user_home="$(getent passwd "$TB_USER" | cut -d: -f6)"
 install -d -o "$TB_USER" -g "$TB_USER" -m 0755 "$user_home" "$STATE/work"
+# A second, unrelated user on the same machine and nodes: the shared-cluster tests plant
+# files as it (symlinks and folders at paths another user's job might use).
+if ! id -u "$OTHER_USER" >/dev/null 2>&1; then
+    log "creating user $OTHER_USER"
+    useradd -m -s /bin/bash "$OTHER_USER"
+fi
 
 # ---------------------------------------------------------------------------------
 # 4. State folder: a fresh cluster each time (job ids restart, so the old job

@@ -28,6 +28,7 @@ class Hpc:
 
     cwd: Path
     env: dict[str, str]
+    user: str = testbed.USER
 
     def run(
         self,
@@ -43,7 +44,7 @@ class Hpc:
     ) -> subprocess.CompletedProcess[str]:
         environment = {**self.env, **(env or {})}
         return subprocess.run(
-            ["runuser", "-u", testbed.USER, "--", *argv],
+            ["runuser", "-u", self.user, "--", *argv],
             cwd=self.cwd,
             env=environment,
             capture_output=True,
@@ -91,7 +92,18 @@ def slurm_conf() -> Path:
 @pytest.fixture
 def hpc(slurm_conf: Path) -> Iterator[Hpc]:
     """A fresh folder in the shared file system, owned by the test user, as cwd."""
-    user = pwd.getpwnam(testbed.USER)
+    yield from _user_folder(slurm_conf, testbed.USER)
+
+
+@pytest.fixture
+def other(slurm_conf: Path) -> Iterator[Hpc]:
+    """Like :func:`hpc`, for the testbed's second user (:data:`testbed.OTHER_USER`): the
+    neighbour on a shared cluster who plants files where the test user's runs look."""
+    yield from _user_folder(slurm_conf, testbed.OTHER_USER)
+
+
+def _user_folder(slurm_conf: Path, name: str) -> Iterator[Hpc]:
+    user = pwd.getpwnam(name)
     folder = testbed.work_dir() / f"t-{uuid.uuid4().hex[:10]}"
     folder.mkdir(parents=True)
     (folder / "xdg").mkdir()
@@ -101,14 +113,14 @@ def hpc(slurm_conf: Path) -> Iterator[Hpc]:
         "PATH": f"{VENV_BIN}:{testbed.USER_PATH}",
         "SLURM_CONF": str(slurm_conf),
         "HOME": user.pw_dir,
-        "USER": testbed.USER,
-        "LOGNAME": testbed.USER,
+        "USER": name,
+        "LOGNAME": name,
         "LANG": "C.UTF-8",
         "XDG_DATA_HOME": str(folder / "xdg"),
         "XDG_CONFIG_HOME": str(folder / "xdg"),
         "HPCLAUNCH_CLUSTER": "slurm",
     }
-    yield Hpc(cwd=folder, env=env)
+    yield Hpc(cwd=folder, env=env, user=name)
     testbed.wait_idle(timeout=60)
     shutil.rmtree(folder, ignore_errors=True)
 

@@ -20,6 +20,9 @@ from pathlib import Path
 
 #: The unprivileged user that submits the tests' jobs.
 USER = "hpcuser"
+#: A second, unrelated user on the same machine and nodes (``up.sh`` makes it): the
+#: shared-cluster tests plant files as it.
+OTHER_USER = "hpcother"
 #: The testbed's node names, in order.
 NODES = ("node1", "node2")
 #: Default state folder of ``testbed/up.sh`` (override with the ``TESTBED_STATE`` variable).
@@ -389,3 +392,54 @@ def node_procs(name: str) -> list[str]:
             continue  # ended meanwhile
         found.append(f"{word} {args.strip()}")
     return found
+
+
+def on_node(name: str, argv: list[str], user: str = OTHER_USER) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``user`` inside node ``name``'s mount namespace (its private
+    ``/tmp``), as a process of that user logged in on the node would; on the host in the
+    localhost layout. Does not raise on a non-zero exit status."""
+    prefix: list[str] = []
+    if layout() == "netns":
+        pid = slurmd_pid(name)
+        if pid is None:
+            raise RuntimeError(f"{name} is down")
+        prefix = ["nsenter", "-t", str(pid), "-m", "--"]
+    return subprocess.run(
+        [*prefix, "runuser", "-u", user, "--", *argv],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
+def on_every_node(argv: list[str], user: str = OTHER_USER) -> None:
+    """:func:`on_node` on each node; raises when it fails on one."""
+    for name in NODES:
+        done = on_node(name, argv, user)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv} as {user} on {name}: {done.stderr.strip()}")
+
+
+class protected_symlinks_off:
+    """``fs.protected_symlinks = 0`` inside a ``with`` block, restored afterwards.
+
+    With the kernel's protection on (Debian's default), following another user's symlink
+    in a sticky world-writable folder such as /tmp fails anyway; the shared-cluster tests
+    turn it off so that they show hpclaunch's own checks, which must hold on a node whose
+    kernel does not protect (and in folders that are not sticky, where it never does)."""
+
+    PATH = Path("/proc/sys/fs/protected_symlinks")
+
+    def __init__(self) -> None:
+        self.saved: str | None = None
+
+    def __enter__(self) -> protected_symlinks_off:
+        try:
+            self.saved = self.PATH.read_text().strip()
+            if self.saved != "0":
+                self.PATH.write_text("0\n")
+        except OSError:
+            self.saved = None  # not ours to change (e.g. a read-only /proc/sys): as it is
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved not in (None, "0"):
+            self.PATH.write_text(self.saved + "\n")
