@@ -116,6 +116,9 @@ def test_a_group_writable_file_is_ignored_until_listed(hpc: Hpc) -> None:
     assert preview.returncode == 0, preview.stderr
     assert f"hpclaunch: project file: {path}" in preview.stderr
     assert str(marker) in preview.stdout and WARNING not in preview.stderr
+    sweep = victim.run("sweep", "--cluster", "local", "--grid", "lr=1,2", "--dry-run", "--", "true")
+    assert sweep.returncode == 0, sweep.stderr
+    assert f"hpclaunch: project file: {path}" in sweep.stderr
 
 
 RECORDING_SSH = """#!/bin/sh

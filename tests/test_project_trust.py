@@ -109,6 +109,7 @@ def test_a_group_writable_file_is_ignored_until_fixed(tmp_path: Path, env: dict[
     prepared = _prepare(tmp_path, env)
     assert prepared.project_file is None and not prepared.spec.setup
     assert _warned(prepared, f"ignoring {mine}", "writable by its group (mode 0664)")
+    assert _warned(prepared, f"Fix: chmod go-w {mine}, or if others must edit it, add it")
     mine.chmod(0o644)
     assert _prepare(tmp_path, env).project_file == mine
 
@@ -183,3 +184,11 @@ def test_the_cli_says_each_warning_once(tmp_path: Path, env: dict[str, str]) -> 
     projectfile.tell(found.warnings)
     assert not any("ignoring" in line for line in _prepare(tmp_path, env).warnings)
     projectfile._TOLD.clear()
+
+
+def test_hpclaunch_config_names_a_file_that_obeys_the_same_rule(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    planted = _write(tmp_path / "team.toml", PLANTED, uid=_other_uid())
+    prepared = _prepare(tmp_path, {**env, "HPCLAUNCH_CONFIG": str(planted)})
+    assert prepared.project_file is None and _warned(prepared, f"ignoring {planted}")

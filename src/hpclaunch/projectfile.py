@@ -86,10 +86,12 @@ def find(cwd: Path, environ: Mapping[str, str]) -> Found:
             continue
         raw, why = _read_trusted(candidate, config)
         if raw is None:
+            listing = f"add it to safe_project_files in {config.path}"
+            own = why.startswith("writable")  # the user's (or root's) file, too open
+            fix = f"chmod go-w {candidate}, or if others must edit it, {listing}"
             warnings.append(
                 f"ignoring {candidate}: {why}; a project file is read only when it is yours "
-                "and writable by you alone. Fix: if you trust it, add it to "
-                f"safe_project_files in {config.path}"
+                f"and writable by you alone. Fix: {fix if own else 'if you trust it, ' + listing}"
             )
             continue  # one not to trust hides nothing above it either: read on
         data = _parse(raw, candidate)

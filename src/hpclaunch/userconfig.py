@@ -124,7 +124,11 @@ def load(environ: Mapping[str, str]) -> UserConfig:
     path = config_path(environ)
     raw, why = read_owned(path)
     if why:
-        fix = f"chown $USER {path}; chmod go-w {path}"
+        fix = (
+            f"chmod go-w {path}"
+            if why.startswith("writable")
+            else f"remove {path} and write your own"
+        )
         return UserConfig(path, warnings=(f"ignoring {path}: {why}. Fix: {fix}",))
     if raw is None:
         return UserConfig(path)
