@@ -1,6 +1,7 @@
 """Configuration layers -> one JobSpec.
 
-built-in profile < user profile < project hpclaunch.toml ([run], [clusters.NAME])
+built-in profile < user profile < project hpclaunch.toml ([run], [clusters.NAME]; which
+file, and whether it may be read: projectfile.py)
 < environment (HPCLAUNCH_CLUSTER, HPCLAUNCH_CONFIG, SBATCH_ACCOUNT/PARTITION/RESERVATION)
 < command line. Every value is converted to its type here; config only layers: it never
 asks Slurm, packs data or looks inside images (preparing.py does, where a run starts).
@@ -13,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from . import projectfile
 from .errors import UserError, show
 from .options import BY_NAME
-from .tomlfiles import read_toml
+from .projectfile import PROJECT_FILE
 from .units import parse_memory, parse_size, parse_time
 
-PROJECT_FILE = "hpclaunch.toml"
 # sbatch reads these itself; hpclaunch resolves them into the spec so the script shows them.
 SBATCH_ENV = {
     "account": "SBATCH_ACCOUNT",
@@ -36,6 +37,7 @@ class Layers:
     project_file: Optional[Path]
     project_run: dict[str, Any] = field(default_factory=dict)  # [run] as written
     project_clusters: dict[str, Any] = field(default_factory=dict)  # [clusters.NAME]
+    project_warnings: tuple[str, ...] = ()  # project files ignored, hosts not taken, why
 
     @property
     def cluster(self) -> Optional[tuple[str, str]]:
@@ -46,42 +48,24 @@ class Layers:
 
 
 def find_project_file(cwd: Path, environ: Mapping[str, str]) -> Optional[Path]:
-    explicit = environ.get("HPCLAUNCH_CONFIG")
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise UserError(
-                "HPCLAUNCH_CONFIG", f"{show(explicit)} is not a file", "", "Fix or unset it"
-            )
-        return path
-    for folder in (cwd, *cwd.parents):
-        candidate = folder / PROJECT_FILE
-        if candidate.is_file():
-            return candidate
-        if candidate.exists() or candidate.is_symlink():
-            raise UserError(
-                str(candidate),
-                "not a readable file (a folder, a broken link or a special file)",
-                "",
-                f"Remove or rename it, or write the project's settings into a {PROJECT_FILE}",
-            )
-        if (folder / ".git").exists():
-            break  # the project ends at its git root
-    return None
+    """The project file a command here uses (projectfile.py: where it is looked for,
+    and when it may be read)."""
+    return projectfile.find(cwd, environ).path
 
 
 def project_tables(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The project file's [run] and [clusters] tables (empty without a file)."""
-    return _project(find_project_file(cwd, environ))
+    return tables_of(projectfile.find(cwd, environ))
 
 
 SWEEP_KEYS = ("wandb_sweep",)  # [sweep] in hpclaunch.toml (read by sweeps/wandb.py)
 
 
-def _project(path: Optional[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+def tables_of(found: projectfile.Found) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A found project file's [run] and [clusters], every key checked."""
+    path, data = found.path, found.data
     if path is None:
         return {}, {}
-    data = read_toml(path, PROJECT_FILE)
     unknown = sorted(set(data) - {"run", "clusters", "sweep"})
     if unknown:
         raise UserError(
@@ -166,8 +150,8 @@ def _convert(name: str, value: Any, where: str) -> Any:
 
 def layers(cli: Mapping[str, Any], cwd: Path, environ: Mapping[str, str]) -> Layers:
     """All layers -> typed values. `cli` holds only options the caller gave."""
-    project_path = find_project_file(cwd, environ)
-    project_run, project_clusters = _project(project_path)
+    found = projectfile.find(cwd, environ)
+    project_run, project_clusters = tables_of(found)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key, raw in project_run.items():
@@ -181,7 +165,14 @@ def layers(cli: Mapping[str, Any], cwd: Path, environ: Mapping[str, str]) -> Lay
         name = key.replace("_", "-")
         values[BY_NAME[name].dest] = _convert(name, raw, "cli")
         sources[BY_NAME[name].dest] = "cli"
-    return Layers(values, sources, project_path, dict(project_run), dict(project_clusters))
+    return Layers(
+        values,
+        sources,
+        found.path,
+        dict(project_run),
+        dict(project_clusters),
+        found.warnings,
+    )
 
 
 def named_cluster(

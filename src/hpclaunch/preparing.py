@@ -10,7 +10,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from . import config, containers, dependencies, discover, project, rundirs, stage, venvs
+from . import (
+    config,
+    containers,
+    dependencies,
+    discover,
+    project,
+    projectfile,
+    rundirs,
+    stage,
+    venvs,
+)
 from .errors import UserError
 from .profiles import Profile, load_profile
 from .spec import JobSpec
@@ -55,6 +65,13 @@ def prepare_spec(
     spec, warnings = _with_container(spec, profile, values, environ, cwd)
     if profile.kind == "local":
         warnings = [*_local_notes(sources), *warnings]
+    # Which project file gave settings, and those ignored (unless the CLI said so already).
+    ignored = projectfile.untold(layers.project_warnings)
+    warnings = [
+        *(f"hpclaunch: warning: {line}" for line in ignored),
+        *projectfile.used_line(layers.project_file),
+        *warnings,
+    ]
     return Prepared(
         spec=spec,
         profile=profile,

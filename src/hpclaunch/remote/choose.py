@@ -4,6 +4,7 @@
 profile the command names (`--cluster`, HPCLAUNCH_CLUSTER, the project file's
 `cluster`) may say `[remote] host`; that is ignored on the login node itself: where the
 hostname matches the host or the profile's login_hostnames, or where sbatch is on PATH.
+A project file's host counts only when the user's own settings name it (projectfile.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import fnmatch
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from ..errors import UserError
 
@@ -50,16 +51,18 @@ def _split(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
     return host, out
 
 
-def _named_cluster(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Optional[str]:
+def _named_cluster(
+    argv: Sequence[str], project_run: Mapping[str, Any], environ: Mapping[str, str]
+) -> Optional[str]:
     words = list(argv[: argv.index("--")] if "--" in argv else argv)
     for i, word in enumerate(words):
         if word == "--cluster" and i + 1 < len(words):
             return words[i + 1]
         if word.startswith("--cluster="):
             return word.partition("=")[2]
-    from ..config import named_cluster, project_tables
+    from ..config import named_cluster
 
-    found = named_cluster(project_tables(cwd, environ)[0], environ)
+    found = named_cluster(project_run, environ)
     return found[0] if found else None
 
 
@@ -85,13 +88,19 @@ def choose(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Option
         return Choice(host, tuple(rest), OPTION)
     if argv[0] in ("-h", "--help", "--version"):
         return None
-    name = _named_cluster(rest, cwd, environ)
+    from .. import projectfile
+    from ..config import tables_of
+
+    # Read here for every command: a project file that is ignored, or a [remote] host it
+    # may not name, is said now, whether or not the command reads the file again.
+    found = projectfile.find(cwd, environ)
+    projectfile.tell(found.warnings)
+    project_run, clusters = tables_of(found)
+    name = _named_cluster(rest, project_run, environ)
     if not name:
         return None
-    from ..config import project_tables
     from ..profiles import load_profile, user_profile_dir
 
-    clusters = project_tables(cwd, environ)[1]
     if name not in clusters and not (user_profile_dir(environ) / f"{name}.toml").is_file():
         return None  # a built-in profile: none names a remote (no load on the fast path)
     profile = load_profile(name, clusters, environ)
