@@ -13,10 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import VENV_BIN
+from conftest import VENV_BIN, Hpc
 from hpclaunch.logs import LogFollower, terminal_safe
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
@@ -128,3 +129,15 @@ def test_a_local_run_and_logs_show_escapes_on_a_terminal_log_keeps_bytes(tmp_pat
         [HPCLAUNCH, "logs", "last"], cwd=tmp_path, env=env, capture_output=True, check=False
     )
     assert TITLE.encode() in piped.stdout  # a pipe gets the bytes
+
+
+@pytest.mark.testbed
+def test_a_slurm_run_wait_shows_escapes_on_a_terminal(hpc: Hpc) -> None:
+    """The same through `run --wait` of a Slurm job on the testbed (monitor's follower)."""
+    program = f"import sys; sys.stdout.write({TITLE + CURSOR_UP + RED + 'red' + RESET!r} + '\\n')"
+    argv = ["runuser", "-u", hpc.user, "--", "hpclaunch", "run", "--wait", "--", "python3", "-c"]
+    shown = _under_a_pty([*argv, program], hpc.cwd, hpc.env)
+    assert f"\\x1b]0;pwned\\x07\\x1b[2A{RED}red{RESET}\r\n" in shown, repr(shown)
+    assert "\x1b]" not in shown and CURSOR_UP not in shown
+    [log] = (hpc.cwd / "runs").glob("*/*/logs/rank-0.out")
+    assert log.read_bytes() == (TITLE + CURSOR_UP + RED + "red" + RESET + "\n").encode()
