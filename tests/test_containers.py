@@ -84,6 +84,12 @@ def test_image_notes_name_the_file_and_warn_when_others_can_change_it(tmp_path: 
     os.chown(image, 65534, 65534)  # tests run as root; any other user
     (_, warning) = containers.image_notes(str(image), str(image))
     assert f"{image} is owned by " in warning and "and writable by others:" in warning
+    # The site's images belong to its own account: only their write bits count.
+    for value in ("torch.sif", "$SIF"):
+        (_, warning) = containers.image_notes(value, str(image))
+        assert f"{image} is writable by others:" in warning
+    image.chmod(0o644)
+    assert len(containers.image_notes("torch.sif", str(image))) == 1
 
 
 def test_bind_forms_and_refusals(tmp_path: Path) -> None:

@@ -130,20 +130,21 @@ def resolve_image(
 
 def image_notes(value: str, image: str) -> list[str]:
     """What --dry-run and the start say about the image: the file used and where it was
-    found; a warning when someone other than the user (or root) can change it."""
+    found; a warning when someone other than the user (or root) can change it. The site's
+    images (the profile's folders, a container module's $SIF) belong to whatever account
+    the site keeps them under: only their write permissions are checked."""
+    origin = ""
     if value.startswith("$"):
         origin = f" (from {value})"
     elif "/" not in value:
         origin = f" (found in the profile's image folder {os.path.dirname(image)})"
-    else:
-        origin = ""
     notes = [f"hpclaunch: container image {image}{origin}"]
     try:
         info = os.stat(image)
     except OSError:
         return notes
     problems = []
-    if info.st_uid not in (0, os.getuid()):
+    if not origin and info.st_uid not in (0, os.getuid()):
         problems.append(f"owned by {_uid_name(info.st_uid) or info.st_uid}")
     writers = [who for who, bit in (("group", 0o020), ("others", 0o002)) if info.st_mode & bit]
     if writers:
