@@ -33,8 +33,63 @@ def test_image_by_path_name_and_module_variable(tmp_path: Path) -> None:
     assert containers.resolve_image("$SIF", settings, env, tmp_path) == found
     with pytest.raises(UserError, match=r"\$SIF is not set"):
         containers.resolve_image("$SIF", settings, {}, tmp_path)
-    with pytest.raises(UserError, match=r"not found.*looked for"):
+    with pytest.raises(
+        UserError, match=r"not found \(a bare name is looked up only in the profile's image folders"
+    ):
         containers.resolve_image("jax", settings, {}, tmp_path)
+
+
+def test_bare_image_name_is_looked_up_only_in_the_profile_image_folders(tmp_path: Path) -> None:
+    """Another user of a group folder can leave `torch.sif` in the current folder: a bare
+    name never finds it; `./torch.sif` (a slash) means exactly that file."""
+    folder = tmp_path / "sif-images"
+    folder.mkdir()
+    (folder / "torch.sif").write_bytes(b"SIF_MAGIC")
+    cwd = tmp_path / "group-project"
+    cwd.mkdir()
+    for name in ("torch.sif", "jax.sif", "jax"):
+        (cwd / name).write_bytes(b"SIF_MAGIC planted")
+    settings = ContainerSettings(image_dirs=(str(folder),))
+    assert containers.resolve_image("torch.sif", settings, {}, cwd) == folder / "torch.sif"
+    assert containers.resolve_image("./torch.sif", settings, {}, cwd) == cwd / "torch.sif"
+    assert containers.resolve_image("../sif-images/torch.sif", settings, {}, cwd).is_file()
+    with pytest.raises(UserError) as refused:
+        containers.resolve_image("jax.sif", settings, {}, cwd)
+    line = refused.value.line()
+    assert "\n" not in line and str(folder) in line and "Write ./jax.sif" in line, line
+    with pytest.raises(UserError, match=r"sets no \[container\] image_dirs.*Write ./jax "):
+        containers.resolve_image("jax", ContainerSettings(), {}, cwd)
+    with pytest.raises(UserError, match="not found"):
+        containers.resolve_image("./missing.sif", settings, {}, cwd)
+    # A module's $SIF holding a bare name follows the same rule.
+    with pytest.raises(UserError, match="image folders"):
+        containers.resolve_image("$SIF", settings, {"SIF": "jax.sif"}, cwd)
+
+
+def test_image_notes_name_the_file_and_warn_when_others_can_change_it(tmp_path: Path) -> None:
+    image = tmp_path / "torch.sif"
+    image.write_bytes(b"SIF_MAGIC")
+    image.chmod(0o644)
+    found = containers.image_notes("torch.sif", str(image))
+    assert found == [
+        f"hpclaunch: container image {image} (found in the profile's image folder {tmp_path})"
+    ]
+    assert containers.image_notes(str(image), str(image)) == [f"hpclaunch: container image {image}"]
+    assert containers.image_notes("$SIF", str(image))[0].endswith("(from $SIF)")
+    image.chmod(0o664)
+    assert containers.image_notes(str(image), str(image))[1].startswith(
+        f"container image {image} is writable by group: "
+    )
+    image.chmod(0o646)
+    os.chown(image, 65534, 65534)  # tests run as root; any other user
+    (_, warning) = containers.image_notes(str(image), str(image))
+    assert f"{image} is owned by " in warning and "and writable by others:" in warning
+    # The site's images belong to its own account: only their write bits count.
+    for value in ("torch.sif", "$SIF"):
+        (_, warning) = containers.image_notes(value, str(image))
+        assert f"{image} is writable by others:" in warning
+    image.chmod(0o644)
+    assert len(containers.image_notes("torch.sif", str(image))) == 1
 
 
 def test_bind_forms_and_refusals(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from .node import SQUASHFS
 from .profiles import ContainerSettings, Profile
 from .shell import Word
 from .spec import Bind, ContainerJob, StageItem
+from .users import _uid_name
 
 ENV_FD = 3
 # Static text (no user value in it): export the task's whole environment into fd 3, then
@@ -90,8 +91,10 @@ def image_kind(path: Path) -> str:
 def resolve_image(
     value: str, settings: ContainerSettings, environ: Mapping[str, str], cwd: Path
 ) -> Path:
-    """A path, `$VAR` (a container module's $SIF), or a name in the profile's image folders."""
-    tried: list[str] = []
+    """`$VAR` (a container module's $SIF) is read from the environment first. Then a value
+    with a slash (`./NAME.sif`, `../x.sif`, `/abs/x.sif`) is that file; a bare name is
+    looked up only in the profile's image folders (NAME, then NAME.sif), never in the
+    current folder, where another user of a group folder could have put one."""
     if value.startswith("$"):
         name = value.strip("${}")
         if not environ.get(name):
@@ -102,21 +105,56 @@ def resolve_image(
                 "Load the container module first, or give the image's path",
             )
         value = environ[name]
-    candidates = [Path(_absolute(value, cwd))]
-    if "/" not in value:
-        for folder in settings.image_dirs:
-            candidates += [Path(folder) / value, Path(folder) / f"{value}.sif"]
-    for path in candidates:
+    if "/" in value:
+        path = Path(_absolute(value, cwd))
         if path.exists():
             return path
-        tried.append(str(path))
+        raise UserError(
+            "--container", f"image {show(value)} not found", f"no {path}", "Give the image's path"
+        )
+    names = (value,) if value.endswith(".sif") else (value, f"{value}.sif")
+    folders = [_absolute(folder, cwd) for folder in settings.image_dirs]
+    for folder in folders:
+        for name in names:
+            if os.path.exists(os.path.join(folder, name)):
+                return Path(folder, name)
+    searched = ", ".join(folders) if folders else "none: the profile sets no [container] image_dirs"
+    here = f"./{value}" if os.path.exists(cwd / value) else f"./{names[-1]}"
     raise UserError(
         "--container",
         f"image {show(value)} not found",
-        "looked for " + ", ".join(tried),
-        "Give the image's path"
-        + (f" or a name from {settings.image_dirs[0]}" if settings.image_dirs else ""),
+        f"a bare name is looked up only in the profile's image folders: {searched}",
+        f"Write {here} for a file in the current folder, or give the image's path",
     )
+
+
+def image_notes(value: str, image: str) -> list[str]:
+    """What --dry-run and the start say about the image: the file used and where it was
+    found; a warning when someone other than the user (or root) can change it. The site's
+    images (the profile's folders, a container module's $SIF) belong to whatever account
+    the site keeps them under: only their write permissions are checked."""
+    origin = ""
+    if value.startswith("$"):
+        origin = f" (from {value})"
+    elif "/" not in value:
+        origin = f" (found in the profile's image folder {os.path.dirname(image)})"
+    notes = [f"hpclaunch: container image {image}{origin}"]
+    try:
+        info = os.stat(image)
+    except OSError:
+        return notes
+    problems = []
+    if not origin and info.st_uid not in (0, os.getuid()):
+        problems.append(f"owned by {_uid_name(info.st_uid) or info.st_uid}")
+    writers = [who for who, bit in (("group", 0o020), ("others", 0o002)) if info.st_mode & bit]
+    if writers:
+        problems.append("writable by " + " and ".join(writers))
+    if problems:
+        notes.append(
+            f"container image {image} is {' and '.join(problems)}: someone else can change "
+            "what your job runs (use an image only you or root can write: chmod go-w, or a copy)"
+        )
+    return notes
 
 
 def runtime_command(runtime: str, settings: ContainerSettings) -> str:

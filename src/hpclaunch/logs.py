@@ -196,11 +196,14 @@ class LogFollower:
         else:
             prefix = f"[{self._nodes.get(tail.rank, '?')} {tail.rank}] "
         stream = self._err if tail.to_err else self._out
-        if prefix and _coloured(stream):
+        terminal = _is_terminal(stream)
+        if prefix and terminal and _colour_allowed:
             # One colour per rank, so that interleaved ranks stay apart on a terminal.
             colour = _COLOURS[(tail.rank or 0) % len(_COLOURS)] if tail.rank is not None else "2"
             prefix = f"\x1b[{colour}m{prefix.rstrip()}\x1b[0m "
         texts = [_visible(line.decode("utf-8", "replace"), self._tag) for line in lines]
+        if terminal:  # the program's own escapes are shown, not acted on; files keep them
+            texts = [terminal_safe(text) for text in texts]
         safe_write(stream, "".join(prefix + t + "\n" for t in texts))
         return len(lines)
 
@@ -289,14 +292,35 @@ def configure(*, no_color: bool) -> None:
     _colour_allowed = not no_color
 
 
-def _coloured(stream: TextIO) -> bool:
-    """Colour only on a terminal: piped output and files stay plain text."""
-    if not _colour_allowed:
-        return False
+def _is_terminal(stream: TextIO) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+# What a rank may not send to the user's terminal: ESC unless it starts a colour (SGR)
+# sequence `ESC [ digits;: m`, every other C0 control but TAB, LF, CR and BS, DEL, and the
+# C1 controls (U+0080-U+009F; some terminals act on U+009B as CSI). A program's output
+# could otherwise retitle the window, move the cursor over earlier lines, or send the
+# OSC / DCS sequences some terminals answer by typing text into the user's shell.
+_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+_CONTROL = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]")  # ESC aside
+_UNSAFE = re.compile(r"\x1b(?!\[[0-9;:]*m)|" + _CONTROL.pattern)
+_ESCAPED = {chr(code): f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def terminal_safe(text: str) -> str:
+    """Rank output as it may be shown on a terminal: colours, `\\r` and `\\b` kept, every
+    other control character shown as the text `\\xNN` (so `ESC ] 0 ; t BEL` reads
+    `\\x1b]0;t\\x07`). Only for a terminal: log files and pipes keep the bytes."""
+    # Fast paths, each one pass in C (the full substitution is several times slower):
+    # most lines are printable; most others only add colours, tabs, \r or \b.
+    if text.isprintable():
+        return text
+    if not _CONTROL.search(text) and text.count("\x1b") == len(_SGR.findall(text)):
+        return text
+    return _UNSAFE.sub(lambda found: _ESCAPED[found.group()], text)
 
 
 def _visible(text: str, tagged: bool) -> str:

@@ -177,6 +177,8 @@ def _with_container(
         profile, values, environ, cwd, nodes=spec.nodes, gpus=spec.gpus_per_node, own=own
     )
     warnings: list[str] = []
+    if job is not None:
+        warnings += containers.image_notes(str(values.get("container") or ""), job.image)
     if venv:
         venv, warnings = venvs.check_venv(venv, job)
     if job is not None:

@@ -78,6 +78,9 @@ def create_cmd(
     values = {"container": container, "container_runtime": container_runtime, "bind": bind}
     job = containers.resolve(profile, values, environ, cwd, nodes=1, gpus=0, own=own)
     if job is not None:
+        for line in containers.image_notes(str(container or ""), job.image):
+            warning = line if line.startswith("hpclaunch:") else f"hpclaunch: warning: {line}"
+            click.echo(warning, err=True)
         job = containers.check_mount_points(job, profile.container)
         containers.make_mount_points(job)
     venvs.create(venv, job, profile.python, req, out=sys.stderr)
