@@ -11,7 +11,7 @@ from typing import Optional
 
 from . import records, states
 from .backends import for_record
-from .backends.watchdog import launcher_gone
+from .backends.watchdog import LAUNCHER_GONE, launcher_gone
 from .errors import HpclaunchError
 from .monitor import JobStatus, chain_status, job_exit_code
 from .records import RunRecord
@@ -39,6 +39,9 @@ def _local_truth(record: RunRecord) -> RunRecord:
     gone = launcher_gone(pid, record.launcher_started)
     if gone is None:
         return record
+    ended = _ranks_ended(record)
+    if ended is not None:  # its end was not recorded (a full disk): the ranks tell it
+        return _stored(record, ended)
     reason = f"hpclaunch (pid {pid}) ended before the run; its ranks were ended"
     if gone != "ended":
         reason += f" ({gone})"
@@ -48,6 +51,23 @@ def _local_truth(record: RunRecord) -> RunRecord:
         "reason": reason,
     }
     return _stored(record, changes)
+
+
+def _ranks_ended(record: RunRecord) -> Optional[dict[str, object]]:
+    """A local run whose every rank reported its end and whose watchdog did not end
+    them: the end its launcher could not write (COMPLETED, or FAILED with the first
+    failing rank's code)."""
+    found = record.events
+    size = record.world_size
+    if not size or len(found.returncodes) < size or found.attempts:
+        return None
+    if any(e.get("event") == LAUNCHER_GONE for e in records.event_lines(record.path)):
+        return None
+    if found.first_failure is None:
+        return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": found.last_end}
+    rc = found.first_failure[1]
+    code = 128 - rc if rc < 0 else rc
+    return {"state": states.State.FAILED.value, "exit_code": code, "ended_at": found.last_end}
 
 
 def _is_point(record: RunRecord) -> bool:
