@@ -17,9 +17,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from . import locking
 from .attempts import Attempt, fold
 from .errors import HpclaunchError
+from .locking import exclusive
 from .node import EVENTS, INPUT_BOUND
 from .rundirs import RECORD
 from .spec import MASK, is_secret
@@ -258,7 +258,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def _locked(run_dir: Path) -> contextlib.AbstractContextManager[None]:
     """One writer of run.json at a time (read-modify-write from several processes): an
     flock on the run folder itself, else a lock file beside the record (locking.py)."""
-    return locking.exclusive(run_dir)
+    return exclusive(run_dir)
 
 
 def create(run_dir: Path, data: dict[str, Any]) -> None:
