@@ -53,6 +53,23 @@ def test_other_flock_errors_still_raise(tmp_path: Path, monkeypatch: pytest.Monk
         records.update(tmp_path, state="RUNNING")
 
 
+def test_the_optuna_journal_needs_no_flock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optuna's JournalFileBackend locks with a symlink (JournalFileSymlinkLock), never
+    flock: where flock fails, the sweep's journal works as it is."""
+    pytest.importorskip("optuna")
+    from hpclaunch.sweeps import trials
+    from hpclaunch.sweeps.space import SpaceParam
+
+    monkeypatch.setattr(fcntl, "flock", _failing_flock(errno.ENOLCK))
+    space = (SpaceParam("x", "float", low=-5.0, high=5.0),)
+    trials.create_study(tmp_path, "sw", "minimize")
+    for point in range(3):
+        _, params = trials.ask(tmp_path, "sw", space, point, f"9_{point}", lambda p: set(p))
+        loss = (float(str(params["x"])) - 2) ** 2
+        assert trials.tell(tmp_path, "sw", point, 0, {"loss": loss}, "loss") == "COMPLETE"
+    assert [r["state"] for r in trials.trial_rows(tmp_path, "sw")] == ["COMPLETE"] * 3
+
+
 def _count_up(folder: str, times: int) -> None:
     fcntl.flock = _failing_flock(errno.ENOLCK)  # type: ignore[assignment]
     for _ in range(times):

@@ -46,7 +46,8 @@ def storage(sweep_dir: Path) -> optuna.storages.BaseStorage:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    # The default lock (a symlink) works on NFS and Lustre, where the batch hosts meet.
+    # The default lock (a symlink, JournalFileSymlinkLock) works on NFS and Lustre, where
+    # the batch hosts meet, and never uses flock: also where flock is refused.
     return JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL)))
 
 
