@@ -70,6 +70,29 @@ def test_the_optuna_journal_needs_no_flock(tmp_path: Path, monkeypatch: pytest.M
     assert [r["state"] for r in trials.trial_rows(tmp_path, "sw")] == ["COMPLETE"] * 3
 
 
+def test_a_sweep_folder_without_symlinks_uses_optunas_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("optuna")
+    from optuna.storages.journal import JournalFileOpenLock
+
+    from hpclaunch.sweeps import trials
+    from hpclaunch.sweeps.space import SpaceParam
+
+    def no_symlink(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "symlink", no_symlink)
+    monkeypatch.setattr(fcntl, "flock", _failing_flock(errno.ENOLCK))
+    trials.create_study(tmp_path, "sw", "maximize")
+    assert (tmp_path / trials.OPEN_LOCK).exists()
+    backend = trials.storage(tmp_path)._backend  # type: ignore[attr-defined]
+    assert isinstance(backend._lock, JournalFileOpenLock)
+    space = (SpaceParam("x", "float", low=0.0, high=1.0),)
+    _, params = trials.ask(tmp_path, "sw", space, 0, "9_0", lambda p: set(p))
+    assert trials.tell(tmp_path, "sw", 0, 0, {"m": params["x"]}, "m") == "COMPLETE"
+
+
 def _count_up(folder: str, times: int) -> None:
     fcntl.flock = _failing_flock(errno.ENOLCK)  # type: ignore[assignment]
     for _ in range(times):
