@@ -54,20 +54,18 @@ def _local_truth(record: RunRecord) -> RunRecord:
 
 
 def _ranks_ended(record: RunRecord) -> Optional[dict[str, object]]:
-    """A local run whose every rank reported its end and whose watchdog did not end
-    them: the end its launcher could not write (COMPLETED, or FAILED with the first
-    failing rank's code)."""
+    """A local run whose every rank exited 0, the end its launcher could not write (a
+    full disk): COMPLETED. Ranks that failed or were killed could also have been ended by
+    the watchdog, whose own event may not be written yet: those stay CANCELLED."""
     found = record.events
     size = record.world_size
     if not size or len(found.returncodes) < size or found.attempts:
         return None
+    if any(found.returncodes.values()):
+        return None
     if any(e.get("event") == LAUNCHER_GONE for e in records.event_lines(record.path)):
         return None
-    if found.first_failure is None:
-        return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": found.last_end}
-    rc = found.first_failure[1]
-    code = 128 - rc if rc < 0 else rc
-    return {"state": states.State.FAILED.value, "exit_code": code, "ended_at": found.last_end}
+    return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": found.last_end}
 
 
 def _is_point(record: RunRecord) -> bool:
