@@ -241,6 +241,26 @@ def test_an_index_line_cut_short_is_taken_back() -> None:
         assert not listing.skipped
 
 
+def test_a_job_accepted_on_a_full_disk_is_a_warning_naming_job_folder_and_fix() -> None:
+    from hpclaunch import launching, rundirs
+
+    with small_tmpfs() as mount:
+        run_dir = mount / "runs" / "default" / "r1"
+        run_dir.mkdir(parents=True)
+        records.create(run_dir, {"run_id": "r1", "state": "CREATED"})
+        env = {"XDG_DATA_HOME": str(mount / "xdg")}
+        req = launching.Request({}, ("true",), mount, env)
+        paths = rundirs.RunPaths("r1", run_dir, run_dir / "checkpoints")
+        filler = fill(mount)
+        entry = {"run_id": "r1", "run_dir": str(run_dir), "job_id": "4242", "pad": "p" * 8000}
+        notes = launching._record_accepted(req, paths, "4242", {"state": "PENDING"}, entry)
+        assert len(notes) == 2, notes
+        assert all("4242" in note and str(run_dir) in note for note in notes)
+        assert "scancel 4242" in notes[0] and "free space" in notes[0].lower()
+        assert records.read_raw(run_dir)["state"] == "CREATED"  # the last good state
+        filler.unlink()
+
+
 # Item 5: a local run's launcher pid that now belongs to another user.
 
 
