@@ -1,6 +1,6 @@
-"""Which code a run runs: a snapshot made at submission (clusters, by default), a
-snapshot reused by `rerun`, or the live working folder; and what the record keeps of it
-(commit, dirtiness, the uncommitted diff, the snapshot's size)."""
+"""Which code a run runs: a snapshot made at submission (clusters, by default), a copy
+of an earlier run's snapshot for `rerun`, or the live working folder; and what the
+record keeps of it (commit, dirtiness, the uncommitted diff, the snapshot's size)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def plan_code(spec: JobSpec, cwd: Path, paths: RunPaths, reuse: Optional[Path] =
     """Decide before anything is written; a snapshot over the limit is refused here."""
     root = git_root(cwd)
     if reuse is not None:
+        # The rerun's own copy of the snapshot (write_code makes it): never the earlier one.
         rel = cwd.relative_to(root) if root and cwd.is_relative_to(root) else Path()
-        start = reuse / rel if (reuse / rel).is_dir() else reuse
-        return CodePlan(cwd=start, root=root, plan=None, reused=reuse)
+        start = rel if (reuse / rel).is_dir() else Path()
+        return CodePlan(cwd=paths.run_dir / CODE / start, root=root, plan=None, reused=reuse)
     if not spec.snapshot:
         return CodePlan(cwd=cwd, root=root, plan=None)
     if root is None:
@@ -65,8 +66,17 @@ def outputs(spec: JobSpec, cwd: Path, paths: RunPaths) -> list[Path]:
 def write_code(code: CodePlan, paths: RunPaths, run_root: Path) -> dict[str, Any]:
     """Make the snapshot and keep the diff; returns the record's `code` entry."""
     entry: dict[str, Any] = {"cwd": str(code.cwd)}
-    if code.reused is not None:  # rerun: the earlier run's code and diff
-        entry["snapshot"] = {"dir": str(code.reused), "reused": True}
+    if code.reused is not None:  # rerun: a copy of the earlier run's code, its diff
+        stats = snapshot.copy_snapshot(code.reused, paths.run_dir / CODE)
+        entry["snapshot"] = {
+            "dir": str(paths.run_dir / CODE),
+            "reused": True,
+            "from": str(code.reused),
+            "files": stats.files,
+            "bytes": stats.bytes,
+            "links": stats.links,
+            "seconds": round(stats.seconds, 3),
+        }
         if (code.reused.parent / DIFF).is_file():
             entry["diff"] = str(code.reused.parent / DIFF)
         return entry

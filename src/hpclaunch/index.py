@@ -2,12 +2,15 @@
 `cancel` find runs from any directory.
 
 Appends are one write() on an O_APPEND descriptor, so concurrent runs never interleave
-or lose a line. A damaged or foreign line (cut short, invalid UTF-8, missing fields,
-another version's shape) is skipped with a warning; it never stops a listing.
+or lose a line; one cut short by a full disk is taken back. A damaged or foreign line
+(cut short, invalid UTF-8, missing fields, another version's shape) is skipped with a
+warning; it never stops a listing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections.abc import Mapping
@@ -35,9 +38,25 @@ def add(entry: dict[str, Any], environ: Mapping[str, str]) -> None:
     line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        _append(fd, line)
     finally:
         os.close(fd)
+
+
+def _append(fd: int, line: bytes) -> None:
+    """One write() of the whole line. A full disk (or quota) cuts it short: the cut
+    line is taken back, so that the next run's line does not continue it (both would
+    be one damaged line), and OSError(ENOSPC) says the run is not indexed."""
+    written = os.write(fd, line)  # OSError: nothing was written
+    if written == len(line):
+        return
+    end = os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND: just after the bytes written
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_size == end:
+            os.ftruncate(fd, end - written)
+        else:  # another run appended after the cut line: end it instead (skipped on read)
+            os.write(fd, b"\n")
+    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the index line was cut short)")
 
 
 @dataclass

@@ -76,6 +76,8 @@ class Started:
     backend: Backend
     spec: Optional[JobSpec]  # None for a run found again from its record
     job_ids: tuple[str, ...] = ()  # a --chain's members (job_id is the first)
+    # Warnings about the record or the index of a job that runs anyway (a full disk).
+    notes: tuple[str, ...] = ()
 
 
 def plan(req: Request) -> Planned:
@@ -170,20 +172,54 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     state = "RUNNING" if backend.foreground else "PENDING"
     extra: dict[str, Any] = {"step": True} if backend.kind.startswith("step") else {}
     extra = {"job_ids": [job_id], **extra, **backend.record_extra(job_id)}
-    records.update(paths.run_dir, job_id=job_id, state=state, **extra)
-    index.add(
-        {
-            "run_id": paths.run_id,
-            "run_dir": str(paths.run_dir),
-            "job_id": job_id,
-            **({"job_ids": extra["job_ids"]} if len(extra["job_ids"]) > 1 else {}),
-            "exp": spec.exp,
-            "cluster": spec.cluster,
-            "submitted_at": time.time(),
-        },
-        req.environ,
+    entry = {
+        "run_id": paths.run_id,
+        "run_dir": str(paths.run_dir),
+        "job_id": job_id,
+        **({"job_ids": extra["job_ids"]} if len(extra["job_ids"]) > 1 else {}),
+        "exp": spec.exp,
+        "cluster": spec.cluster,
+        "submitted_at": time.time(),
+    }
+    notes = _record_accepted(req, paths, job_id, {"state": state, **extra}, entry)
+    return Started(
+        paths.run_id, paths, job_id, backend, spec, tuple(extra["job_ids"]), tuple(notes)
     )
-    return Started(paths.run_id, paths, job_id, backend, spec, tuple(extra["job_ids"]))
+
+
+def _record_accepted(
+    req: Request,
+    paths: rundirs.RunPaths,
+    job_id: str,
+    changes: dict[str, Any],
+    entry: dict[str, Any],
+) -> list[str]:
+    """Record and index a job the backend accepted. The job runs whatever happens here,
+    so a file system that fails now (full, no locks that work) never fails the command:
+    the warnings returned name the job, the run folder and the fix."""
+    notes: list[str] = []
+    try:
+        records.update(paths.run_dir, job_id=job_id, **changes)
+    except (OSError, HpclaunchError) as exc:
+        notes.append(
+            f"job {job_id} runs, but its record {paths.record} could not be updated "
+            f"({_why(exc)}): hpclaunch cannot follow it. Watch it with squeue -j {job_id}, "
+            f"end it with scancel {job_id}; free space or fix that file system before the "
+            "next run"
+        )
+    try:
+        index.add(entry, req.environ)
+    except OSError as exc:
+        notes.append(
+            f"job {job_id} runs (folder {paths.run_dir}), but the run index "
+            f"{index.path(req.environ)} could not be written ({_why(exc)}): "
+            "`hpclaunch runs` will not list it. Free space there before the next run"
+        )
+    return notes
+
+
+def _why(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _record_interrupted(
@@ -284,7 +320,10 @@ def finish(
         timeout=timeout,
         members=started.job_ids,
     )
-    records.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+    # A full disk: run.json keeps its last good state, which a later `runs` or `status`
+    # brings up to date from Slurm (a local run's from its launcher's end).
+    with contextlib.suppress(OSError, HpclaunchError):
+        records.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
     return code, state
 
 

@@ -1,6 +1,6 @@
 """The run record: run.json as typed data, with the job's own events folded in.
 
-Only the host side writes run.json (atomically, under a lock, so that a `status` in one
+Only the host side writes run.json (atomically, under a lock (locking.py), so that a `status` in one
 terminal and a `--wait` in another never lose each other's changes). Code inside jobs
 never imports this module: it appends events (rank start/end, staging) to events.jsonl
 in the run folder, and `load` folds them in when it reads. Records written by hpclaunch
@@ -10,7 +10,6 @@ in the run folder, and `load` folds them in when it reads. Records written by hp
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ from typing import Any, Optional
 
 from .attempts import Attempt, fold
 from .errors import HpclaunchError
+from .locking import exclusive
 from .node import EVENTS, INPUT_BOUND
 from .rundirs import RECORD
 from .spec import MASK, is_secret
@@ -240,29 +240,25 @@ def read_events(run_dir: Path) -> RankEvents:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomic: a crash in the middle leaves the old content (write aside, then rename)."""
+    """Atomic: a crash or a full disk in the middle leaves the old content (write aside,
+    then rename) and no file aside."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
-@contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
+def _locked(run_dir: Path) -> contextlib.AbstractContextManager[None]:
     """One writer of run.json at a time (read-modify-write from several processes): an
-    flock on the run folder itself, so no lock file is left among the run's files."""
-    try:
-        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        yield  # no folder: nothing will be written anyway
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    flock on the run folder itself, else a lock file beside the record (locking.py)."""
+    return exclusive(run_dir)
 
 
 def create(run_dir: Path, data: dict[str, Any]) -> None:

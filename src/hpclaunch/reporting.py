@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from typing import Optional, TextIO
 
 from . import launching, records, states
@@ -40,6 +41,8 @@ def run_and_report(
     stream = err if attached and not as_json else out
     extra = {"step": True} if started.backend.kind.startswith("step") else {}
     launching.announce(stream, started, as_json, **extra)
+    for note in started.notes:
+        err.write(f"hpclaunch: warning: {note}\n")
     if not attached:
         return 0
     return _attached(started, out, err, foreground, as_json)
@@ -64,6 +67,12 @@ def _attached(
         )
         return 130
     record = records.load(started.paths.run_dir)
+    if record.state != state:  # the final write failed (a full disk): say what happened
+        err.write(
+            f"hpclaunch: warning: {record.path / 'run.json'} still reads {record.state}: "
+            "it could not be updated; hpclaunch status brings it up to date later\n"
+        )
+        record = replace(record, state=state, exit_code=code)
     err.write(f"hpclaunch: {summary(record)}\n")
     if as_json:
         end = {"run_id": record.run_id, "job_id": record.job_id, "state": state, "exit_code": code}

@@ -11,12 +11,14 @@ the run root, when it lies inside the project, and wherever they are, run folder
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -255,6 +257,37 @@ def make(p: SnapshotPlan, dest: Path, exclude: Optional[Path] = None) -> Snapsho
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)  # does not follow the links it removes
         raise
+    return SnapshotStats(files, nbytes, links, time.perf_counter() - start)
+
+
+def copy_snapshot(src: Path, dest: Path) -> SnapshotStats:
+    """A rerun's own copy of an earlier run's snapshot (dest: a new folder), so that what
+    the rerun writes relative to its working folder never lands in the earlier run's,
+    nor in another rerun's. A reflink where the file system has them (`cp -a
+    --reflink=auto`: no data copied), else a copy; never hard links, which would share
+    the files. The links into the live project stay links."""
+    start = time.perf_counter()
+    if dest.exists():
+        raise FileExistsError(errno.EEXIST, "the snapshot folder exists", str(dest))
+    try:
+        if shutil.which("cp") and sys.platform.startswith("linux"):
+            argv = ["cp", "-a", "--reflink=auto", "--", str(src), str(dest)]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                said = done.stderr.strip().splitlines() or ["cp failed"]
+                raise OSError(errno.EIO, said[-1])
+        else:  # macOS and others: no --reflink; copy2 keeps modes and mtimes
+            shutil.copytree(src, dest, symlinks=True)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    files = nbytes = links = 0
+    for folder, _dirs, names in os.walk(dest):
+        for name in names:
+            info = os.lstat(os.path.join(folder, name))
+            links += stat.S_ISLNK(info.st_mode)
+            files += not stat.S_ISLNK(info.st_mode)
+            nbytes += _size(info)
     return SnapshotStats(files, nbytes, links, time.perf_counter() - start)
 
 

@@ -5,12 +5,13 @@ per backend (for Slurm one squeue and one sacct), the final exit code once a job
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from . import records, states
 from .backends import for_record
-from .backends.watchdog import launcher_alive
+from .backends.watchdog import LAUNCHER_GONE, launcher_gone
 from .errors import HpclaunchError
 from .monitor import JobStatus, chain_status, job_exit_code
 from .records import RunRecord
@@ -35,16 +36,36 @@ def _local_truth(record: RunRecord) -> RunRecord:
     pid = record.launcher_pid
     if record.backend != "local" or not _is_open(record) or pid is None:
         return record
-    if launcher_alive(pid, record.launcher_started):
+    gone = launcher_gone(pid, record.launcher_started)
+    if gone is None:
         return record
+    ended = _ranks_ended(record)
+    if ended is not None:  # its end was not recorded (a full disk): the ranks tell it
+        return _stored(record, ended)
     reason = f"hpclaunch (pid {pid}) ended before the run; its ranks were ended"
-    records.update(
-        record.path,
-        state=states.State.CANCELLED.value,
-        exit_code=states.exit_code_for(states.State.CANCELLED),
-        reason=reason,
-    )
-    return records.load(record.path)
+    if gone != "ended":
+        reason += f" ({gone})"
+    changes: dict[str, object] = {
+        "state": states.State.CANCELLED.value,
+        "exit_code": states.exit_code_for(states.State.CANCELLED),
+        "reason": reason,
+    }
+    return _stored(record, changes)
+
+
+def _ranks_ended(record: RunRecord) -> Optional[dict[str, object]]:
+    """A local run whose every rank exited 0, the end its launcher could not write (a
+    full disk): COMPLETED. Ranks that failed or were killed could also have been ended by
+    the watchdog, whose own event may not be written yet: those stay CANCELLED."""
+    found = record.events
+    size = record.world_size
+    if not size or len(found.returncodes) < size or found.attempts:
+        return None
+    if any(found.returncodes.values()):
+        return None
+    if any(e.get("event") == LAUNCHER_GONE for e in records.event_lines(record.path)):
+        return None
+    return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": found.last_end}
 
 
 def _is_point(record: RunRecord) -> bool:
@@ -94,7 +115,16 @@ def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
         changes["reason"] = why_never_started(record) or status.reason
     if all(getattr(record, k) == v for k, v in changes.items()):
         return record
-    records.update(record.path, **changes)
+    return _stored(record, changes)
+
+
+def _stored(record: RunRecord, changes: dict[str, object]) -> RunRecord:
+    """The record with the changes, written back; on a full disk (or a file system that
+    fails now) shown as changed and written by a later refresh."""
+    try:
+        records.update(record.path, **changes)
+    except OSError:
+        return replace(record, **changes)  # type: ignore[arg-type]  # RunRecord fields
     return records.load(record.path)
 
 

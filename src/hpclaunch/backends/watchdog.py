@@ -20,6 +20,9 @@ import subprocess
 import sys
 from typing import IO, Optional
 
+from ..locking import process_owner, same_process
+from ..locking import process_start as process_start  # local.py takes it from here
+
 LAUNCHER_GONE = "launcher_gone"
 
 _PROGRAM = """\
@@ -93,24 +96,23 @@ class Watchdog:
 
 
 def launcher_alive(pid: Optional[int], started: Optional[float]) -> bool:
-    """Whether the hpclaunch process that supervises a local run still runs (its pid and
-    start time both match: pids are reused)."""
+    """Whether the hpclaunch process that supervises a local run still runs."""
+    return launcher_gone(pid, started) is None
+
+
+def launcher_gone(pid: Optional[int], started: Optional[float]) -> Optional[str]:
+    """Why the hpclaunch process that supervised a local run is gone, or None while it
+    runs. Pids are reused, also by other users' processes (whose kill(pid, 0) fails with
+    EPERM, which is no sign of life): the process must be this user's and have the
+    recorded start time."""
     if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return started is None or abs(process_start(pid) - started) < 1.0
-
-
-def process_start(pid: int) -> float:
-    """A process's start time in clock ticks since boot (Linux /proc), or 0.0."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        return float(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+        return "no launcher was recorded"
+    if not same_process(pid, None):
+        return "ended"
+    owner = process_owner(pid)
+    me = os.getuid()
+    if owner is not None and me != 0 and owner != me:
+        return f"its pid is now a process of another user (uid {owner})"
+    if not same_process(pid, started):
+        return "its pid is now another process"
+    return None

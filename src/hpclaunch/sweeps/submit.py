@@ -251,6 +251,25 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     except BaseException:
         rundirs.remove(paths)
         raise
+    try:
+        return _record_accepted(req, sp, paths, data, job_ids)
+    except OSError as exc:  # a full disk after Slurm accepted: say what runs and the fix
+        jobs = " ".join(job_ids) or "none"
+        raise HpclaunchError(
+            f"sweep {paths.run_id}: Slurm accepted arrays {jobs}, but {paths.run_dir} or "
+            f"the run index could not be written ({exc.strerror or exc}). Cancel them "
+            f"with scancel {jobs}, free space there, and submit again"
+        ) from None
+
+
+def _record_accepted(
+    req: launching.Request,
+    sp: SweepPlan,
+    paths: rundirs.RunPaths,
+    data: dict[str, Any],
+    job_ids: list[str],
+) -> dict[str, Any]:
+    spec = sp.planned.spec
     if job_ids:
         data = record.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
         folder.write_point_records(sp, data, job_ids)

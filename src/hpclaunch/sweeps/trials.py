@@ -14,6 +14,7 @@ Optuna is imported inside the functions: `import hpclaunch.sweeps.trials` works 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 JOURNAL = "optuna.journal"
+OPEN_LOCK = "optuna.journal.open-lock"  # present: the journal is locked with O_EXCL files
 DIRECTIONS = ("minimize", "maximize")
 POINT = "point"
 JOB = "job"
@@ -44,10 +46,28 @@ def storage(sweep_dir: Path) -> optuna.storages.BaseStorage:
     """The sweep's journal storage (created empty when missing)."""
     _load()
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
-    # The default lock (a symlink) works on NFS and Lustre, where the batch hosts meet.
-    return JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL)))
+    # The default lock (a symlink, JournalFileSymlinkLock) works on NFS and Lustre, where
+    # the batch hosts meet, and never uses flock: also where flock is refused. Where the
+    # sweep folder takes no symlinks, submission chose Optuna's O_EXCL lock file for
+    # every process (they must all take the same lock).
+    path = str(sweep_dir / JOURNAL)
+    lock = JournalFileOpenLock(path) if (sweep_dir / OPEN_LOCK).exists() else None
+    return JournalStorage(JournalFileBackend(path, lock_obj=lock))
+
+
+def _choose_lock(sweep_dir: Path) -> None:
+    """For a new journal: Optuna's lock-file lock where no symlink can be made."""
+    if (sweep_dir / JOURNAL).exists():
+        return  # its processes already lock one way
+    probe = sweep_dir / f".symlink-probe-{os.getpid()}"
+    try:
+        os.symlink(JOURNAL, probe)
+    except OSError:
+        os.close(os.open(sweep_dir / OPEN_LOCK, os.O_WRONLY | os.O_CREAT, 0o600))
+    else:
+        probe.unlink()
 
 
 def create_study(sweep_dir: Path, study_name: str, direction: str) -> None:
@@ -60,6 +80,7 @@ def create_study(sweep_dir: Path, study_name: str, direction: str) -> None:
         raise UserError(
             "--direction", f"unknown direction {show(direction)}", " | ".join(DIRECTIONS)
         )
+    _choose_lock(sweep_dir)
     study = optuna.create_study(
         storage=storage(sweep_dir),
         study_name=study_name,
