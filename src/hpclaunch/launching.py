@@ -22,6 +22,7 @@ from typing import Any, Optional, TextIO
 from . import (
     __version__,
     codeplan,
+    filemodes,
     index,
     node,
     profiling,
@@ -141,7 +142,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         from .containers import make_mount_points
 
         make_mount_points(spec.container)
-    paths = rundirs.create(planned.paths)
+    paths = rundirs.create(planned.paths, spec.share)
     code, batch = planned.code, planned.plan
     if paths.run_id != planned.paths.run_id:  # the id changed on a collision: re-plan
         code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
@@ -149,14 +150,15 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     if backend is None:
         backend = pick(prepared.profile.kind, prepared.in_allocation)
     try:
-        entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
-        _write_run_files(paths, spec, batch, backend, req, entry)
-        if prepared.after:
-            records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
-        if spec.stage:
-            from . import stage
+        with filemodes.writing(spec.share):  # no process starts in here but git and tar
+            entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
+            _write_run_files(paths, spec, batch, backend, req, entry)
+            if prepared.after:
+                records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
+            if spec.stage:
+                from . import stage
 
-            stage.pack_all(spec.stage)  # packed here, where the run starts: never on a dry-run
+                stage.pack_all(spec.stage)  # packed here, where the run starts: never on a dry-run
         job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
     except OSError as exc:
         rundirs.remove(paths)

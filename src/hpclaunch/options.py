@@ -142,6 +142,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DIR",
     ),
     Option(
+        "share",
+        "choice",
+        "Who may read the run folders hpclaunch makes: private (0700/0600, the default) or "
+        "group (0750/0640, for a team); never others. Default: the profile's.",
+        "--share group",
+        choices=("private", "group"),
+    ),
+    Option(
         "env",
         "list",
         "Set a variable for every rank (repeatable). Names with KEY, "

@@ -18,6 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from . import filemodes
 from .attempts import Attempt, fold
 from .errors import HpclaunchError
 from .node import EVENTS, INPUT_BOUND
@@ -242,7 +243,9 @@ def read_events(run_dir: Path) -> RankEvents:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic: a crash in the middle leaves the old content (write aside, then rename)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    share = filemodes.share_of(path.parent)  # 0600, or 0640 in a group-shared folder
+    fd = filemodes.open_new(tmp, os.O_WRONLY | os.O_TRUNC, share)
+    with open(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())

@@ -113,6 +113,7 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
     run_root: str = "runs"
+    share: str = "private"  # private | group: the modes of what hpclaunch writes (filemodes)
     checkpoint_root: str = ""
     nccl_debug: bool = False
     profiling: Optional[Profiling] = None

@@ -315,6 +315,7 @@ def validate(
         setup=setup,
         sbatch_args=_sbatch_args(values.get("sbatch_arg", ())),
         run_root=run_root,
+        share=str(values.get("share") or profile.share),
         checkpoint_root=ckpt_root,
         nccl_debug=bool(values.get("nccl_debug", False)),
         profiling=profiled,

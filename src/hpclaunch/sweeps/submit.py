@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from .. import (
     discover,
+    filemodes,
     index,
     launching,
     render,
@@ -238,15 +239,16 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         from ..containers import make_mount_points
 
         make_mount_points(spec.container)
-    paths = rundirs.create(sp.paths)
+    paths = rundirs.create(sp.paths, spec.share)
     if paths.run_id != sp.paths.run_id:
         raise HpclaunchError(f"sweep id collision on {sp.paths.run_id}; run the command again")
     try:
-        data = folder.write_sweep(req, sp)
-        if sp.space:
-            from . import trials
+        with filemodes.writing(spec.share):  # the folder, the points, the Optuna journal
+            data = folder.write_sweep(req, sp)
+            if sp.space:
+                from . import trials
 
-            trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
+                trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
         job_ids = [] if sp.local else _submit_parts(req, sp)
     except BaseException:
         rundirs.remove(paths)
