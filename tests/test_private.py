@@ -6,6 +6,7 @@ the same on the testbed is in test_e2e_private.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -156,3 +157,139 @@ def test_a_snapshot_copy_is_narrowed_to_its_folders_share(tmp_path: Path) -> Non
         snapshot.make(snapshot.plan(project), run_dir / "code")
         got = {n: stat.S_IMODE((run_dir / "code" / n).stat().st_mode) for n in want}
         assert got == want
+
+
+SECRET = "s3cr3t-Value-Of-Pass-42"
+
+
+def hpclaunch(
+    args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HPCLAUNCH, *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def files_holding(text: str, *tops: Path) -> list[str]:
+    found = []
+    for top in tops:
+        for path in walk(top):
+            if path.is_file() and not path.is_symlink() and text.encode() in path.read_bytes():
+                found.append(str(path))
+    return found
+
+
+CHECK_ENV = (
+    "import os, sys; want = dict(a.split('=', 1) for a in sys.argv[1:]); "
+    "bad = [k for k, v in want.items() if os.environ.get(k) != v]; "
+    "print('env ok' if not bad else 'env differs: ' + ' '.join(bad)); sys.exit(3 if bad else 0)"
+)
+
+
+def test_a_profile_env_secret_reaches_the_ranks_and_no_file(tmp_path: Path) -> None:
+    env = local_env(tmp_path)
+    clusters = Path(env["XDG_CONFIG_HOME"]) / "hpclaunch" / "clusters"
+    clusters.mkdir(parents=True)
+    (clusters / "local.toml").write_text(
+        f'[env]\nDB_PASS = "{SECRET}"\nPLAIN_SETTING = "visible-1"\n'
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    # The program checks the values it sees without printing them: argv carries them
+    # hex-encoded, so no file of the run can hold the secret because of the check itself.
+    argv = [
+        "--",
+        sys.executable,
+        "-c",
+        CHECK_ENV.replace("a.split", "bytes.fromhex(a).decode().split"),
+    ]
+    argv += [f"DB_PASS={SECRET}".encode().hex(), b"PLAIN_SETTING=visible-1".hex()]
+    dry = hpclaunch(["run", "--dry-run", *argv], work, env)
+    dry_json = hpclaunch(["run", "--dry-run", "--json", *argv], work, env)
+    for shown in (dry, dry_json):
+        assert shown.returncode == 0, shown.stderr
+        assert SECRET not in shown.stdout + shown.stderr
+    assert "DB_PASS" in dry.stdout and "PLAIN_SETTING" in dry.stdout
+    done = hpclaunch(["run", "--wait", *argv], work, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "env ok" in done.stdout + done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    run_dir = next((work / "runs" / "default").iterdir())
+    assert "visible-1" in (run_dir / "job.sh").read_text()  # a plain profile value stays
+    assert files_holding(SECRET, work / "runs", Path(env["XDG_DATA_HOME"])) == []
+
+
+def test_a_secret_also_given_as_an_argument_is_masked_and_rerun_reproduces_it(
+    tmp_path: Path,
+) -> None:
+    env = {**local_env(tmp_path), "GITHUB_PAT": SECRET}
+    work = tmp_path / "work"
+    work.mkdir()
+    program = [sys.executable, "-c", CHECK_ENV, f"GITHUB_PAT={SECRET}"]
+    first = hpclaunch(["run", "--wait", "--env", "GITHUB_PAT", "--", *program], work, env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = next((work / "runs" / "default").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["command"][-1] == "GITHUB_PAT=$GITHUB_PAT"
+    assert record["masked_secrets"] == ["GITHUB_PAT"]
+    spec = json.loads((run_dir / "spec.json").read_text())
+    assert spec["program"][-1] == "GITHUB_PAT=$GITHUB_PAT"
+    for name in ("run.json", "spec.json"):
+        assert SECRET not in (run_dir / name).read_text()
+    assert files_holding(SECRET, Path(env["XDG_DATA_HOME"])) == []
+    again = hpclaunch(["rerun", run_dir.name, "--wait"], work, env)
+    assert again.returncode == 0, again.stdout + again.stderr  # the program saw the value
+    assert "env ok" in again.stdout + again.stderr
+    missing = {k: v for k, v in env.items() if k != "GITHUB_PAT"}
+    refused = hpclaunch(["rerun", run_dir.name], work, missing)
+    assert refused.returncode == 2
+    error = [line for line in refused.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "GITHUB_PAT" in error[0], refused.stderr
+    assert len(list((work / "runs" / "default").iterdir())) == 2  # nothing submitted
+
+
+def test_env_name_alone_takes_the_value_from_the_environment(tmp_path: Path) -> None:
+    env = local_env(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    refused = hpclaunch(["run", "--env", "NOT_THERE_TOKEN", "--", "true"], work, env)
+    assert refused.returncode == 2
+    assert "NOT_THERE_TOKEN is not set" in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_secret_names_are_whole_segments() -> None:
+    from hpclaunch.secretnames import is_secret
+
+    for name in ("GITHUB_PAT", "DB_PASS", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "SENTRY_DSN",
+                 "my_api_key", "SESSION_COOKIE", "SSH_PRIVATE_KEY", "GOOGLE_CREDENTIALS",
+                 "BASIC_AUTH", "MYSQL_PASSWD", "WANDB_API_KEY"):  # fmt: skip
+        assert is_secret(name, extra=()), name
+    for name in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "TOKENIZERS_PARALLELISM",
+                 "KEYBOARD", "PASSTHROUGH", "MONKEY_PATCH", "HPCLAUNCH_RUN_DIR"):  # fmt: skip
+        assert not is_secret(name, extra=()), name
+    assert is_secret("MY_LICENCE", extra=("my_licence",))
+
+
+def test_a_users_config_adds_secret_names(tmp_path: Path) -> None:
+    from hpclaunch.secretnames import extra_names
+
+    config = tmp_path / "hpclaunch" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('secret_names = ["MY_LICENCE", "corp_seat"]\n')
+    assert extra_names({"XDG_CONFIG_HOME": str(tmp_path)}) == {"MY_LICENCE", "CORP_SEAT"}
+    assert extra_names({"XDG_CONFIG_HOME": str(tmp_path / "none")}) == frozenset()
+
+
+def test_path_still_crosses_to_a_cluster_as_itself() -> None:
+    """--remote: the laptop sends its secrets on SSH's standard input, and the command
+    line as typed. PATH (and PYTHONPATH, TOKENIZERS_PARALLELISM) are no secrets: the
+    laptop's own never replaces the cluster's, and `--env PATH=...` reaches job.sh as
+    an ordinary export."""
+    from hpclaunch.remote.forward import sent_environment
+
+    laptop = {"PATH": "/laptop/bin", "PYTHONPATH": "/x", "GITHUB_PAT": "p" * 10,
+              "DB_PASS": "q" * 10, "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    sent = sent_environment(laptop)
+    assert "PATH" not in sent and "PYTHONPATH" not in sent and "TOKENIZERS_PARALLELISM" not in sent
+    assert {"GITHUB_PAT", "DB_PASS"} <= set(sent)

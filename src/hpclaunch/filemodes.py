@@ -72,7 +72,8 @@ def make_dirs(path: Path, share: str) -> None:
             os.mkdir(folder, mode)  # the umask can only narrow it: never wider than mode
         except FileExistsError:
             continue  # made by a concurrent run meanwhile: theirs
-        os.chmod(folder, mode)
+        # A setgid bit inherited from a team's run root stays: it gives the files the group.
+        os.chmod(folder, mode | (os.stat(folder).st_mode & stat.S_ISGID))
     if not path.is_dir():
         raise NotADirectoryError(20, "Not a directory", str(path))
 

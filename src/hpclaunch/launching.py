@@ -30,6 +30,7 @@ from . import (
     records,
     render,
     rundirs,
+    secretnames,
     shell,
 )
 from .backends import pick
@@ -117,13 +118,13 @@ def preview(planned: Planned, environ: Mapping[str, str], as_json: bool) -> str:
             "run_id": planned.paths.run_id,
             "run_dir": str(planned.paths.run_dir),
             "cluster": spec.cluster,
-            "script": batch.script,
+            "script": secretnames.mask_text(batch.script, spec.masked_secrets()),
             "sbatch": list(batch.sbatch_argv),
             "spec": spec.to_record(),
             "in_allocation": prepared.in_allocation,
         }
         return json.dumps(data, indent=2) + "\n"
-    text = render.preview(batch, environ)
+    text = secretnames.mask_text(render.preview(batch, environ), spec.masked_secrets())
     if spec.cluster == "local" or prepared.in_allocation:
         where = "as local processes" if spec.cluster == "local" else "as a step of this allocation"
         text += (
@@ -233,6 +234,7 @@ def _write_run_files(
     records.create(
         paths.run_dir,
         {
+            **records.as_recorded(req, spec.masked_secrets()),
             "run_id": paths.run_id,
             "exp": spec.exp,
             "cluster": spec.cluster,
@@ -243,10 +245,6 @@ def _write_run_files(
             "submitted_at": time.time(),
             "state": "CREATED",
             "exit_code": None,
-            "command": list(req.program),
-            "argv": records.masked_argv(list(req.argv)),
-            # What `rerun` needs: the options as given (secret values masked) and the folder.
-            "options": records.masked_options(req.options),
             "cwd": str(req.cwd),
             "code": code,
             "hpclaunch_version": __version__,

@@ -152,8 +152,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "env",
         "list",
-        "Set a variable for every rank (repeatable). Names with KEY, "
-        "TOKEN, SECRET or PASSWORD never reach a file: only the job's environment.",
+        "Set a variable for every rank (repeatable); --env NAME takes NAME's value here. "
+        "Secret names (a segment KEY, TOKEN, SECRET, PASSWORD, PASS, PAT, ...) never reach "
+        "a file: only the job's environment.",
         "--env WANDB_PROJECT=demo",
         metavar="KEY=VALUE",
     ),

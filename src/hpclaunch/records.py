@@ -23,6 +23,7 @@ from .attempts import Attempt, fold
 from .errors import HpclaunchError
 from .node import EVENTS, INPUT_BOUND
 from .rundirs import RECORD
+from .secretnames import masked, names_in
 from .spec import MASK, is_secret
 
 
@@ -279,6 +280,22 @@ def update(run_dir: Path, **changes: Any) -> dict[str, Any]:
         data.update(changes)
         write_json(run_dir / RECORD, data)
     return data
+
+
+def as_recorded(req: Any, secrets: list[tuple[str, str]]) -> dict[str, Any]:
+    """A request's command, argv and options as run.json and sweep.json keep them:
+    secret `--env` values masked, and any secret value (8 characters or more) found in
+    an argument, a --setup line or another option shown as $NAME; `masked_secrets`
+    names those, for `rerun` to take from the environment again."""
+    given = {
+        # What `rerun` needs: the options as given (secret values masked) and the folder.
+        "command": list(req.program),
+        "argv": masked_argv(list(req.argv)),
+        "options": masked_options(req.options),
+    }
+    names = names_in(given, secrets)
+    out: dict[str, Any] = masked(given, secrets)
+    return {**out, "masked_secrets": names} if names else out
 
 
 def masked_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .environ import environment
 
@@ -79,3 +79,41 @@ def mask_text(text: str, secrets: Iterable[tuple[str, str]], mark: str = "${}") 
         if value and value in text:
             text = text.replace(value, mark.format(name))
     return text
+
+
+def masked(data: Any, secrets: Sequence[tuple[str, str]]) -> Any:
+    """JSON-like `data` with secret values replaced by $NAME in every string."""
+    if not secrets:
+        return data
+    if isinstance(data, str):
+        return mask_text(data, secrets)
+    if isinstance(data, (list, tuple)):
+        return [masked(item, secrets) for item in data]
+    if isinstance(data, dict):
+        return {key: masked(value, secrets) for key, value in data.items()}
+    return data
+
+
+def names_in(data: Any, secrets: Sequence[tuple[str, str]]) -> list[str]:
+    """The names of the secrets whose values appear in `data` (what masked() hides)."""
+    return sorted({name for name, value in secrets if masked(data, [(name, value)]) != data})
+
+
+def unmask(text: str, values: Mapping[str, str]) -> str:
+    """The reverse of mask_text for the names in `values`: $NAME (not $NAME_MORE) -> value."""
+    for name, value in values.items():
+        text = re.sub(rf"\${re.escape(name)}(?![A-Za-z0-9_])", value.replace("\\", "\\\\"), text)
+    return text
+
+
+def masked_again(data: Any, values: Mapping[str, str]) -> Any:
+    """`masked` undone for the names in `values` (rerun: a record's $NAME -> the value)."""
+    if not values:
+        return data
+    if isinstance(data, str):
+        return unmask(data, values)
+    if isinstance(data, (list, tuple)):
+        return type(data)(masked_again(item, values) for item in data)
+    if isinstance(data, dict):
+        return {key: masked_again(value, values) for key, value in data.items()}
+    return data
