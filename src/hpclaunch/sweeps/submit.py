@@ -25,6 +25,7 @@ from .. import (
     users,
 )
 from ..errors import HpclaunchError, UserError
+from ..secretnames import mask_text as masked
 from . import arrays, folder, record, script
 from .plans import SweepOptions, SweepPlan
 from .points import Point, build_points, check_placeholders
@@ -338,7 +339,8 @@ def describe(sp: SweepPlan, environ: Any) -> str:
         out.append(f"# {len(sp.points)} Optuna trials over: {', '.join(p.name for p in sp.space)}")
     else:
         out += script.preview_table(sp.points)
-    return "\n".join(out) + "\n"
+    # A secret's value met in the program or a --setup line: shown as $NAME (secretnames).
+    return masked("\n".join(out) + "\n", sp.planned.spec.masked_secrets())
 
 
 __all__ = ["describe", "plan", "start"]
