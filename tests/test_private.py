@@ -89,7 +89,10 @@ def run_and_sweep(tmp_path: Path, mask: int, *extra: str) -> tuple[Path, dict[st
     """A local run and a local Optuna sweep in a git project under umask `mask`."""
     pytest.importorskip("optuna")
     project = git_project(tmp_path / "proj")
+    (project / "data").mkdir()
+    (project / "data" / "a.txt").write_text("staged\n")
     env = local_env(tmp_path)
+    extra = (*extra, "--stage", "data")  # the stage cache too
     run = with_umask(
         mask, [HPCLAUNCH, "run", *extra, "--", sys.executable, "train.py"], project, env
     )
@@ -99,7 +102,7 @@ def run_and_sweep(tmp_path: Path, mask: int, *extra: str) -> tuple[Path, dict[st
     (project / "space.yaml").write_text("x: {type: float, low: -3, high: 3}\n")
     sweep = with_umask(
         mask,
-        [HPCLAUNCH, "sweep", *extra, "--optuna", "space.yaml", "--trials", "2", "--metric",
+        [HPCLAUNCH, "sweep", *extra[:-2], "--optuna", "space.yaml", "--trials", "2", "--metric",
          "loss", "--", sys.executable, POINT, str(out), "--quadratic", "--x", "{x}"],
         project, env,
     )  # fmt: skip
@@ -114,12 +117,14 @@ def test_a_run_and_a_sweep_leave_nothing_readable_by_others(tmp_path: Path, mask
     assert {p.name for p in (runs / "default").iterdir()} and (index / "runs.jsonl").is_file()
     assert list(runs.glob("default/*/git.diff"))
     assert list(runs.glob("default/*/optuna.journal"))
+    assert [p.name for p in (runs / ".stage-cache").iterdir()]
     for top in (runs, index):
         assert exposed(top, OTHERS) == []
         assert exposed(top, GROUP) == []
     # What hpclaunch itself makes has exactly the private modes (the job's own files, in
     # folders nobody else can enter, keep the job's umask: the user's).
-    for path in [runs, runs / "default", *runs.glob("default/*"), *runs.glob("default/*/logs")]:
+    folders = [runs, runs / "default", runs / ".stage-cache", *runs.glob(".stage-cache/*")]
+    for path in [*folders, *runs.glob("default/*"), *runs.glob("default/*/logs")]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     names = ("run.json", "spec.json", "job.sh", "git.diff", "sweep.json", "optuna.journal")
     made = [p for p in walk(runs) if p.name in names] + [index / "runs.jsonl"]
@@ -293,3 +298,21 @@ def test_path_still_crosses_to_a_cluster_as_itself() -> None:
     sent = sent_environment(laptop)
     assert "PATH" not in sent and "PYTHONPATH" not in sent and "TOKENIZERS_PARALLELISM" not in sent
     assert {"GITHUB_PAT", "DB_PASS"} <= set(sent)
+
+
+def test_a_profile_shares_with_the_group_and_the_sweep_dry_run_masks(tmp_path: Path) -> None:
+    env = {**local_env(tmp_path), "HF_TOKEN": SECRET}
+    clusters = Path(env["XDG_CONFIG_HOME"]) / "hpclaunch" / "clusters"
+    clusters.mkdir(parents=True)
+    (clusters / "local.toml").write_text('share = "group"\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    done = hpclaunch(["run", "--wait", "--", "true"], work, env)
+    assert done.returncode == 0, done.stderr
+    run_dir = next((work / "runs" / "default").iterdir())
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o750
+    assert stat.S_IMODE((run_dir / "run.json").stat().st_mode) == 0o640
+    dry = hpclaunch(["sweep", "--dry-run", "--grid", "lr=1,2", "--env", "HF_TOKEN", "--",
+                     "python3", "x.py", SECRET], work, env)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert SECRET not in dry.stdout + dry.stderr and "$HF_TOKEN" in dry.stdout
