@@ -22,11 +22,6 @@ from typing import Any, Optional
 
 from .environ import environment
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.9/3.10 only
-    import tomli as tomllib
-
 WORDS = frozenset(
     {"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "PASS", "AUTH", "PAT", "DSN", "COOKIE"}
     | {"PRIVATE", "CREDENTIAL", "CREDENTIALS"}
@@ -56,6 +51,13 @@ def extra_names(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
 
 @lru_cache(maxsize=4)
 def _read_names(path: str) -> frozenset[str]:
+    # Imported here: a command forwarded over SSH imports this module, rarely a config.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 only
+        import tomli as tomllib
+    if not os.path.exists(path):
+        return frozenset()
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)

@@ -340,7 +340,7 @@ def describe(sp: SweepPlan, environ: Any) -> str:
     else:
         out += script.preview_table(sp.points)
     # A secret's value met in the program or a --setup line: shown as $NAME (secretnames).
-    return masked("\n".join(out) + "\n", sp.planned.spec.masked_secrets())
+    return masked("\n".join(out) + "\n", sp.masked_secrets())
 
 
 __all__ = ["describe", "plan", "start"]
