@@ -316,3 +316,20 @@ def test_a_profile_shares_with_the_group_and_the_sweep_dry_run_masks(tmp_path: P
                      "python3", "x.py", SECRET], work, env)  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert SECRET not in dry.stdout + dry.stderr and "$HF_TOKEN" in dry.stdout
+
+
+def test_made_folders_keep_a_team_run_roots_setgid_bit(tmp_path: Path) -> None:
+    """A team's run root with the setgid bit gives its group to what is made below; the
+    exact modes hpclaunch sets keep that bit, so files inside get the team's group."""
+    from hpclaunch import filemodes
+
+    root = tmp_path / "team-runs"
+    root.mkdir()
+    root.chmod(0o2750)
+    old = os.umask(0o022)
+    try:
+        filemodes.make_dirs(root / "exp" / "run", "group")
+    finally:
+        os.umask(old)
+    for folder in (root / "exp", root / "exp" / "run"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o2750, folder
