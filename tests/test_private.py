@@ -243,6 +243,9 @@ def test_a_secret_also_given_as_an_argument_is_masked_and_rerun_reproduces_it(
     for name in ("run.json", "spec.json"):
         assert SECRET not in (run_dir / name).read_text()
     assert files_holding(SECRET, Path(env["XDG_DATA_HOME"])) == []
+    shown = hpclaunch(["show", run_dir.name], work, env)  # job.sh too, as the record has it
+    assert shown.returncode == 0 and "GITHUB_PAT=$GITHUB_PAT" in shown.stdout, shown.stderr
+    assert SECRET not in shown.stdout
     again = hpclaunch(["rerun", run_dir.name, "--wait"], work, env)
     assert again.returncode == 0, again.stdout + again.stderr  # the program saw the value
     assert "env ok" in again.stdout + again.stderr
