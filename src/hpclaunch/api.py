@@ -52,6 +52,7 @@ def run(
     gpu_visibility: Optional[Literal["all", "per-task"]] = None,
     exp: Optional[str] = None,
     run_root: Optional[str] = None,
+    share: Optional[Literal["private", "group"]] = None,
     env: Optional[StrList] = None,
     setup: Optional[StrList] = None,
     sbatch_arg: Optional[StrList] = None,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from . import launching, node, shell
+from . import filemodes, launching, node, shell
 from .doctor import FAIL, PASS, WARN, Check, failed, preflight
 from .handle import Run
 from .spec import JobSpec
@@ -116,8 +116,10 @@ def run_job(
     req: launching.Request, folder: Path, timeout_s: float, say: Callable[[str], None]
 ) -> tuple[Optional[Run], Optional[launching.Planned], list[Check]]:
     """Submit, wait at most timeout_s (cancelled after: nothing is left in the queue)."""
-    folder.mkdir(parents=True)
-    shutil.copyfile(node.path(PROBE), folder / PROBE)
+    with filemodes.writing("private"):  # under the run root: made as private as a run's
+        filemodes.make_dirs(folder.parent, "private")
+        folder.mkdir()
+        shutil.copyfile(node.path(PROBE), folder / PROBE)
     planned = launching.plan(req)
     started = launching.start(req, planned)
     run = Run(started.paths.run_dir, started)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from . import filemodes
 from .errors import UserError, show
 
 Warn = Callable[[str], None]
@@ -34,9 +35,9 @@ def _home(environ: Mapping[str, str]) -> Path:
 
 def add(entry: dict[str, Any], environ: Mapping[str, str]) -> None:
     target = path(environ)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    filemodes.make_dirs(target.parent, "private")  # the user's own list of runs: never shared
     line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = filemodes.open_new(target, os.O_WRONLY | os.O_APPEND, "private")
     try:
         _append(fd, line)
     finally:

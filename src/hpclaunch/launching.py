@@ -22,6 +22,7 @@ from typing import Any, Optional, TextIO
 from . import (
     __version__,
     codeplan,
+    filemodes,
     index,
     node,
     profiling,
@@ -29,6 +30,7 @@ from . import (
     records,
     render,
     rundirs,
+    secretnames,
     shell,
 )
 from .backends import pick
@@ -118,13 +120,13 @@ def preview(planned: Planned, environ: Mapping[str, str], as_json: bool) -> str:
             "run_id": planned.paths.run_id,
             "run_dir": str(planned.paths.run_dir),
             "cluster": spec.cluster,
-            "script": batch.script,
+            "script": secretnames.mask_text(batch.script, spec.masked_secrets()),
             "sbatch": list(batch.sbatch_argv),
             "spec": spec.to_record(),
             "in_allocation": prepared.in_allocation,
         }
         return json.dumps(data, indent=2) + "\n"
-    text = render.preview(batch, environ)
+    text = secretnames.mask_text(render.preview(batch, environ), spec.masked_secrets())
     if spec.cluster == "local" or prepared.in_allocation:
         where = "as local processes" if spec.cluster == "local" else "as a step of this allocation"
         text += (
@@ -143,7 +145,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         from .containers import make_mount_points
 
         make_mount_points(spec.container)
-    paths = rundirs.create(planned.paths)
+    paths = rundirs.create(planned.paths, spec.share)
     code, batch = planned.code, planned.plan
     if paths.run_id != planned.paths.run_id:  # the id changed on a collision: re-plan
         code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
@@ -151,14 +153,15 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     if backend is None:
         backend = pick(prepared.profile.kind, prepared.in_allocation)
     try:
-        entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
-        _write_run_files(paths, spec, batch, backend, req, entry)
-        if prepared.after:
-            records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
-        if spec.stage:
-            from . import stage
+        with filemodes.writing(spec.share):  # no process starts in here but git and tar
+            entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
+            _write_run_files(paths, spec, batch, backend, req, entry)
+            if prepared.after:
+                records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
+            if spec.stage:
+                from . import stage
 
-            stage.pack_all(spec.stage)  # packed here, where the run starts: never on a dry-run
+                stage.pack_all(spec.stage)  # packed here, where the run starts: never on a dry-run
         job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
     except OSError as exc:
         rundirs.remove(paths)
@@ -267,6 +270,7 @@ def _write_run_files(
     records.create(
         paths.run_dir,
         {
+            **records.as_recorded(req, spec.masked_secrets()),
             "run_id": paths.run_id,
             "exp": spec.exp,
             "cluster": spec.cluster,
@@ -277,10 +281,6 @@ def _write_run_files(
             "submitted_at": time.time(),
             "state": "CREATED",
             "exit_code": None,
-            "command": list(req.program),
-            "argv": records.masked_argv(list(req.argv)),
-            # What `rerun` needs: the options as given (secret values masked) and the folder.
-            "options": records.masked_options(req.options),
             "cwd": str(req.cwd),
             "code": code,
             "hpclaunch_version": __version__,

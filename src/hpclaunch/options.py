@@ -142,10 +142,19 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DIR",
     ),
     Option(
+        "share",
+        "choice",
+        "Who may read the run folders hpclaunch makes: private (0700/0600, the default) or "
+        "group (0750/0640, for a team); never others. Default: the profile's.",
+        "--share group",
+        choices=("private", "group"),
+    ),
+    Option(
         "env",
         "list",
-        "Set a variable for every rank (repeatable). Names with KEY, "
-        "TOKEN, SECRET or PASSWORD never reach a file: only the job's environment.",
+        "Set a variable for every rank (repeatable); --env NAME takes NAME's value here. "
+        "Secret names (a segment KEY, TOKEN, SECRET, PASSWORD, PASS, PAT, ...) never reach "
+        "a file: only the job's environment.",
         "--env WANDB_PROJECT=demo",
         metavar="KEY=VALUE",
     ),

@@ -161,6 +161,7 @@ class Profile(_Record):
     account_required: bool = False
     account_pattern: str = ""
     run_root: str = "runs"
+    share: Literal["private", "group"] = "private"  # who reads run folders (filemodes.py)
     # Used instead of run_root when $SCRATCH is set (generic clusters: "{scratch}/{project}").
     scratch_run_root: str = ""
     checkpoint_root: str = ""

@@ -17,11 +17,13 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from . import filemodes
 from .attempts import Attempt, fold
 from .errors import HpclaunchError
 from .locking import exclusive
 from .node import EVENTS, INPUT_BOUND
 from .rundirs import RECORD
+from .secretnames import masked, names_in
 from .spec import MASK, is_secret
 
 
@@ -243,8 +245,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic: a crash or a full disk in the middle leaves the old content (write aside,
     then rename) and no file aside."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    share = filemodes.share_of(path.parent)  # 0600, or 0640 in a group-shared folder
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        fd = filemodes.open_new(tmp, os.O_WRONLY | os.O_TRUNC, share)
+        with open(fd, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -272,6 +276,22 @@ def update(run_dir: Path, **changes: Any) -> dict[str, Any]:
         data.update(changes)
         write_json(run_dir / RECORD, data)
     return data
+
+
+def as_recorded(req: Any, secrets: list[tuple[str, str]]) -> dict[str, Any]:
+    """A request's command, argv and options as run.json and sweep.json keep them:
+    secret `--env` values masked, and any secret value (8 characters or more) found in
+    an argument, a --setup line or another option shown as $NAME; `masked_secrets`
+    names those, for `rerun` to take from the environment again."""
+    given = {
+        # What `rerun` needs: the options as given (secret values masked) and the folder.
+        "command": list(req.program),
+        "argv": masked_argv(list(req.argv)),
+        "options": masked_options(req.options),
+    }
+    names = names_in(given, secrets)
+    out: dict[str, Any] = masked(given, secrets)
+    return {**out, "masked_secrets": names} if names else out
 
 
 def masked_options(options: Mapping[str, Any]) -> dict[str, Any]:

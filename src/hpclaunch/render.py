@@ -14,7 +14,7 @@ from .profiles import Profile
 from .resources import default_notes
 from .rundirs import RunPaths
 from .shell import Join, Template, Var, Word
-from .spec import MASK, JobSpec, StageItem
+from .spec import MASK, JobSpec, StageItem, is_secret
 from .units import format_memory, format_time
 
 
@@ -115,7 +115,8 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
             env.append((node.HPCLAUNCH_GPU_UNSET, ",".join(profile.gpu_unset)))
     if profile.cache_dirs:
         env.append((node.HPCLAUNCH_CACHE_DIRS, Template(":".join(profile.cache_dirs))))
-    env += [(k, Template(v)) for k, v in profile.env.items()]
+    # A profile's secrets are in spec.env (validate._env): sbatch's environment only.
+    env += [(k, Template(v)) for k, v in profile.env.items() if not is_secret(k)]
     if spec.nccl_debug:
         env += [(k, Template(v)) for k, v in profile.debug_env.items()]
     env += profiling.task_env(spec, profile, paths)
@@ -327,7 +328,7 @@ def preview(plan_: BatchPlan, environ: Mapping[str, str]) -> str:
     sbatch_vars = sorted(k for k in environ if k.startswith("SBATCH_"))
     if sbatch_vars:
         out.append("# sbatch also reads from your environment:")
-        out += [f"#   {k}={MASK if 'KEY' in k else environ[k]}" for k in sbatch_vars]
+        out += [f"#   {k}={MASK if is_secret(k) else environ[k]}" for k in sbatch_vars]
     if plan_.secret_env:
         out.append("# secret variables passed through the environment only:")
         out += [f"#   {k}={MASK}" for k, _ in plan_.secret_env]

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from . import filemodes
 from .errors import UserError
 from .node import EVENTS, LOADER, RUN_DIR_NAME
 
@@ -110,12 +111,19 @@ def plan_paths(run_root: str, exp: str, checkpoint_root: str, cwd: Path) -> RunP
     return RunPaths(run_id=run_id, run_dir=run_dir, checkpoint_dir=ckpt)
 
 
-def create(paths: RunPaths) -> RunPaths:
-    """Make the run directory; a colliding id (same ms, same random) gets a new one."""
+def create(paths: RunPaths, share: str = "private") -> RunPaths:
+    """Make the run directory; a colliding id (same ms, same random) gets a new one.
+    The folders it makes (the run root and the experiment's too, when missing) get the
+    share's mode whatever the umask (filemodes.py)."""
+    with filemodes.writing(share):
+        return _create(paths, share)
+
+
+def _create(paths: RunPaths, share: str) -> RunPaths:
     for _ in range(20):
         try:
-            paths.run_dir.parent.mkdir(parents=True, exist_ok=True)
-            paths.run_dir.mkdir()
+            filemodes.make_dirs(paths.run_dir.parent, share)
+            paths.run_dir.mkdir(filemodes.dir_mode(share))
             break
         except FileExistsError:
             run_id = new_run_id()
@@ -131,8 +139,8 @@ def create(paths: RunPaths) -> RunPaths:
                 "",
                 "Pick a folder you can write with --run-root",
             ) from None
-    paths.logs.mkdir()
-    paths.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    paths.logs.mkdir(filemodes.dir_mode(share))
+    filemodes.make_dirs(paths.checkpoint_dir, share)
     return paths
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from . import filemodes
 from .errors import UserError
 from .project import GIT_TIMEOUT, git_root
 from .project import git as _git
@@ -214,6 +215,8 @@ def make(p: SnapshotPlan, dest: Path, exclude: Optional[Path] = None) -> Snapsho
     out, nor at/under exclude when that lies inside the project."""
     start = time.perf_counter()
     dest.mkdir(parents=True)  # FileExistsError if it exists: never mix two snapshots
+    # copy2 keeps the project's modes (0644, 0755): narrowed to the run folder's share.
+    share = filemodes.share_of(dest.parent)
     gone = _gone(p.left_out + inside(p.root, [] if exclude is None else [exclude]))
     copies: list[tuple[str, str]] = []  # source, target
     for rel in p.files:
@@ -238,6 +241,7 @@ def make(p: SnapshotPlan, dest: Path, exclude: Optional[Path] = None) -> Snapsho
             try:
                 # copy2: contents, mode and mtime; a symlink stays a symlink.
                 shutil.copy2(src, target, follow_symlinks=False)
+                filemodes.narrow(target, share)
             except FileNotFoundError:
                 continue  # deleted since plan(): as if deleted before
             except OSError as exc:

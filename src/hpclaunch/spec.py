@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
 
 from .secretnames import is_secret as is_secret  # re-exported: records, attach
+from .secretnames import masked, secret_values
 
 Launcher = Literal["srun", "torchrun"]
 Visibility = Literal["all", "per-task"]
@@ -113,6 +114,7 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
     run_root: str = "runs"
+    share: str = "private"  # private | group: the modes of what hpclaunch writes (filemodes)
     checkpoint_root: str = ""
     nccl_debug: bool = False
     profiling: Optional[Profiling] = None
@@ -149,9 +151,15 @@ class JobSpec:
     def secret_env(self) -> list[tuple[str, str]]:
         return [(k, v) for k, v in self.env if is_secret(k)]
 
+    def masked_secrets(self) -> list[tuple[str, str]]:
+        """The secret values hidden wherever hpclaunch records text: as $NAME."""
+        return secret_values(self.env)
+
     def to_record(self) -> dict[str, Any]:
-        """JSON-ready, with secret values masked (this is what spec.json holds)."""
+        """JSON-ready, with secret values masked (this is what spec.json holds): $NAME
+        where a secret's value appears in the program, a --setup line or any other text."""
         data = asdict(self)
         data["env"] = {k: (MASK if is_secret(k) else v) for k, v in self.env}
         data["sources"] = dict(self.sources)
-        return data
+        out: dict[str, Any] = masked(data, self.masked_secrets())
+        return out

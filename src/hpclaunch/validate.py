@@ -17,6 +17,7 @@ from .dependencies import check_chain
 from .errors import UserError, show
 from .profiles import Partition, Profile
 from .resources import MAX_LOCAL_RANKS, Request, check_resources
+from .secretnames import is_secret
 from .shell import check_name
 from .spec import JobSpec
 from .topology import map_cpu_bind, mask_cpu_bind
@@ -107,12 +108,23 @@ def _program(program: tuple[str, ...]) -> tuple[str, ...]:
     return program
 
 
-def _env(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    pairs: dict[str, str] = {}
+def _env(
+    items: tuple[str, ...], profile: Profile, environ: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """--env KEY=VALUE, or --env NAME: NAME's value in the submitting environment. A
+    profile's [env] secrets come first (--env wins): like --env secrets they travel in
+    the environment of sbatch and the ranks only, never in job.sh (as they are: no shell
+    expansion)."""
+    pairs: dict[str, str] = {k: v for k, v in profile.env.items() if is_secret(k)}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise UserError("--env", f"{show(item)} has no =", "", "Write KEY=VALUE")
+            check_name(name)
+            if name not in environ:
+                raise UserError(
+                    "--env", f"{name} is not set in your environment", "", f"export {name}=..."
+                )
+            value = environ[name]
         check_name(name)
         if "\x00" in value:
             raise UserError("--env", f"{name}'s value holds a NUL byte", "", "Remove it")
@@ -311,10 +323,11 @@ def validate(
         gpu_visibility=values.get("gpu_visibility", profile.gpu_visibility),
         exp=exp,
         project=project,
-        env=_env(values.get("env", ())),
+        env=_env(values.get("env", ()), profile, environ),
         setup=setup,
         sbatch_args=_sbatch_args(values.get("sbatch_arg", ())),
         run_root=run_root,
+        share=str(values.get("share") or profile.share),
         checkpoint_root=ckpt_root,
         nccl_debug=bool(values.get("nccl_debug", False)),
         profiling=profiled,

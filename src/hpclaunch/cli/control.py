@@ -62,7 +62,7 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
     default the original run's code snapshot (edits made since do not count).
 
     Secret values were never recorded: they come from your environment again."""
-    from .. import records
+    from .. import records, secretnames
     from ..api import request
     from ..errors import UserError
     from ..reporting import run_and_report
@@ -74,6 +74,15 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
         )
     env = environ()
     options = _options_again(record.options, env)
+    # Secret values masked as $NAME in the record come from the environment again.
+    names = record.extra.get("masked_secrets") or []
+    values = {str(n): env[str(n)] for n in names if str(n) in env}
+    for name in names:
+        if str(name) not in env:
+            raise UserError(
+                "RUN", f"{run} used the secret {name}, never recorded", "", f"export {name}=..."
+            )
+    options = secretnames.masked_again(options, values)
     reuse = None
     snap = record.code.get("snapshot") or {}
     if not current_code:
@@ -85,7 +94,7 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
                 err=True,
             )
     req = request(
-        tuple(record.command),
+        tuple(secretnames.masked_again(record.command, values)),
         options,
         cwd=Path(record.cwd),
         environ=env,
@@ -108,7 +117,12 @@ def _options_again(recorded: dict[str, Any], env: dict[str, str]) -> dict[str, A
             where = "taken from your environment" if name in env else "NOT SET now"
             click.echo(f"hpclaunch: rerun: {name} was a secret, not recorded: {where}", err=True)
     if "env" in options:
-        options["env"] = tuple(e for e in options["env"] if not e.endswith(f"={MASK}"))
+        # A masked secret is passed again by name (--env NAME): its value from here.
+        options["env"] = tuple(
+            e.partition("=")[0] if e.endswith(f"={MASK}") and e.partition("=")[0] in env else e
+            for e in options["env"]
+            if not e.endswith(f"={MASK}") or e.partition("=")[0] in env
+        )
     for key, value in options.items():
         if isinstance(value, list):
             options[key] = tuple(value)

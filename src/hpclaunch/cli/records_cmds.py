@@ -147,14 +147,19 @@ def status_cmd(run: str, as_json: bool) -> int:
 def show_cmd(run: str, as_json: bool) -> int:
     """Print a run's whole record: run.json, spec.json, the batch script and the diff."""
     from .. import tracking
+    from ..secretnames import mask_text
 
     run_dir = find_run_dir(run)
     record = tracking.refresh_one(run_dir).to_dict()
+    # job.sh holds the program's arguments as typed: a secret's value among them is shown
+    # as $NAME, as the record has it (the value from this environment, where it is set).
+    env = environ()
+    hidden = [(str(n), env[str(n)]) for n in record.get("masked_secrets") or () if str(n) in env]
     files = {}
     for name in ("spec.json", "job.sh", "git.diff"):
         path = run_dir / name
         if path.is_file():
-            files[name] = path.read_text(encoding="utf-8", errors="replace")
+            files[name] = mask_text(path.read_text(encoding="utf-8", errors="replace"), hidden)
     if as_json:
         click.echo(json.dumps({"record": record, "files": files}, indent=2, sort_keys=True))
         return 0

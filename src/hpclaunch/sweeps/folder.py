@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from .. import __version__, codeplan, discover, launching, node, profiling, records, render, rundirs
+from ..secretnames import masked
 from . import record, script
 from .plans import SweepPlan
 from .points import Point
@@ -40,9 +41,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "backend": "local" if sp.local else "slurm",
         "sweep_dir": str(paths.run_dir),
         "submitted_at": time.time(),
-        "command": list(req.program),
-        "argv": records.masked_argv(list(req.argv)),
-        "options": records.masked_options(req.options),
+        **records.as_recorded(req, sp.masked_secrets()),
         "sweep": sp.options.to_record(),
         "cwd": str(req.cwd),
         "code": code,
@@ -107,7 +106,7 @@ def point_record(sp: SweepPlan, point: Point, backend: str, job: Optional[str]) 
         "attempts": 1,
         "state": "PENDING",
         "exit_code": None,
-        "command": [*sp.planned.spec.program, *point.args],
+        "command": masked([*spec.program, *point.args], sp.masked_secrets()),
         "params": dict(point.params),
         "nodes": spec.nodes,
         "tasks_per_node": spec.tasks_per_node,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import launching, rundirs
+from ..secretnames import secret_values
 from . import arrays, script
 from .points import Point
 
@@ -48,6 +49,10 @@ class SweepPlan:
     @property
     def local(self) -> bool:
         return self.planned.prepared.profile.kind == "local"
+
+    def masked_secrets(self) -> list[tuple[str, str]]:
+        """The secret values recorded as $NAME: the run's and the W&B key's."""
+        return [*self.planned.spec.masked_secrets(), *secret_values(self.secret_env)]
 
     def sbatch_argvs(self) -> list[list[str]]:
         job_sh = self.paths.job_sh

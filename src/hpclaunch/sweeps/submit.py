@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from .. import (
     discover,
+    filemodes,
     index,
     launching,
     render,
@@ -24,6 +25,7 @@ from .. import (
     users,
 )
 from ..errors import HpclaunchError, UserError
+from ..secretnames import mask_text as masked
 from . import arrays, folder, record, script
 from .plans import SweepOptions, SweepPlan
 from .points import Point, build_points, check_placeholders
@@ -238,15 +240,16 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         from ..containers import make_mount_points
 
         make_mount_points(spec.container)
-    paths = rundirs.create(sp.paths)
+    paths = rundirs.create(sp.paths, spec.share)
     if paths.run_id != sp.paths.run_id:
         raise HpclaunchError(f"sweep id collision on {sp.paths.run_id}; run the command again")
     try:
-        data = folder.write_sweep(req, sp)
-        if sp.space:
-            from . import trials
+        with filemodes.writing(spec.share):  # the folder, the points, the Optuna journal
+            data = folder.write_sweep(req, sp)
+            if sp.space:
+                from . import trials
 
-            trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
+                trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
         job_ids = [] if sp.local else _submit_parts(req, sp)
     except BaseException:
         rundirs.remove(paths)
@@ -355,7 +358,8 @@ def describe(sp: SweepPlan, environ: Any) -> str:
         out.append(f"# {len(sp.points)} Optuna trials over: {', '.join(p.name for p in sp.space)}")
     else:
         out += script.preview_table(sp.points)
-    return "\n".join(out) + "\n"
+    # A secret's value met in the program or a --setup line: shown as $NAME (secretnames).
+    return masked("\n".join(out) + "\n", sp.masked_secrets())
 
 
 __all__ = ["describe", "plan", "start"]
