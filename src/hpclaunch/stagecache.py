@@ -1,0 +1,238 @@
+"""The stage cache (<run-root>/.stage-cache/): a folder of packs, each <NAME>-<key>/ with
+its parts and `.source` (the folder it packs). Used only when it is the user's and
+nobody else can write it; pruned after each packing run (the `stage_cache_keep` most
+recently used packs per source, at most `stage_cache_max` in all, least recently used
+first), never a pack a queued or running job uses; `hpclaunch clean --stage-cache`
+empties it.
+
+A pack's "last used" time is its folder's mtime: set when it is packed, reused, or
+unpacked by a node's stage guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, TextIO
+
+from .errors import UserError
+from .node import LINKS_PART, PACK_PART
+from .snapshot import human
+
+if TYPE_CHECKING:
+    from .profiles import Profile
+
+SOURCE = ".source"  # in a pack: the absolute path of the folder it packs
+DEFAULT_KEEP = 2
+DEFAULT_MAX_BYTES = 200 * 2**30
+# A pack used this recently may belong to a run being started (packed or reused, not yet
+# in squeue) or a local run unpacking it: never pruned; `clean --stage-cache`, asked for
+# by the user, keeps only those of the last minute (a run starting now).
+RECENT_S = 600.0
+CLEAN_RECENT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    keep: int = DEFAULT_KEEP  # packs per source
+    max_bytes: int = DEFAULT_MAX_BYTES  # all packs together
+
+
+@dataclass(frozen=True)
+class Pack:
+    path: str
+    source: str
+    used: float  # last used: the folder's mtime
+    size: int
+
+
+def limits(profile: Profile) -> Limits:
+    """The profile's stage_cache_keep and stage_cache_max (a size: 200G, 500M)."""
+    from .units import parse_memory
+
+    max_mb = parse_memory(profile.stage_cache_max, "stage_cache_max")
+    return Limits(max(0, profile.stage_cache_keep), max_mb * 2**20)
+
+
+def check_private(path: Path) -> None:
+    """Refuse a cache folder (or a pack in it) that another user owns or can write:
+    they could swap the parts every node unpacks."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise UserError("--stage", f"cannot use the pack cache {path}: {exc.strerror}", "",
+                        "Check the run root's permissions") from None  # fmt: skip
+    why = ""
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        why = "not a folder (a symlink or a file)"
+    elif info.st_uid != os.getuid():
+        why = f"owned by uid {info.st_uid}, not you (uid {os.getuid()})"
+    elif info.st_mode & 0o022:
+        who = "group" if info.st_mode & 0o020 else "others"
+        why = f"writable by {who} (mode {info.st_mode & 0o7777:o})"
+    if why:
+        raise UserError(
+            "--stage",
+            f"the pack cache {path} is {why}",
+            "it must be your folder, writable only by you",
+            f"Remove it (rm -r {path}) or fix it (chmod go-w {path}); hpclaunch makes it afresh",
+        )
+
+
+def ensure(cache: Path) -> None:
+    """The cache folder, made 0700 when missing, checked either way."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(cache, 0o700)
+    check_private(cache)
+
+
+def check_existing(cache: Path) -> None:
+    """At planning (a dry-run too): refuse a cache that is there and not private."""
+    if os.path.lexists(cache):
+        check_private(cache)
+
+
+def reuse(folder: Path) -> None:
+    """A pack about to be used again: both it and the cache checked, its time renewed."""
+    check_private(folder.parent)
+    check_private(folder)
+    os.utime(folder)
+
+
+def write_source(pack: Path, src: str) -> None:
+    (pack / SOURCE).write_text(os.path.realpath(src), encoding="utf-8", errors="surrogateescape")
+
+
+def packs(cache: Path) -> list[Pack]:
+    """The complete packs in the cache (a pack being written is a hidden folder)."""
+    found: list[Pack] = []
+    try:
+        entries = list(os.scandir(cache))
+    except FileNotFoundError:
+        return found
+    head, _, tail = PACK_PART.partition("%02d")
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        size = 0
+        with os.scandir(entry.path) as inside:
+            for part in inside:
+                if part.name == LINKS_PART or (
+                    part.name.startswith(head) and part.name.endswith(tail)
+                ):
+                    size += part.stat(follow_symlinks=False).st_size
+        try:
+            source = Path(entry.path, SOURCE).read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            source = entry.name.rpartition("-")[0]  # packed before .source: its NAME
+        used = entry.stat(follow_symlinks=False).st_mtime
+        found.append(Pack(entry.path, source, used, size))
+    return found
+
+
+def in_use(environ: Mapping[str, str]) -> Optional[set[str]]:
+    """The packs the user's queued and running jobs use, from ONE squeue call (each job's
+    batch script lies in its run or sweep folder, whose spec.json lists its staged items);
+    None when squeue cannot answer. Without Slurm here, no job can use one."""
+    from . import slurmcmd
+    from .users import user_name
+
+    if shutil.which("squeue") is None:
+        return set()
+    out = slurmcmd.query(["squeue", "-h", "-u", user_name(environ), "-o", "%o"], timeout=30)
+    if out is None:
+        return None
+    used: set[str] = set()
+    for script in set(out.split()):
+        try:
+            spec = json.loads(Path(os.path.dirname(script), "spec.json").read_text())
+        except (OSError, ValueError):
+            continue  # not an hpclaunch job, or its folder is gone
+        for item in spec.get("stage") or []:
+            if isinstance(item, dict) and isinstance(item.get("archive"), str):
+                used.add(os.path.normpath(item["archive"]))
+    return used
+
+
+def choose(
+    found: list[Pack],
+    limits: Limits,
+    keep: Iterable[str],
+    busy: set[str],
+    now: float,
+    recent_s: float = RECENT_S,
+) -> list[Pack]:
+    """The packs to remove: beyond the `keep` most recently used of each source, then the
+    least recently used until all fit `max_bytes`; never one in `keep`, `busy`, or used
+    in the last `recent_s` seconds."""
+    kept = {os.path.normpath(p) for p in keep} | busy
+
+    def protected(pack: Pack) -> bool:
+        return os.path.normpath(pack.path) in kept or now - pack.used < recent_s
+
+    doomed: list[Pack] = []
+    by_source: dict[str, list[Pack]] = {}
+    for pack in found:
+        by_source.setdefault(pack.source, []).append(pack)
+    for group in by_source.values():
+        group.sort(key=lambda p: p.used, reverse=True)
+        doomed += [p for p in group[max(0, limits.keep) :] if not protected(p)]
+    total = sum(p.size for p in found if p not in doomed)
+    for pack in sorted((p for p in found if p not in doomed), key=lambda p: p.used):
+        if total <= limits.max_bytes:
+            break
+        if not protected(pack):
+            doomed.append(pack)
+            total -= pack.size
+    return doomed
+
+
+def prune(cache: Path, limits: Limits, keep: Iterable[str], environ: Mapping[str, str],
+          err: TextIO) -> list[Pack]:  # fmt: skip
+    """Remove what choose() picks; squeue is asked once, and only when something would
+    go. Returns what was removed."""
+    found, now, keep = packs(cache), time.time(), list(keep)
+    if not choose(found, limits, keep, set(), now):
+        return []
+    busy = in_use(environ)
+    if busy is None:
+        err.write(f"hpclaunch: squeue does not answer: the stage cache {cache} is not pruned\n")
+        return []
+    doomed = choose(found, limits, keep, busy, now)
+    for pack in doomed:
+        shutil.rmtree(pack.path, ignore_errors=True)
+    if doomed:
+        err.write(
+            f"hpclaunch: stage cache: removed {len(doomed)} older pack(s), "
+            f"{human(sum(p.size for p in doomed))} (stage_cache_keep {limits.keep}, "
+            f"stage_cache_max {human(limits.max_bytes)})\n"
+        )
+    return doomed
+
+
+def empty(
+    cache: Path, environ: Mapping[str, str], dry_run: bool
+) -> Optional[tuple[list[Pack], list[Pack]]]:
+    """`clean --stage-cache`: (removed, kept in use) of every pack, or None when squeue
+    cannot tell which packs jobs use (then nothing is removed)."""
+    found = packs(cache)
+    if not found:
+        return [], []
+    busy = in_use(environ)
+    if busy is None:
+        return None
+    now = time.time()
+    everything = Limits(keep=0, max_bytes=-1)
+    doomed = choose(found, everything, (), busy, now, CLEAN_RECENT_S)
+    if not dry_run:
+        for pack in doomed:
+            shutil.rmtree(pack.path, ignore_errors=True)
+    return doomed, [p for p in found if p not in doomed]
