@@ -311,3 +311,27 @@ def test_stage_json_lists_parts_of_the_run_written(tmp_path: Path) -> None:
     stage.pack_all((item,), io.StringIO())
     data = json.loads(json.dumps(_guard_json(tmp_path, (item,))))
     assert len(data["items"][0]["parts"]) == 2
+
+
+def test_hard_linked_files_are_packed_as_files(tmp_path: Path) -> None:
+    """tar stores a second link to a file as a hard-link member; --hard-dereference
+    stores it as the file, which the read-back accepts and the node unpacks."""
+    src = tmp_path / "data"
+    _tree(src)
+    os.link(src / "sub" / "f.txt", src / "twin.txt")
+    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    stage.pack_all((item,), io.StringIO())
+    assert (_unpack(tmp_path, (item,)) / "twin.txt").read_text() == "dataset"
+
+
+def test_the_jobs_packs_come_from_their_scripts_folder(tmp_path: Path) -> None:
+    """squeue's %o is the batch script's path, with --chain's argument after it (and a
+    path may hold spaces): its folder's spec.json names the packs."""
+    run = tmp_path / "runs" / "my exp" / "r1"
+    run.mkdir(parents=True)
+    (run / "job.sh").write_text("#!/bin/bash\n")
+    (run / "spec.json").write_text(json.dumps({"stage": [{"archive": "/c/DATA-1"}]}))
+    assert stagecache._staged(f"{run}/job.sh 3") == [{"archive": "/c/DATA-1"}]
+    assert stagecache._staged(f"{run}/job.sh") == [{"archive": "/c/DATA-1"}]
+    assert stagecache._staged("/usr/bin/sleep 100") == []
+    assert stagecache._staged("(null)") == []

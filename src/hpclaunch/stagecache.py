@@ -151,15 +151,27 @@ def in_use(environ: Mapping[str, str]) -> Optional[set[str]]:
     if out is None:
         return None
     used: set[str] = set()
-    for script in set(out.split()):
-        try:
-            spec = json.loads(Path(os.path.dirname(script), "spec.json").read_text())
-        except (OSError, ValueError):
-            continue  # not an hpclaunch job, or its folder is gone
-        for item in spec.get("stage") or []:
+    for command in set(out.splitlines()):
+        for item in _staged(command.strip()):
             if isinstance(item, dict) and isinstance(item.get("archive"), str):
                 used.add(os.path.normpath(item["archive"]))
     return used
+
+
+def _staged(command: str) -> list[object]:
+    """The staged items of the run or sweep whose batch script `command` runs (squeue's
+    %o: the script's path, then any arguments, as --chain gives one): [] for a job
+    hpclaunch did not submit, or whose folder is gone."""
+    words = command.split(" ")
+    for end in range(len(words), 0, -1):  # the longest prefix that names a script
+        script = " ".join(words[:end])
+        if os.path.isabs(script) and os.path.isfile(script):
+            try:
+                spec = json.loads(Path(os.path.dirname(script), "spec.json").read_text())
+                return list(spec.get("stage") or [])
+            except (OSError, ValueError, AttributeError):
+                return []
+    return []
 
 
 def choose(

@@ -54,33 +54,53 @@ def check_pack(src: str, tmp: Path, layout: list[list[str]], links: frozenset[st
     problems: list[str] = []
     targets: dict[str, str] = {}
     for part, names, kind in expected:
-        with tarfile.open(tmp / part) as tar:
-            members = tar.getmembers()
-        if sorted(m.name for m in members) != sorted(names):
-            problems.append(f"{part} does not hold the names listed for it")
-        for member in members:
+        missing = set(names)
+        for member in _members(tmp / part):
             found = _KIND.get(member.type, "special file")
-            if found != kind:
+            if member.name not in missing:
+                problems.append(f"{part} holds {member.name}, not listed for it (or twice)")
+            elif found != kind:
                 problems.append(f"{member.name} is a {found}, listed as a {kind}")
             elif member.issym():
                 targets[member.name] = member.linkname
+            missing.discard(member.name)
+        if missing:
+            problems.append(f"{part} lacks {min(missing)}")
     for name in (n for names in layout for n in names):
-        if any(parent in targets for parent in _parents(name)):
-            problems.append(f"{name} lies under the symlink {next(_parents(name))}")
+        link = next((parent for parent in _parents(name) if parent in targets), "")
+        if link:
+            problems.append(f"{name} lies under the symlink {link}")
     problems += link_problems(targets)
     if problems:
-        fix = "Point it inside the folder (or replace it by what it points to)"
-        changed = not (targets and len(problems) == len(link_problems(targets)))
-        if changed:
-            fix = "Pack it again once nothing changes it (run the command again)"
+        _refuse(src, problems, only_links=bool(targets) and problems == link_problems(targets))
+
+
+def _members(path: Path) -> Iterator[tarfile.TarInfo]:
+    """A tar's members one by one, none kept: a part may list millions of files."""
+    with tarfile.open(path) as tar:
+        while True:
+            member = tar.next()
+            if member is None:
+                return
+            tar.members = []  # type: ignore[attr-defined]  # next() appends there; not needed
+            yield member
+
+
+def _refuse(src: str, problems: list[str], only_links: bool) -> None:
+    more = f" (and {len(problems) - 1} more)" if problems[1:] else ""
+    if only_links:
         raise UserError(
             "--stage",
-            f"{src}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if problems[1:] else ""),
-            "staged symlinks must point inside the staged folder"
-            if not changed
-            else "the folder changed while it was packed",
-            fix,
+            f"{src}: {problems[0]}{more}",
+            "staged symlinks must point inside the staged folder",
+            "Point it inside the folder, or replace it by what it points to (cp -L)",
         )
+    raise UserError(
+        "--stage",
+        f"{src}: {problems[0]}{more}",
+        "the folder changed while it was packed",
+        "Pack it again once nothing changes it (run the command again)",
+    )
 
 
 def _parents(name: str) -> Iterator[str]:
