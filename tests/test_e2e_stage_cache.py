@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+import testbed
 from conftest import Hpc
 
 pytestmark = pytest.mark.testbed
@@ -90,3 +93,39 @@ def test_pruning_spares_packs_of_queued_jobs_and_clean_empties_the_rest(hpc: Hpc
         assert _packs(hpc) == [third]
     finally:
         hpc.run("cancel", busy)
+
+
+def test_a_pack_planted_by_another_user_is_never_unpacked(hpc: Hpc) -> None:
+    """In a run root others can write (a group project folder), a second user plants
+    the cache with a pack under the very name the victim's dataset hashes to (the key
+    is computable from the listing). Today the victim's job unpacks the planted files;
+    now the run stops before submission with one line naming the cache and the fix."""
+    from hpclaunch import stage
+
+    _change(hpc, 1)
+    runs = hpc.cwd / "runs"
+    runs.mkdir(mode=0o777)
+    runs.chmod(0o777)
+    [item] = stage.plan(["data"], hpc.cwd, runs)  # what the victim's run will look for
+    pack = Path(item.archive)
+    planted = hpc.cwd / "planted"
+    planted.mkdir()
+    (planted / "v.txt").write_text("planted by another user")
+    pack.mkdir(parents=True)
+    for index, names in ((0, ["."]), (1, ["v.txt"])):
+        tar = ["tar", "-cf", str(pack / f"part-{index:02d}.tar"), "-C", str(planted)]
+        subprocess.run([*tar, "--no-recursion", *names], check=True)
+    other = pwd.getpwnam(testbed.OTHER_USER)
+    for path in (pack.parent, pack, *pack.iterdir()):
+        os.chown(path, other.pw_uid, other.pw_gid)
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    out = hpc.folder("out")
+    proc = hpc.run(
+        "run", "--wait", "--stage", "data", "--", "bash", "-c",
+        f'cp "$HPCLAUNCH_DATA/v.txt" {out}/seen.txt',
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert not (out / "seen.txt").exists()
+    assert f"the pack cache {pack.parent} is owned by uid {other.pw_uid}" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert hpc.runs() == []  # nothing submitted
