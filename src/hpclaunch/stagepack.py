@@ -77,7 +77,7 @@ def check_pack(src: str, tmp: Path, layout: list[list[str]], links: frozenset[st
 
 def _members(path: Path) -> Iterator[tarfile.TarInfo]:
     """A tar's members one by one, none kept: a part may list millions of files."""
-    with tarfile.open(path) as tar:
+    with tarfile.open(path, "r:") as tar:  # uncompressed: no guessing at compressions
         while True:
             member = tar.next()
             if member is None:

@@ -282,7 +282,7 @@ def make_links(part, target):
     # type: (str, str) -> None
     """Make the symlinks links.tar lists, after every folder and file is in place (none
     is followed by the unpacking), and only when all of them point inside the tree."""
-    with tarfile.open(part) as tar:
+    with tarfile.open(part, "r:") as tar:
         members = tar.getmembers()
     odd = [m.name for m in members if not m.issym()]
     links = dict((m.name, m.linkname) for m in members if m.issym())
