@@ -43,6 +43,7 @@ from .units import format_memory
 
 ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".tar.bz2")
 CACHE = ".stage-cache"
+PACK_FORMAT = b"pack-2\0"  # part of every pack's key: a new format never reuses an old pack
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
@@ -243,7 +244,9 @@ def _progress(
 
 
 def cache_key(src: str, items: list[tuple[str, int, int, bool]]) -> str:
-    digest = hashlib.sha256(os.path.realpath(src).encode("utf-8", "surrogateescape"))
+    # PACK_FORMAT: packs made before their parts were read back (and links.tar) are
+    # never reused; pruning removes them as the least recently used.
+    digest = hashlib.sha256(PACK_FORMAT + os.path.realpath(src).encode("utf-8", "surrogateescape"))
     for rel, size, mtime, is_dir in items:
         digest.update(f"{rel}\0{size}\0{mtime}\0{int(is_dir)}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:20]
