@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TextIO
 
 from .errors import UserError
-from .node import LINKS_PART, PACK_PART
 from .snapshot import human
+from .stagepack import is_part
 
 if TYPE_CHECKING:
     from .profiles import Profile
@@ -118,22 +118,20 @@ def packs(cache: Path) -> list[Pack]:
         entries = list(os.scandir(cache))
     except FileNotFoundError:
         return found
-    head, _, tail = PACK_PART.partition("%02d")
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
-        size = 0
-        with os.scandir(entry.path) as inside:
-            for part in inside:
-                if part.name == LINKS_PART or (
-                    part.name.startswith(head) and part.name.endswith(tail)
-                ):
-                    size += part.stat(follow_symlinks=False).st_size
+        try:
+            with os.scandir(entry.path) as inside:
+                parts = [p.stat(follow_symlinks=False).st_size for p in inside if is_part(p.name)]
+            size = sum(parts)
+            used = entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue  # removed meanwhile (another run pruning at the same time)
         try:
             source = Path(entry.path, SOURCE).read_text(encoding="utf-8", errors="surrogateescape")
         except OSError:
             source = entry.name.rpartition("-")[0]  # packed before .source: its NAME
-        used = entry.stat(follow_symlinks=False).st_mtime
         found.append(Pack(entry.path, source, used, size))
     return found
 

@@ -110,13 +110,17 @@ def _parents(name: str) -> Iterator[str]:
         yield head
 
 
+def is_part(name: str) -> bool:
+    """Whether a file of a pack folder is one of its tars."""
+    head, _, tail = PACK_PART.partition("%02d")
+    return name == LINKS_PART or (name.startswith(head) and name.endswith(tail))
+
+
 def part_facts(folder: str) -> list[list[object]]:
     """[name, size, mtime_ns] of each part of a pack, for stage.json: the guard unpacks
     only parts that still match ([] while the pack is not written)."""
-    head, _, tail = PACK_PART.partition("%02d")
     try:
-        names = [n for n in os.listdir(folder) if n == LINKS_PART or
-                 (n.startswith(head) and n.endswith(tail))]  # fmt: skip
+        names = [name for name in os.listdir(folder) if is_part(name)]
     except FileNotFoundError:
         return []
     facts: list[list[object]] = []
