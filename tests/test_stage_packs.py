@@ -335,3 +335,26 @@ def test_the_jobs_packs_come_from_their_scripts_folder(tmp_path: Path) -> None:
     assert stagecache._staged(f"{run}/job.sh") == [{"archive": "/c/DATA-1"}]
     assert stagecache._staged("/usr/bin/sleep 100") == []
     assert stagecache._staged("(null)") == []
+
+
+def test_clean_empties_the_cache_but_packs_in_use_and_abandoned_halves_go(
+    tmp_path: Path, slurm: None
+) -> None:
+    """`clean --stage-cache`'s logic: every pack but one a run started this minute uses
+    (no job of this user's uses one); a hidden half-written pack untouched for a day
+    goes, one being written now stays; --dry-run removes nothing."""
+    src = tmp_path / "data"
+    src.mkdir()
+    old = _pack_version(tmp_path, src, 1, 3600)
+    new = _pack_version(tmp_path, src, 2, 10)
+    cache = tmp_path / "runs" / stage.CACHE
+    killed, writing = cache / ".DATA-1.abc", cache / ".DATA-2.def"
+    killed.mkdir()
+    writing.mkdir()
+    os.utime(killed, (time.time() - 2 * 86400,) * 2)
+    done = stagecache.empty(cache, {}, dry_run=True)
+    assert done is not None
+    assert sorted(p.path for p in done[0]) == sorted([old, str(killed)])
+    assert [p.path for p in done[1]] == [new] and killed.exists()
+    assert stagecache.empty(cache, {}, dry_run=False) is not None
+    assert sorted(os.listdir(cache)) == sorted([writing.name, os.path.basename(new)])

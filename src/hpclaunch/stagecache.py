@@ -37,6 +37,7 @@ DEFAULT_MAX_BYTES = 200 * 2**30
 # by the user, keeps only those of the last minute (a run starting now).
 RECENT_S = 600.0
 CLEAN_RECENT_S = 60.0
+ABANDONED_S = 86400.0  # a hidden pack folder untouched this long: its packer was killed
 
 
 @dataclass(frozen=True)
@@ -232,17 +233,30 @@ def empty(
     cache: Path, environ: Mapping[str, str], dry_run: bool
 ) -> Optional[tuple[list[Pack], list[Pack]]]:
     """`clean --stage-cache`: (removed, kept in use) of every pack, or None when squeue
-    cannot tell which packs jobs use (then nothing is removed)."""
+    cannot tell which packs jobs use (then nothing is removed). Half-written packs of a
+    packer that was killed (hidden folders untouched for a day) go too."""
     found = packs(cache)
-    if not found:
-        return [], []
-    busy = in_use(environ)
+    busy = in_use(environ) if found else set()
     if busy is None:
         return None
     now = time.time()
     everything = Limits(keep=0, max_bytes=-1)
-    doomed = choose(found, everything, (), busy, now, CLEAN_RECENT_S)
+    doomed = choose(found, everything, (), busy, now, CLEAN_RECENT_S) + _abandoned(cache, now)
     if not dry_run:
         for pack in doomed:
             shutil.rmtree(pack.path, ignore_errors=True)
     return doomed, [p for p in found if p not in doomed]
+
+
+def _abandoned(cache: Path, now: float) -> list[Pack]:
+    """The hidden `.NAME-key.*` folders a packer writes into, untouched for a day: its
+    process was killed (any other end removes them)."""
+    found: list[Pack] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(cache) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if entry.name.startswith(".") and stat.S_ISDIR(info.st_mode) and \
+                        now - info.st_mtime > ABANDONED_S:  # fmt: skip
+                    found.append(Pack(entry.path, "", info.st_mtime, 0))
+    return found
