@@ -149,6 +149,11 @@ def test_a_part_changed_after_packing_is_not_unpacked(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"part-01\.tar changed since it was packed"):
         stage_guard.prepare(spec, str(local), {})
     assert not (local / "data" / "DATA" / "top.txt").exists()
+    # Put back as packed, but another user's (chown keeps the size and mtime).
+    os.utime(part, ns=(part.stat().st_atime_ns, recorded[1][2]))
+    os.chown(part, os.getuid() + 4242, -1)
+    with pytest.raises(OSError, match=r"part-01\.tar is not yours"):
+        stage_guard.prepare(spec, str(local), {})
 
 
 @pytest.mark.parametrize("how", ["group-writable", "world-writable", "another owner", "symlink"])

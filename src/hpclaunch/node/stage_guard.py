@@ -179,8 +179,9 @@ def unpack(item: Mapping[str, Any], local: str) -> None:
 def checked_parts(folder, recorded):
     # type: (str, List[List[Any]]) -> List[str]
     """The pack's parts as stage.json lists them (name, size, mtime_ns, recorded when
-    it was packed and checked), each still of that size and mtime: a part replaced or
-    rewritten since (another user, another run) is refused before anything is unpacked."""
+    it was packed and checked), each still of that size and mtime and this user's: a
+    part replaced or rewritten since (another user, another run) is refused before
+    anything is unpacked."""
     if not recorded:
         raise OSError("stage.json lists no parts for the pack %s: submit the run again" % folder)
     names = []  # type: List[str]
@@ -189,6 +190,10 @@ def checked_parts(folder, recorded):
             raise OSError("stage.json names an odd pack part %r" % name)
         path = os.path.join(folder, name)
         info = os.lstat(path)  # lstat: a symlink is not the part that was packed
+        if info.st_uid != os.getuid():
+            raise OSError(
+                "the pack part %s is not yours (uid %d): refusing it" % (path, info.st_uid)
+            )
         if (info.st_size, info.st_mtime_ns) != (size, mtime_ns) or not stat.S_ISREG(info.st_mode):
             raise OSError(
                 "the pack part %s changed since it was packed (size %d, mtime %d recorded; "
