@@ -101,14 +101,14 @@ def test_dataset_reaches_every_rank_from_its_own_node(hpc: Hpc) -> None:
         assert {r["node"] for r in reports} == {"node1", "node2"}
         assert {r["tmp_fs"] for r in reports} == {"tmpfs"}  # each node's own /tmp
     [tar] = _tar_of(hpc)
-    inode = [p.stat().st_ino for p in sorted(tar.iterdir())]
+    inode = [p.stat().st_ino for p in sorted(tar.glob("*.tar"))]
     assert len(inode) == 3  # 5,000 files: the folders' part and two file parts
     # Unchanged: the same tar (same inode) is reused; a touched file packs again.
     proc = hpc.run("run", "--dry-run", "--stage", "dataset", "--", "true")
     assert proc.returncode == 0 and str(tar) in proc.stdout, proc.stderr
     proc = hpc.run("run", "--stage", "dataset", "--", "true")
     assert proc.returncode == 0, proc.stderr
-    assert _tar_of(hpc) == [tar] and [p.stat().st_ino for p in sorted(tar.iterdir())] == inode
+    assert _tar_of(hpc) == [tar] and [p.stat().st_ino for p in sorted(tar.glob("*.tar"))] == inode
     assert "packed" not in proc.stderr
     touched = hpc.cwd / "dataset" / "d007" / "sub1" / "f00700.bin"
     os.utime(touched, (time.time() + 5, time.time() + 5))

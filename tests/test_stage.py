@@ -14,7 +14,7 @@ from typing import Optional
 
 import pytest
 
-from hpclaunch import render, rundirs, stage
+from hpclaunch import render, rundirs, stage, stagepack
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
 from hpclaunch.spec import JobSpec, StageItem
@@ -164,7 +164,7 @@ def test_parts_unpack_side_by_side_into_read_only_folders(
     """Many parts (a small FILES_PER_PART), a read-only folder in the source: every file
     arrives, and the folder's mode is the source's in the end. (Run as root, as in CI,
     the read-only mode cannot block a write; the testbed tests unpack as a user.)"""
-    monkeypatch.setattr(stage, "FILES_PER_PART", 5)
+    monkeypatch.setattr(stagepack, "FILES_PER_PART", 5)
     src = tmp_path / "data"
     for d in range(6):
         (src / f"d{d}" / "deep").mkdir(parents=True)

@@ -159,9 +159,13 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
             if prepared.after:
                 records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
             if spec.stage:
-                from . import stage
+                from . import stage, stagecache
 
-                stage.pack_all(spec.stage)  # packed here, where the run starts: never on a dry-run
+                # Packed here, where the run starts (never on a dry-run); stage.json again,
+                # now with each part's size and mtime.
+                limits = stagecache.limits(prepared.profile)
+                stage.pack_all(spec.stage, limits=limits, environ=req.environ)
+                records.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
         job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
     except OSError as exc:
         rundirs.remove(paths)

@@ -8,8 +8,7 @@ NAME.toml < the project's [clusters.NAME]; later layers override keys of earlier
 The records are frozen dataclasses that pydantic validates (`X.model_validate(data)`).
 Importing pydantic and building its schemas cost more than the rest of `hpclaunch run`,
 so data whose every value already has its field's exact type (the built-in profiles,
-discovered partitions, most user files) is taken as it is: pydantic would return it
-unchanged. Only the rest goes through pydantic, which gives every coercion and error.
+discovered partitions, most user files) is taken as it is; only the rest meets pydantic.
 """
 
 from __future__ import annotations
@@ -180,6 +179,8 @@ class Profile(_Record):
     # the site's per-job $SLURM_TMPDIR when it sets one, else a folder in /tmp.
     local_dir: str = "${SLURM_TMPDIR:-/tmp/$USER-hpclaunch-$SLURM_JOB_ID}"
     local_is_ram: bool = False  # /tmp in memory (LUMI): staged data counts against --mem
+    stage_cache_keep: int = 2  # packs kept per source in <run-root>/.stage-cache
+    stage_cache_max: str = "200G"  # all packs together; the least recently used go first
     node: NodeShape = NodeShape()
     topology: Optional[Topology] = None
     env: dict[str, str] = field(default_factory=dict)

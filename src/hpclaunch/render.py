@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import containers, jobwatch, node, profiling, requeue, scriptend, shell
+from . import containers, jobwatch, node, profiling, requeue, scriptend, shell, stagepack
 from .launchers import launcher_env, task_argv
 from .profiles import Profile
 from .resources import default_notes
@@ -165,6 +165,8 @@ def stage_json(spec: JobSpec, paths: RunPaths) -> dict[str, object]:
                 "archive": i.archive,
                 "file": i.file,
                 "bound": containers.mounts_image(spec.container, i),
+                # A pack's parts as written (the guard checks them): [] until packed.
+                "parts": stagepack.part_facts(i.archive) if i.kind == node.DIRECTORY else [],
             }
             for i in spec.stage
         ],

@@ -21,25 +21,29 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Optional, TextIO
 
+from . import stagecache
 from .containers import SQUASHFS_MAGIC
 from .errors import UserError, show
-from .node import ARCHIVE, DIRECTORY, FILE, PACK_PART, SQUASHFS
+from .node import ARCHIVE, DIRECTORY, FILE, LINKS_PART, PACK_PART, SQUASHFS
 from .rundirs import absolute
 from .snapshot import human
 from .spec import StageItem
+from .stagepack import check_pack, tar_part
+from .stagepack import parts as parts
+from .stagepack import split as split
 from .units import format_memory
 
 ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".tar.bz2")
 CACHE = ".stage-cache"
+PACK_FORMAT = b"pack-2\0"  # part of every pack's key: a new format never reuses an old pack
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
@@ -240,60 +244,47 @@ def _progress(
 
 
 def cache_key(src: str, items: list[tuple[str, int, int, bool]]) -> str:
-    digest = hashlib.sha256(os.path.realpath(src).encode("utf-8", "surrogateescape"))
+    # PACK_FORMAT: packs made before their parts were read back (and links.tar) are
+    # never reused; pruning removes them as the least recently used.
+    digest = hashlib.sha256(PACK_FORMAT + os.path.realpath(src).encode("utf-8", "surrogateescape"))
     for rel, size, mtime, is_dir in items:
         digest.update(f"{rel}\0{size}\0{mtime}\0{int(is_dir)}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:20]
 
 
-MAX_PARTS = 8  # tars a folder is packed into, unpacked side by side on a node
-FILES_PER_PART = 2000  # fewer files than this per part are not worth a second process
-
-
-def split(items: list[tuple[str, int, int, bool]]) -> list[list[str]]:
-    """Folders in part 0 (unpacked last, so a read-only folder's mode never blocks the
-    files going into it), files spread over the other parts, balanced by bytes."""
-    files = [(rel, size) for rel, size, _, is_dir in items if not is_dir]
-    count = max(1, min(MAX_PARTS, len(files) // FILES_PER_PART))
-    parts: list[list[str]] = [[rel for rel, _, _, is_dir in items if is_dir]]
-    parts += [[] for _ in range(count)]
-    load = [0] * count
-    for rel, size in files:  # sorted by path: neighbours land in the same part
-        i = min(range(count), key=load.__getitem__) if count > 1 else 0
-        parts[i + 1].append(rel)
-        load[i] += size + 512
-    return parts
-
-
 def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: TextIO) -> None:
     """Write the parts of a directory's pack (atomically: the folder appears complete or
-    not at all), with a progress bar."""
+    not at all), with a progress bar. Two runs packing the same tree at once both pack;
+    the second to finish keeps the first one's pack (the same names, sizes and mtimes)."""
     if folder.is_dir():
-        return  # unchanged since it was packed: reuse the same files
-    folder.parent.mkdir(parents=True, exist_ok=True)
+        stagecache.reuse(folder)  # unchanged since it was packed: the same files
+        return
+    stagecache.ensure(folder.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     total = sum(size for _, size, _, _ in items)
     stop, thread = _progress(total + 512 * len(items), tmp, os.path.basename(src), err)
     started = time.monotonic()
     try:
-        for index, names in enumerate(split(items)):
-            listing = tmp / f".list-{index}"
-            listing.write_bytes(b"".join(os.fsencode(rel) + b"\0" for rel in names))
-            done = subprocess.run(
-                ["tar", "-cf", str(tmp / (PACK_PART % index)), "-C", src,
-                 "--no-recursion", "--null", "-T", str(listing)],
-                stderr=subprocess.PIPE,
-                check=False,
-            )  # fmt: skip
-            listing.unlink()
-            if done.returncode != 0:
-                raise UserError(
-                    "--stage",
-                    f"packing {src} failed: {done.stderr.decode(errors='replace').strip()}",
-                    "",
-                    "Check the folder is readable",
-                )
-        os.replace(tmp, folder)
+        links = frozenset(
+            r for r, _, _, d in items if not d and os.path.islink(os.path.join(src, r))
+        )
+        layout = split(items, links)
+        for index, names in enumerate(layout):
+            tar_part(src, tmp, PACK_PART % index, names)
+        if links:
+            tar_part(src, tmp, LINKS_PART, sorted(links))
+        check_pack(src, tmp, layout, links)
+        stagecache.write_source(tmp, src)
+        try:
+            os.replace(tmp, folder)
+        except OSError as exc:
+            # Another run packed the same tree meanwhile: its pack is complete (a rename
+            # is atomic) and the same: reuse it, drop this one.
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not folder.is_dir():
+                raise
+            err.write(f"hpclaunch: {src} was packed by another run meanwhile: using {folder}\n")
+            stagecache.reuse(folder)
+            return
     finally:
         stop.set()
         thread.join()
@@ -303,13 +294,6 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
         f"hpclaunch: packed {src}: {len(items)} entries, {human(total)} in "
         f"{time.monotonic() - started:.1f} s -> {folder}\n"
     )
-
-
-def parts(folder: str) -> list[str]:
-    """A pack's tars in unpack order: the file parts, then part 0 (the folders)."""
-    head, _, tail = PACK_PART.partition("%02d")
-    names = sorted(n for n in os.listdir(folder) if n.startswith(head) and n.endswith(tail))
-    return [os.path.join(folder, n) for n in names[1:] + names[:1]]
 
 
 def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, ...]:
@@ -325,6 +309,7 @@ def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, .
         kind = kind_of(src)
         if kind == DIRECTORY:
             listing = manifest(src)
+            stagecache.check_existing(run_root / CACHE)
             pack_dir = run_root / CACHE / f"{name}-{cache_key(src, listing)}"
             size = sum(size for _, size, _, _ in listing)
             items.append(StageItem(name, src, kind, str(pack_dir), size))
@@ -336,10 +321,23 @@ def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, .
     return tuple(items)
 
 
-def pack_all(items: tuple[StageItem, ...], err: TextIO = sys.stderr) -> None:
-    for item in items:
-        if item.kind == DIRECTORY and not os.path.isdir(item.archive):
+def pack_all(
+    items: tuple[StageItem, ...],
+    err: TextIO = sys.stderr,
+    limits: Optional[stagecache.Limits] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> None:
+    """Pack what is not packed yet, reuse the rest; with `limits`, then prune the cache
+    (never these items' packs)."""
+    packed = [item for item in items if item.kind == DIRECTORY]
+    for item in packed:
+        if os.path.isdir(item.archive):
+            stagecache.reuse(Path(item.archive))  # listing the tree again costs: not needed
+        else:
             pack(item.src, Path(item.archive), manifest(item.src), err)
+    if packed and limits is not None:
+        cache = Path(packed[0].archive).parent
+        stagecache.prune(cache, limits, [i.archive for i in packed], environ or {}, err)
 
 
 def check_capacity(

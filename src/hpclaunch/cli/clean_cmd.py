@@ -22,17 +22,33 @@ from .common import environ
     help="Where node-local folders live (the profile's local_dir parent).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was removed.")
-def clean_cmd(dry_run: bool, folder: str, as_json: bool) -> int:
+@click.option(
+    "--stage-cache",
+    is_flag=True,
+    help="Instead: empty the stage cache (RUN_ROOT/.stage-cache), but packs in use.",
+)
+@click.option(
+    "--run-root",
+    default="runs",
+    show_default=True,
+    help="With --stage-cache: the run root whose cache to empty (your profile's run_root).",
+)
+def clean_cmd(dry_run: bool, folder: str, as_json: bool, stage_cache: bool, run_root: str) -> int:
     """Remove your node-local folders (FOLDER/<user>-hpclaunch-<jobid>) of runs that no
     longer run, on this machine: a local run's folder when the hpclaunch process that
     ran it is gone, a Slurm job's when squeue no longer lists the job. The next staging
     step on a node does the same by itself; to clean every node of an allocation:
     srun --ntasks-per-node=1 hpclaunch clean. Nobody else's files and no running
-    job's files are touched; what cannot be decided is left alone and said."""
+    job's files are touched; what cannot be decided is left alone and said.
+
+    With --stage-cache: remove every pack of the stage cache but those a queued or
+    running job uses (one squeue call) or a run started in the last minute."""
     from ..node.stage_guard import leftovers
     from ..users import user_name
 
     env = environ()
+    if stage_cache:
+        return _clean_stage_cache(Path(run_root).absolute(), dry_run, as_json, env)
     user = user_name(env)
     removed, undecided = _decide(leftovers(folder, user, env.get("SLURM_JOB_ID", "")), user)
     if not dry_run:
@@ -52,6 +68,41 @@ def clean_cmd(dry_run: bool, folder: str, as_json: bool) -> int:
         return 1
     if not removed:
         click.echo(f"hpclaunch: clean: nothing to remove in {folder}", err=True)
+    return 0
+
+
+def _clean_stage_cache(run_root: Path, dry_run: bool, as_json: bool, env: dict[str, str]) -> int:
+    """`clean --stage-cache`: every pack goes but those in use; nothing when squeue
+    cannot tell which are."""
+    from ..snapshot import human
+    from ..stage import CACHE
+    from ..stagecache import check_existing, empty
+
+    cache = run_root / CACHE
+    check_existing(cache)  # a cache others can write is refused, not emptied
+    done = empty(cache, env, dry_run)
+    if done is None:
+        click.echo(
+            f"hpclaunch: clean: squeue does not answer, so it cannot tell which packs of "
+            f"{cache} queued or running jobs use; nothing removed",
+            err=True,
+        )
+        return 1
+    removed, kept = done
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "removed": [p.path for p in removed],
+                               "kept": [p.path for p in kept]}))  # fmt: skip
+        return 0
+    for pack in removed:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {pack.path} ({human(pack.size)})")
+    if kept:
+        click.echo(
+            f"hpclaunch: clean: kept {len(kept)} pack(s) in use (a queued or running job's, "
+            f"or a run's started this minute): {', '.join(p.path for p in kept)}",
+            err=True,
+        )
+    if not removed and not kept:
+        click.echo(f"hpclaunch: clean: the stage cache {cache} holds no pack", err=True)
     return 0
 
 

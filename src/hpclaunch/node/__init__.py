@@ -75,6 +75,8 @@ DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
 # A directory's pack is a folder of these: part 00 the folders, 01.. the files. The guard
 # unpacks them in name order, so part 00 must sort first.
 PACK_PART = "part-%02d.tar"
+# ... and its symlinks, checked to point inside the tree and made last, after every part.
+LINKS_PART = "links.tar"
 # Node-local folders are <user>-hpclaunch-<jobid>: the guard removes leftovers by it.
 LOCAL_INFIX = "-hpclaunch-"
 

@@ -21,6 +21,9 @@ directory knows it as stage_node.py. Per node it:
 
 It appends ``stage_ready`` (after 3) and ``stage_done`` (after 4, or after a failed 2) to
 ``<run_dir>/events.jsonl``.
+
+It must stay one file: it is copied alone into the run directory and runs there. The
+host imports its pack checks (link_problems) so that packing and unpacking judge alike.
 """
 
 import contextlib
@@ -29,8 +32,10 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tarfile
 import time
 
 # typing's generics, not the builtin ones: Python 3.6 runs this file.
@@ -46,6 +51,7 @@ STAGE_MARKS = "stage"
 READY, FAILED = "ready-", "failed-"
 DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
 PACK_PART = "part-%02d.tar"
+LINKS_PART = "links.tar"
 LOCAL_INFIX = "-hpclaunch-"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
 HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
@@ -164,23 +170,137 @@ def unpack(item: Mapping[str, Any], local: str) -> None:
             return  # the container runtime mounts the image itself
         run_all([["unsquashfs", "-q", "-f", "-n", "-d", target, archive]], 1)
     elif kind == DIRECTORY:
-        # A folder's pack is a few tars: part 00 holds the folders, the others the files,
-        # unpacked side by side, one per CPU this task may use (the ranks wait for it).
-        head, _, tail = PACK_PART.partition("%02d")
-        names = sorted(n for n in os.listdir(archive) if n.startswith(head) and n.endswith(tail))
-        tars = [["tar", "-xf", os.path.join(archive, n), "-C", target] for n in names]
-        # Folders first, so that parallel tars never race to create the same parent, and
-        # writable meanwhile; part 00 again at the end restores their modes and times.
-        run_all(tars[:1], 1)
-        for top, _dirs, _files in os.walk(target):
-            mode = os.stat(top).st_mode
-            if mode & 0o700 != 0o700:
-                os.chmod(top, mode | 0o700)
-        run_all(tars[1:], cpus())
-        run_all(tars[:1], 1)
+        unpack_pack(archive, item.get("parts") or [], target)
     else:  # ARCHIVE
         # GNU tar finds gzip/zstd/xz compression by itself when reading a file.
         run_all([["tar", "-xf", archive, "-C", target]], 1)
+
+
+def checked_parts(folder, recorded):
+    # type: (str, List[List[Any]]) -> List[str]
+    """The pack's parts as stage.json lists them (name, size, mtime_ns, recorded when
+    it was packed and checked), each still of that size and mtime and this user's: a
+    part replaced or rewritten since (another user, another run) is refused before
+    anything is unpacked."""
+    if not recorded:
+        raise OSError("stage.json lists no parts for the pack %s: submit the run again" % folder)
+    names = []  # type: List[str]
+    for name, size, mtime_ns in recorded:
+        if os.path.basename(name) != name or not (name == LINKS_PART or name.endswith(".tar")):
+            raise OSError("stage.json names an odd pack part %r" % name)
+        path = os.path.join(folder, name)
+        info = os.lstat(path)  # lstat: a symlink is not the part that was packed
+        if info.st_uid != os.getuid():
+            raise OSError(
+                "the pack part %s is not yours (uid %d): refusing it" % (path, info.st_uid)
+            )
+        if (info.st_size, info.st_mtime_ns) != (size, mtime_ns) or not stat.S_ISREG(info.st_mode):
+            raise OSError(
+                "the pack part %s changed since it was packed (size %d, mtime %d recorded; "
+                "now %d, %d): pack again (hpclaunch clean --stage-cache, then run again)"
+                % (path, size, mtime_ns, info.st_size, info.st_mtime_ns)
+            )
+        names.append(name)
+    with contextlib.suppress(OSError):
+        os.utime(folder)  # the cache's "last used" time (it prunes the least recently used)
+    return names
+
+
+def unpack_pack(folder, recorded, target):
+    # type: (str, List[List[Any]], str) -> None
+    """A folder's pack: part 00 holds the folders, the other parts the files, unpacked side
+    by side, one per CPU this task may use (the ranks wait for it); the symlinks come
+    last, made here from links.tar once each is known to point inside the tree."""
+    names = checked_parts(folder, recorded)
+    tars = [["tar", "-xf", os.path.join(folder, n), "-C", target]
+            for n in sorted(n for n in names if n != LINKS_PART)]  # fmt: skip
+    # Folders first, so that parallel tars never race to create the same parent, and
+    # writable meanwhile; part 00 again at the end restores their modes and times.
+    run_all(tars[:1], 1)
+    for top, _dirs, _files in os.walk(target):
+        mode = os.stat(top).st_mode
+        if mode & 0o700 != 0o700:
+            os.chmod(top, mode | 0o700)
+    run_all(tars[1:], cpus())
+    if LINKS_PART in names:
+        make_links(os.path.join(folder, LINKS_PART), target)
+    run_all(tars[:1], 1)
+
+
+def bad_name(name):
+    # type: (str) -> str
+    """Why a member name cannot be unpacked as it is ('' when it can): it must be a
+    plain relative path, with no '..' , '.' or empty component."""
+    if name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+        return "%r is not a plain relative path" % name
+    return ""
+
+
+def _resolve(links, folder, target, hops):
+    # type: (Mapping[str, str], List[str], str, List[int]) -> Optional[List[str]]
+    """Where `target`, read in `folder` (components below the tree's root), leads when the
+    tree's own symlinks (`links`: name -> target) are followed as the kernel would follow
+    them; None when it leaves the tree (an absolute target, '..' above the root)."""
+    if target.startswith("/"):
+        return None
+    where = list(folder)
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not where:
+                return None
+            where.pop()
+            continue
+        where.append(part)
+        link = links.get("/".join(where))
+        if link is not None:
+            hops[0] += 1
+            if hops[0] > 40:  # the kernel's own limit: ELOOP, the link leads nowhere
+                return where
+            found = _resolve(links, where[:-1], link, hops)
+            if found is None:
+                return None
+            where = found
+    return where
+
+
+def link_problems(links):
+    # type: (Mapping[str, str]) -> List[str]
+    """What makes a tree's symlinks (name -> target) unsafe to make, in words: a name that
+    is not a plain relative path or that lies under another symlink, a target that leads
+    out of the tree. The same check runs when packing and on the node."""
+    problems = []  # type: List[str]
+    for name in sorted(links):
+        parts = name.split("/")
+        why = bad_name(name)
+        if not why and any("/".join(parts[:i]) in links for i in range(1, len(parts))):
+            why = "%s lies under another symlink of the tree" % name
+        if not why and _resolve(links, parts[:-1], links[name], [0]) is None:
+            why = "the symlink %s -> %s points outside the staged folder" % (name, links[name])
+        if why:
+            problems.append(why)
+    return problems
+
+
+def make_links(part, target):
+    # type: (str, str) -> None
+    """Make the symlinks links.tar lists, after every folder and file is in place (none
+    is followed by the unpacking), and only when all of them point inside the tree."""
+    with tarfile.open(part, "r:") as tar:
+        members = tar.getmembers()
+    odd = [m.name for m in members if not m.issym()]
+    links = dict((m.name, m.linkname) for m in members if m.issym())
+    problems = link_problems(links) + ["%s is not a symlink" % n for n in odd]
+    if problems:
+        raise OSError("refusing the pack's symlinks: %s" % "; ".join(problems[:3]))
+    root = os.path.realpath(target)
+    for name in sorted(links):
+        path = os.path.join(target, name)
+        parent = os.path.dirname(path)
+        if os.path.realpath(parent) != os.path.normpath(os.path.join(root, os.path.dirname(name))):
+            raise OSError("refusing the symlink %s: its folder is not inside %s" % (name, target))
+        os.symlink(links[name], path)
 
 
 def cpus() -> int:

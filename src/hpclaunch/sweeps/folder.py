@@ -29,11 +29,12 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     _precompile(paths.shipped(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every point looks
     records.write_json(paths.run_dir / "spec.json", spec.to_record())
-    _write_points(sp)
-    if spec.stage:
-        from .. import stage
+    if spec.stage:  # before the points' stage.json, which lists the parts packed
+        from .. import stage, stagecache
 
-        stage.pack_all(spec.stage)
+        limits = stagecache.limits(planned.prepared.profile)
+        stage.pack_all(spec.stage, limits=limits, environ=req.environ)
+    _write_points(sp)
     data = {
         "sweep_id": paths.run_id,
         "exp": spec.exp,
