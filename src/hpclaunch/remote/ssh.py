@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 import socket
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,22 +65,37 @@ class Host(NamedTuple):
 
 
 def control_dir(environ: Mapping[str, str]) -> Path:
-    """A folder only this user can enter, short enough for a socket path."""
+    """A folder only this user can enter, short enough for a socket path. The fallback
+    in /tmp has a name anyone can compute: one made by another user (or a symlink there)
+    is refused in one line naming it, never used nor changed."""
     home = Path(environ.get("HOME") or Path.home())
     base = Path(environ.get("XDG_RUNTIME_DIR") or home / ".cache") / "hpclaunch" / "ssh"
     if len(str(base)) > _SOCKET_MAX - 20:
         import tempfile
 
         base = Path(tempfile.gettempdir()) / f"hpclaunch-ssh-{os.getuid()}"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = base.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        os.chmod(base, 0o700)  # ours but too open: close it; else refuse below
-        if base.stat().st_uid != os.getuid():
-            raise UserError(
-                "ssh control folder", f"{base} belongs to another user", "", "Set XDG_RUNTIME_DIR"
-            )
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = base.lstat()
+    except OSError as exc:
+        raise _not_ours(base, exc.strerror or "cannot be made") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise _not_ours(base, "is not a folder (a symlink or a file)")
+    if info.st_uid != os.getuid():
+        raise _not_ours(base, f"belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)  # ours but too open: close it
     return base
+
+
+def _not_ours(base: Path, problem: str) -> UserError:
+    return UserError(
+        "ssh control folder",
+        f"{base} {problem}",
+        "",
+        "Remove it (its owner or an admin can), or set XDG_RUNTIME_DIR to a short "
+        "folder of yours (e.g. export XDG_RUNTIME_DIR=~/.r)",
+    )
 
 
 def socket_name(host: Host) -> str:
