@@ -342,3 +342,35 @@ def test_credentials_and_unused_secrets_stay_on_the_laptop(project: lp.Laptop) -
     readable = [lp.login_home(), testbed.state_dir(), Path("/tmp")]
     assert _files_holding(env_secret, *readable) == []
     assert _files_holding(SECRET, *readable) == []
+
+
+def test_outside_git_only_a_named_folder_ships(set_up: None) -> None:
+    """Issue 24 item 5: a folder that is no git work tree ships only with --ship DIR
+    (refused in one line before anything moves without it), less its credentials."""
+    import pwd
+    import uuid
+
+    folder = lp.home() / f"plain-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    user = pwd.getpwnam(lp.USER)
+    os.chown(folder, user.pw_uid, user.pw_gid)
+    plain = lp.Laptop(folder)
+    plain.write("train.py", "print('plain folder')\n")
+    plain.write(".env", "API_TOKEN=x\n")
+    projects = lp.login_home() / ".hpclaunch" / "projects"
+    try:
+        refused = plain.run("run", "--remote", lp.LOGIN, "--dry-run", "--", "python3", "train.py")
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "not in a git work tree" in refused.stderr and "--ship DIR" in refused.stderr
+        assert not list(projects.glob(f"{folder.name}-*"))
+        done = plain.run(
+            "run", "--remote", lp.LOGIN, "--ship", ".", "--dry-run", "--", "python3", "train.py"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "left out (credentials, never shipped): .env" in done.stderr, done.stderr
+        mirror = next(p for p in projects.glob(f"{folder.name}-*") if p.is_dir())
+        assert (mirror / "train.py").is_file() and not (mirror / ".env").exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        for made in projects.glob(f"{folder.name}-*"):
+            shutil.rmtree(made) if made.is_dir() else made.unlink()

@@ -209,3 +209,23 @@ def test_a_control_folder_another_user_made_is_one_line() -> None:
             assert "XDG_RUNTIME_DIR" in done.stderr, done.stderr
     finally:
         subprocess.run(["rm", "-rf", "--", str(shared)], check=False)
+
+
+def test_what_the_profile_and_project_file_make_a_command_use(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PATH": "/nonexistent"}
+    clusters = tmp_path / ".config" / "hpclaunch" / "clusters"
+    clusters.mkdir(parents=True)
+    (clusters / "mine.toml").write_text(
+        'name = "mine"\nkind = "slurm"\n[remote]\nhost = "h"\nforward_env = ["HF_TOKEN"]\n'
+        'ship_limit = "10M"\n'
+    )
+    found = forward.profile_remote(["run", "--cluster", "mine", "--", "p"], tmp_path, env)
+    assert found.forward_env == ("HF_TOKEN",) and found.ship_limit == "10M"
+    # A profile only the cluster knows: the defaults here (the cluster reads its own).
+    only_there = forward.profile_remote(["run", "--cluster", "theirs"], tmp_path, env)
+    assert only_there.forward_env == () and only_there.ship_limit == "2G"
+    (tmp_path / "hpclaunch.toml").write_text(
+        '[run]\nenv = ["DB_PASSWORD=x"]\n[sweep]\nwandb_sweep = "e/p/id"\n'
+    )
+    assert forward.project_names(["run"], tmp_path, env) == {"DB_PASSWORD"}
+    assert forward.project_names(["sweep"], tmp_path, env) == {"DB_PASSWORD", "WANDB_API_KEY"}

@@ -227,16 +227,37 @@ def prune_there(conn: Connection, shipped: Shipped) -> int:
 
 def profile_remote(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> RemoteSettings:
     """The [remote] table of the profile the command names (--cluster, HPCLAUNCH_CLUSTER,
-    the project file), as the laptop reads it; the defaults when none is named."""
-    from ..profiles import RemoteSettings, load_profile
+    the project file), as the laptop reads it; the defaults when none is named or the
+    laptop does not know it (a profile that only the cluster has)."""
+    from ..config import project_tables
+    from ..profiles import BUILTIN, RemoteSettings, load_profile, user_profile_dir
     from .choose import _named_cluster
 
     name = _named_cluster(argv, cwd, environ)
-    if not name:
+    clusters = project_tables(cwd, environ)[1]
+    if not name or not (
+        name in BUILTIN
+        or name in clusters
+        or (user_profile_dir(environ) / f"{name}.toml").is_file()
+    ):
         return RemoteSettings()
-    from ..config import project_tables
+    return load_profile(name, clusters, environ).remote
 
-    return load_profile(name, project_tables(cwd, environ)[1], environ).remote
+
+def project_names(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> set[str]:
+    """What the project file makes a submission use: its [run] env names, and the W&B
+    key when [sweep] wandb_sweep makes a sweep a W&B one."""
+    from ..config import find_project_file
+    from ..tomlfiles import read_toml
+
+    path = find_project_file(cwd, environ)
+    data = read_toml(path, "hpclaunch.toml") if path is not None else {}
+    run, sweep = data.get("run", {}), data.get("sweep", {})
+    env = run.get("env", []) if isinstance(run, dict) else []
+    names = {str(item).partition("=")[0] for item in env} if isinstance(env, list) else set()
+    if argv and argv[0] == "sweep" and isinstance(sweep, dict) and sweep.get("wandb_sweep"):
+        names.add("WANDB_API_KEY")
+    return names
 
 
 def shipping_line(conn: Connection, shipped: Shipped) -> str:
@@ -262,7 +283,7 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
     remote_settings = None
     if submits(argv) or (argv and argv[0] == "rerun"):
         remote_settings = profile_remote(argv, cwd, environ)
-        names.update(remote_settings.forward_env)
+        names.update(remote_settings.forward_env, project_names(argv, cwd, environ))
     conn = Connection(Host.parse(host), environ).open()
     if wants_terminal(argv):
         text = json.dumps(request(conn, argv))

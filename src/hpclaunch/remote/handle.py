@@ -23,6 +23,7 @@ from .forward import (
     SERVE,
     config_forward_env,
     profile_remote,
+    project_names,
     request,
     sent_environment,
     ship_code,
@@ -157,7 +158,8 @@ def start(
     limit = parse_size(settings.ship_limit, "[remote] ship_limit")
     conn = Connection(Host.parse(host), environ).open()
     shipped = ship_code(conn, cwd, program, limit_bytes=limit)
-    done = call(conn, argv, environ, settings.forward_env, cwd=shipped.remote_cwd)
+    names = [*settings.forward_env, *project_names(argv, cwd, environ)]
+    done = call(conn, argv, environ, names, cwd=shipped.remote_cwd)
     lines = _checked(done).strip().splitlines()
     if not lines:
         print(done.stderr.decode("utf-8", "replace"), file=sys.stderr)
