@@ -229,3 +229,24 @@ def test_what_the_profile_and_project_file_make_a_command_use(tmp_path: Path) ->
     )
     assert forward.project_names(["run"], tmp_path, env) == {"DB_PASSWORD"}
     assert forward.project_names(["sweep"], tmp_path, env) == {"DB_PASSWORD", "WANDB_API_KEY"}
+
+
+def test_rsyncs_rules_delete_only_inside_git(tmp_path: Path) -> None:
+    """ship._rules through the real rsync (a local copy, the transport aside): stale
+    history in .git goes; what the cluster wrote (an output folder, a note, its own
+    .env) stays; the laptop's ignored paths and credentials are not sent."""
+    src, dst = tmp_path / "laptop", tmp_path / "cluster"
+    for rel, text in {"a.py": "a", ".git/HEAD": "h", ".env": "laptop", "data/x": "d"}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    planted = {".git/objects/old/x": "s", "outputs/r.txt": "o", "notes.txt": "n", ".env": "c"}
+    for rel, text in planted.items():
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / rel).write_text(text)
+    rules = tmp_path / "rules"
+    rules.write_text("\n".join(ship._rules(["data"])) + "\n")
+    argv = ["rsync", "-a", "--delete", f"--filter=merge {rules}", f"{src}/", f"{dst}/"]
+    subprocess.run(argv, check=True)
+    left = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())
+    assert left == [".env", ".git/HEAD", "a.py", "notes.txt", "outputs/r.txt"]
+    assert (dst / ".env").read_text() == "c"
