@@ -7,9 +7,11 @@ machine; timings over SSH are loopback figures), two-factor prompts, jump hosts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -306,6 +308,36 @@ def test_a_reship_deletes_only_what_the_laptop_removed(project: lp.Laptop) -> No
     assert "removed there 1 file(s)" in again.stderr, again.stderr
 
 
+@contextlib.contextmanager
+def _requests_seen() -> Iterator[tuple[str, Path]]:
+    """A PATH for the laptop whose `ssh` keeps a copy of every request sent to the
+    cluster's hpclaunch (the standard input of calls running serve) in a file."""
+    import pwd
+    import uuid
+
+    folder = lp.home() / f"bin-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    seen = folder / "requests.log"
+    wrapper = folder / "ssh"
+    real = shlex.quote(str(testbed.state_dir() / "laptop-bin" / "ssh"))
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *hpclaunch.remote.serve*)\n'
+        f'  /usr/bin/tee -a {shlex.quote(str(seen))} | {real} "$@"; exit $? ;;\n'
+        "esac\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o700)
+    seen.touch(mode=0o600)
+    user = pwd.getpwnam(lp.USER)
+    for item in (folder, wrapper, seen):
+        os.chown(item, user.pw_uid, user.pw_gid)
+    try:
+        yield f"{folder}:{testbed.state_dir() / 'laptop-bin'}", seen
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 CHECK = """\
 import hashlib, os
 digest = lambda s: hashlib.sha256(s.encode()).hexdigest()[:12]
@@ -325,11 +357,15 @@ def test_credentials_and_unused_secrets_stay_on_the_laptop(project: lp.Laptop) -
     project.write("keys/id_ed25519", f"{env_secret}\n")
     project.write("check.py", CHECK)
     secrets = {"OTHER_TOKEN": SECRET, "HF_TOKEN": TOKEN}
-    done = _remote(
-        project, "run", "--wait", "--forward-env", "HF_TOKEN", "--", "python3", "check.py",
-        env=secrets,
-    )  # fmt: skip
+    with _requests_seen() as (path, seen):
+        done = _remote(
+            project, "run", "--wait", "--forward-env", "HF_TOKEN", "--", "python3", "check.py",
+            env={**secrets, "PATH": path},
+        )  # fmt: skip
+        requests = seen.read_text()
     assert done.returncode == 0, done.stdout + done.stderr
+    assert '"HF_TOKEN": ' in requests and TOKEN in requests, requests[:300]
+    assert "OTHER_TOKEN" not in requests and SECRET not in requests
     said = f"env-file False key-file False other False hf {_digest(TOKEN)}"
     assert said in done.stdout, done.stdout + done.stderr
     assert "left out (credentials, never shipped): .env, keys/id_ed25519" in done.stderr
