@@ -280,20 +280,23 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
     if laptop.ship is not None and not submits(argv):
         raise UserError("--ship", "only for run and sweep", "", "Leave --ship out")
     names = used_names(argv, (*laptop.forward_env, *config_forward_env(environ)))
-    remote_settings = None
+    limit: Optional[int] = None
     if submits(argv) or (argv and argv[0] == "rerun"):
-        remote_settings = profile_remote(argv, cwd, environ)
-        names.update(remote_settings.forward_env, project_names(argv, cwd, environ))
+        settings = profile_remote(argv, cwd, environ)
+        names.update(settings.forward_env, project_names(argv, cwd, environ))
+        if submits(argv):  # refusals before any connection: nothing starts for them
+            from ..units import parse_size
+            from .ship import ship_root
+
+            ship_root(cwd, None if laptop.ship is None else Path(laptop.ship))
+            limit = parse_size(settings.ship_limit, "[remote] ship_limit")
     conn = Connection(Host.parse(host), environ).open()
     if wants_terminal(argv):
         text = json.dumps(request(conn, argv))
         code = conn.stream([*SERVE, base64.b64encode(text.encode()).decode()], tty=True)
         return not_set_up(conn) if code == NOT_SET_UP else code
     extra: dict[str, Any] = {"env": sent_environment(environ, names)}
-    if submits(argv) and remote_settings is not None:
-        from ..units import parse_size
-
-        limit = parse_size(remote_settings.ship_limit, "[remote] ship_limit")
+    if limit is not None:
         shipped = ship_code(conn, cwd, program_of(argv), laptop.ship, limit)
         print(shipping_line(conn, shipped), file=sys.stderr)
         extra["cwd"] = shipped.remote_cwd
