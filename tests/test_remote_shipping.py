@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -250,3 +251,17 @@ def test_rsyncs_rules_delete_only_inside_git(tmp_path: Path) -> None:
     left = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file())
     assert left == [".env", ".git/HEAD", "a.py", "notes.txt", "outputs/r.txt"]
     assert (dst / ".env").read_text() == "c"
+
+
+def test_laptop_options_without_remote_are_one_line(tmp_path: Path) -> None:
+    for word in ("--ship", "--forward-env=HF_TOKEN"):
+        done = subprocess.run(
+            [sys.executable, "-m", "hpclaunch", "run", word, ".", "--dry-run", "--", "true"],
+            cwd=tmp_path,
+            env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "only with --remote HOST" in done.stderr, done.stderr
