@@ -289,6 +289,7 @@ def test_a_reship_deletes_only_what_the_laptop_removed(project: lp.Laptop) -> No
     the laptop removed is removed there too."""
     project.write(".gitignore", "data/\noutputs/\n")
     project.write("old.py", "gone soon\n")
+    project.write("results.csv", "shipped once\n")
     first = _remote(project, "run", "--dry-run", "--", "python3", "train.py")
     assert first.returncode == 0, first.stdout + first.stderr
     mirror = _mirror(project)
@@ -299,9 +300,13 @@ def test_a_reship_deletes_only_what_the_laptop_removed(project: lp.Laptop) -> No
 
     (project.cwd / "old.py").unlink()
     project.write("helper.py", "VERSION = 3\n")
+    # Ignored from now on (and gone here): the cluster's copy, a job's output by now, stays.
+    project.write(".gitignore", "data/\noutputs/\nresults.csv\n")
+    (project.cwd / "results.csv").unlink()
+    _as_cluster_user(mirror / "results.csv", "written on the cluster: results.csv\n")
     again = _remote(project, "run", "--dry-run", "--", "python3", "train.py")
     assert again.returncode == 0, again.stdout + again.stderr
-    for rel in (*cluster_only, "notes.txt"):
+    for rel in (*cluster_only, "notes.txt", "results.csv"):
         assert (mirror / rel).read_text() == f"written on the cluster: {rel}\n", rel
     assert not (mirror / "old.py").exists(), "the laptop removed it: so is the mirror's"
     assert (mirror / "helper.py").read_text() == "VERSION = 3\n"

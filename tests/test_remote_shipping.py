@@ -265,3 +265,15 @@ def test_laptop_options_without_remote_are_one_line(tmp_path: Path) -> None:
         )
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert "only with --remote HOST" in done.stderr, done.stderr
+
+
+def test_prune_keeps_what_the_project_ignores_now(tmp_path: Path) -> None:
+    mirror = tmp_path / "projects" / "demo-0123456789"
+    mirror.mkdir(parents=True)
+    git(mirror, "init", "-q")
+    for rel in ("a.py", "results.csv", "old.py"):
+        (mirror / rel).write_text(rel)
+    assert ship.prune(mirror, ["a.py", "results.csv", "old.py"]) == 0
+    (mirror / ".gitignore").write_text("results.csv\n")  # shipped with the next ship
+    assert ship.prune(mirror, ["a.py", ".gitignore"]) == 1
+    assert (mirror / "results.csv").is_file() and not (mirror / "old.py").exists()

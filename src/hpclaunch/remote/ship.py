@@ -269,12 +269,34 @@ def ship(
     )
 
 
+def _ignored_there(mirror: Path, candidates: Sequence[str]) -> Optional[set[str]]:
+    """The candidates the mirror's git ignores (its .gitignore files and .git are the
+    laptop's, just shipped); None when git cannot say (then nothing is removed)."""
+    if not candidates or not (mirror / ".git").is_dir():
+        return set()
+    try:
+        done = subprocess.run(
+            ["git", "--no-optional-locks", "check-ignore", "--no-index", "--stdin", "-z"],
+            cwd=mirror,
+            input=b"\0".join(os.fsencode(c) for c in candidates) + b"\0",
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode not in (0, 1):
+        return None
+    return {os.fsdecode(raw) for raw in done.stdout.split(b"\0") if raw}
+
+
 def prune(mirror: Path, files: Sequence[str]) -> int:
     """On the cluster, after a ship: remove the files the previous ship sent (the list
     kept beside the mirror, <mirror>.shipped) that this one did not, then folders they
     leave empty; keep `files` as the new list. Nothing else is ever removed: outputs,
-    logs and data written on the cluster stay. Never through a symlink: a path whose
-    folder is not the real folder inside the mirror is left alone."""
+    logs and data written on the cluster stay, and so does a file the project ignores
+    now (git asked in the mirror). Never through a symlink: a path whose folder is not
+    the real folder inside the mirror is left alone."""
     listing = mirror.parent / f"{mirror.name}.shipped"
     try:
         before = set(json.loads(listing.read_text(encoding="utf-8", errors="surrogateescape")))
@@ -282,8 +304,14 @@ def prune(mirror: Path, files: Sequence[str]) -> int:
         before = set()  # the first ship (or an older hpclaunch's mirror): nothing to remove
     real = os.path.realpath(mirror)
     removed = 0
-    for rel in sorted(before - set(files), reverse=True):
-        parts = rel.split("/") if isinstance(rel, str) else []
+    candidates = sorted((r for r in before - set(files) if isinstance(r, str)), reverse=True)
+    ignored_now = _ignored_there(mirror, candidates)
+    if ignored_now is None:
+        candidates = []  # git could not say which are ignored now: remove none
+    for rel in candidates:
+        if ignored_now and rel in ignored_now:
+            continue  # the project ignores it now: the cluster's copy may be a job's output
+        parts = rel.split("/")
         if not parts or "" in parts or ".." in parts or "." in parts:
             continue
         path = os.path.join(real, *parts)
