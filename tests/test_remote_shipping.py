@@ -277,3 +277,17 @@ def test_prune_keeps_what_the_project_ignores_now(tmp_path: Path) -> None:
     (mirror / ".gitignore").write_text("results.csv\n")  # shipped with the next ship
     assert ship.prune(mirror, ["a.py", ".gitignore"]) == 1
     assert (mirror / "results.csv").is_file() and not (mirror / "old.py").exists()
+
+
+def test_the_never_list_matches_any_component_as_fnmatch_would() -> None:
+    import fnmatch
+
+    paths = [".env", "a/.env.local", "x.pem", "keys/id_rsa.pub", "aws/credentials", "a.env"]
+    paths += [".ssh/config", "src/key.py", ".envrc", "foo.keys", "x/.ssh", "credentials.json"]
+    paths += ["xid_rsa", "a/b/.netrc", ".pypirc/x", ".gnupg", "d/.docker/c.json", ".aws/x"]
+    for rel in paths:
+        parts = rel.split("/")
+        expected = any(
+            fnmatch.fnmatchcase(part, p) for part in parts for p in snapshot.NEVER_SHIPPED
+        )
+        assert snapshot.never_shipped(rel) == expected, rel

@@ -13,7 +13,6 @@ copied nor linked, whatever git says of them.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import heapq
 import os
 import re
@@ -125,12 +124,17 @@ def inside(top: Path, paths: Iterable[Path]) -> tuple[str, ...]:
     )
 
 
-_NEVER = re.compile("|".join(fnmatch.translate(p) for p in NEVER_SHIPPED))
+# One search per path (a snapshot asks for every file): any component matching.
+_NEVER = re.compile(
+    "(?:^|/)(?:"
+    + "|".join(re.escape(p).replace(r"\*", "[^/]*") for p in NEVER_SHIPPED)
+    + ")(?:/|$)"
+)
 
 
 def never_shipped(rel: str) -> bool:
     """rel (a posix path) is, or lies in, a credential file or folder (NEVER_SHIPPED)."""
-    return any(_NEVER.match(part) for part in rel.split("/"))
+    return _NEVER.search(rel) is not None
 
 
 _OUTPUT = re.compile(rf"(^|/)({re.escape(STAGE_CACHE)}|{RUN_ID.pattern})(/|$)")
