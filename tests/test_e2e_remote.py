@@ -311,6 +311,8 @@ def test_a_reship_deletes_only_what_the_laptop_removed(project: lp.Laptop) -> No
     assert not (mirror / "old.py").exists(), "the laptop removed it: so is the mirror's"
     assert (mirror / "helper.py").read_text() == "VERSION = 3\n"
     assert "removed there 1 file(s)" in again.stderr, again.stderr
+    # What is shipped is private there, though the home is 0755 (as many are).
+    assert (mirror.parent.stat().st_mode & 0o077) == 0, oct(mirror.parent.stat().st_mode)
 
 
 @contextlib.contextmanager

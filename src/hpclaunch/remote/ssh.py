@@ -214,10 +214,13 @@ class Connection:
 
     def rsync(self, args: Sequence[str], make_dir: str = "") -> subprocess.CompletedProcess[str]:
         """rsync over the master; `args` name remote paths as `:PATH`. make_dir: a remote
-        folder made first (rsync makes only the last part of a destination)."""
+        folder made first (rsync makes only the last part of a destination), and closed
+        to group and others: what is shipped there is private (a home is often 0755)."""
         target = [a.replace(":", f"{self.host.dest}:", 1) if a.startswith(":") else a for a in args]
         if make_dir:
-            target.insert(0, f"--rsync-path={shell.command(['mkdir', '-p', make_dir])} && rsync")
+            made = shell.command(["mkdir", "-p", make_dir])
+            closed = shell.command(["chmod", "go-rwx", make_dir])
+            target.insert(0, f"--rsync-path=umask 077 && {made} && {closed} && rsync")
         try:
             return subprocess.run(
                 ["rsync", "-e", self.ssh_command(), *target],
