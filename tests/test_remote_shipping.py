@@ -291,3 +291,37 @@ def test_the_never_list_matches_any_component_as_fnmatch_would() -> None:
             fnmatch.fnmatchcase(part, p) for part in parts for p in snapshot.NEVER_SHIPPED
         )
         assert snapshot.never_shipped(rel) == expected, rel
+
+
+class _LocalCluster:
+    """ship()'s side of a Connection with the transport aside: rsync into a local
+    folder standing for the remote home (`:PATH` is under it)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.host = type("H", (), {"name": "local"})()
+
+    def rsync(self, args: list[str], make_dir: str = "") -> subprocess.CompletedProcess[str]:
+        if make_dir:
+            (self.home / make_dir).mkdir(parents=True, exist_ok=True)
+        local = [f"{self.home}/{a[1:]}" if a.startswith(":") else a for a in args]
+        return subprocess.run(["rsync", *local], capture_output=True, text=True, check=False)
+
+
+def test_an_edit_in_the_same_second_at_the_same_size_is_shipped(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "helper.py").write_text("VERSION = 1\n")
+    (root / ".env").write_text("TOKEN=x\n")
+    cluster = _LocalCluster(tmp_path / "home")
+    first = ship.ship(cluster, root)  # type: ignore[arg-type]
+    assert first.withheld == (".env",) and first.listed == ("helper.py",)
+    mirror = cluster.home / first.mirror
+    second = int(os.stat(root / "helper.py").st_mtime)
+    (root / "helper.py").write_text("VERSION = 3\n")
+    os.utime(root / "helper.py", ns=(second * 10**9 + 5 * 10**8,) * 2)  # same second
+    os.utime(mirror / "helper.py", ns=(second * 10**9,) * 2)
+    ship.ship(cluster, root)  # type: ignore[arg-type]
+    assert (mirror / "helper.py").read_text() == "VERSION = 3\n"
+    assert not (mirror / ".env").exists()
