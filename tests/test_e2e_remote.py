@@ -7,9 +7,11 @@ machine; timings over SSH are loopback figures), two-factor prompts, jump hosts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -73,7 +75,10 @@ def project(set_up: None) -> Iterator[lp.Laptop]:
     yield found
     shutil.rmtree(found.cwd, ignore_errors=True)
     for mirror in (lp.login_home() / ".hpclaunch" / "projects").glob(f"{found.cwd.name}-*"):
-        shutil.rmtree(mirror, ignore_errors=True)
+        if mirror.is_dir():
+            shutil.rmtree(mirror, ignore_errors=True)
+        else:  # <mirror>.shipped, the list of what was shipped there
+            mirror.unlink()
     testbed.wait_idle(timeout=60)
 
 
@@ -95,6 +100,7 @@ def _files_holding(text: str, *roots: Path) -> list[str]:
 def test_run_from_the_laptop(project: lp.Laptop) -> None:
     secrets = {"WANDB_API_KEY": SECRET, "MY_TOKEN": TOKEN}
     run = ["run", "--remote", lp.LOGIN, "-N", "2", "--tasks-per-node", "2", "--wait"]
+    run += ["--forward-env", "MY_TOKEN", "--forward-env=WANDB_API_KEY"]  # used: they cross
     done = project.run(*run, "--", "python3", "train.py", env=secrets)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [ln for ln in done.stdout.splitlines() if " rank " in ln]
@@ -257,3 +263,157 @@ def test_plot_and_top_of_a_gpu_run_remotely(project: lp.Laptop) -> None:
     lines = csv.read_text().splitlines()
     assert lines[0] == "time,node,gpu,busy_pct,mem_mib,power_w" and len(lines) > 2, lines[:3]
     assert not list((lp.login_home() / ".hpclaunch" / "tmp").iterdir())
+
+
+def _mirror(project: lp.Laptop) -> Path:
+    projects = lp.login_home() / ".hpclaunch" / "projects"
+    found = [p for p in projects.glob(f"{project.cwd.name}-*") if p.is_dir()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _as_cluster_user(path: Path, text: str) -> None:
+    """A file a job (or the user, logged in there) wrote into the mirror on the cluster."""
+    import pwd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    user = pwd.getpwnam(testbed.USER)
+    for item in (path, path.parent):
+        os.chown(item, user.pw_uid, user.pw_gid)
+
+
+def test_a_reship_deletes_only_what_the_laptop_removed(project: lp.Laptop) -> None:
+    """Issue 24 item 5: outputs, logs and data written on the cluster survive a re-ship
+    (an ignored folder that exists only there, ignored data, an untracked note); a file
+    the laptop removed is removed there too."""
+    project.write(".gitignore", "data/\noutputs/\n")
+    project.write("old.py", "gone soon\n")
+    project.write("results.csv", "shipped once\n")
+    first = _remote(project, "run", "--dry-run", "--", "python3", "train.py")
+    assert first.returncode == 0, first.stdout + first.stderr
+    mirror = _mirror(project)
+    assert (mirror / "old.py").is_file() and not (mirror / "outputs").exists()
+    cluster_only = ("outputs/result.txt", "outputs/logs/rank0.log", "data/made-there.bin")
+    for rel in (*cluster_only, "notes.txt"):
+        _as_cluster_user(mirror / rel, f"written on the cluster: {rel}\n")
+
+    (project.cwd / "old.py").unlink()
+    project.write("helper.py", "VERSION = 3\n")
+    # Ignored from now on (and gone here): the cluster's copy, a job's output by now, stays.
+    project.write(".gitignore", "data/\noutputs/\nresults.csv\n")
+    (project.cwd / "results.csv").unlink()
+    _as_cluster_user(mirror / "results.csv", "written on the cluster: results.csv\n")
+    again = _remote(project, "run", "--dry-run", "--", "python3", "train.py")
+    assert again.returncode == 0, again.stdout + again.stderr
+    for rel in (*cluster_only, "notes.txt", "results.csv"):
+        assert (mirror / rel).read_text() == f"written on the cluster: {rel}\n", rel
+    assert not (mirror / "old.py").exists(), "the laptop removed it: so is the mirror's"
+    assert (mirror / "helper.py").read_text() == "VERSION = 3\n"
+    assert "removed there 1 file(s)" in again.stderr, again.stderr
+    # What is shipped is private there, though the home is 0755 (as many are).
+    assert (mirror.parent.stat().st_mode & 0o077) == 0, oct(mirror.parent.stat().st_mode)
+
+
+@contextlib.contextmanager
+def _requests_seen() -> Iterator[tuple[str, Path]]:
+    """A PATH for the laptop whose `ssh` keeps a copy of every request sent to the
+    cluster's hpclaunch (the standard input of calls running serve) in a file."""
+    import pwd
+    import uuid
+
+    folder = lp.home() / f"bin-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    seen = folder / "requests.log"
+    wrapper = folder / "ssh"
+    real = shlex.quote(str(testbed.state_dir() / "laptop-bin" / "ssh"))
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *hpclaunch.remote.serve*)\n'
+        f'  /usr/bin/tee -a {shlex.quote(str(seen))} | {real} "$@"; exit $? ;;\n'
+        "esac\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o700)
+    seen.touch(mode=0o600)
+    user = pwd.getpwnam(lp.USER)
+    for item in (folder, wrapper, seen):
+        os.chown(item, user.pw_uid, user.pw_gid)
+    try:
+        yield f"{folder}:{testbed.state_dir() / 'laptop-bin'}", seen
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+CHECK = """\
+import hashlib, os
+digest = lambda s: hashlib.sha256(s.encode()).hexdigest()[:12]
+print("env-file", os.path.exists(".env"), "key-file", os.path.exists("keys/id_ed25519"),
+      "other", "OTHER_TOKEN" in os.environ, "hf", digest(os.environ.get("HF_TOKEN", "")),
+      flush=True)
+"""
+
+
+def test_credentials_and_unused_secrets_stay_on_the_laptop(project: lp.Laptop) -> None:
+    """Issue 24 item 5: an untracked .env (and a key) is neither shipped nor in the run's
+    snapshot; a secret the command does not use (OTHER_TOKEN) reaches neither the request
+    nor the ranks (the cluster's hpclaunch puts the request's variables in its own
+    environment, which sbatch passes to the job); one named by --forward-env does."""
+    env_secret = "dotenv-" + os.urandom(6).hex()
+    project.write(".env", f"API_TOKEN={env_secret}\n")
+    project.write("keys/id_ed25519", f"{env_secret}\n")
+    project.write("check.py", CHECK)
+    secrets = {"OTHER_TOKEN": SECRET, "HF_TOKEN": TOKEN}
+    with _requests_seen() as (path, seen):
+        done = _remote(
+            project, "run", "--wait", "--forward-env", "HF_TOKEN", "--", "python3", "check.py",
+            env={**secrets, "PATH": path},
+        )  # fmt: skip
+        requests = seen.read_text()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert '"HF_TOKEN": ' in requests and TOKEN in requests, requests[:300]
+    assert "OTHER_TOKEN" not in requests and SECRET not in requests
+    said = f"env-file False key-file False other False hf {_digest(TOKEN)}"
+    assert said in done.stdout, done.stdout + done.stderr
+    assert "left out (credentials, never shipped): .env, keys/id_ed25519" in done.stderr
+    mirror = _mirror(project)
+    assert (mirror / "check.py").is_file() and not (mirror / ".env").exists()
+    snapshots = [Path(top) for top, _, names in os.walk(mirror) if "check.py" in names]
+    assert len(snapshots) == 2, snapshots  # the mirror and the run's code snapshot
+    for top in snapshots:
+        assert not (top / ".env").exists() and not (top / "keys/id_ed25519").exists(), top
+    readable = [lp.login_home(), testbed.state_dir(), Path("/tmp")]
+    assert _files_holding(env_secret, *readable) == []
+    assert _files_holding(SECRET, *readable) == []
+
+
+def test_outside_git_only_a_named_folder_ships(set_up: None) -> None:
+    """Issue 24 item 5: a folder that is no git work tree ships only with --ship DIR
+    (refused in one line before anything moves without it), less its credentials."""
+    import pwd
+    import uuid
+
+    folder = lp.home() / f"plain-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    user = pwd.getpwnam(lp.USER)
+    os.chown(folder, user.pw_uid, user.pw_gid)
+    plain = lp.Laptop(folder)
+    plain.write("train.py", "print('plain folder')\n")
+    plain.write(".env", "API_TOKEN=x\n")
+    projects = lp.login_home() / ".hpclaunch" / "projects"
+    try:
+        refused = plain.run("run", "--remote", lp.LOGIN, "--dry-run", "--", "python3", "train.py")
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "not in a git work tree" in refused.stderr and "--ship DIR" in refused.stderr
+        assert not list(projects.glob(f"{folder.name}-*"))
+        done = plain.run(
+            "run", "--remote", lp.LOGIN, "--ship", ".", "--dry-run", "--", "python3", "train.py"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "left out (credentials, never shipped): .env" in done.stderr, done.stderr
+        mirror = next(p for p in projects.glob(f"{folder.name}-*") if p.is_dir())
+        assert (mirror / "train.py").is_file() and not (mirror / ".env").exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        for made in projects.glob(f"{folder.name}-*"):
+            shutil.rmtree(made) if made.is_dir() else made.unlink()

@@ -84,10 +84,11 @@ def test_a_profiles_remote_and_the_login_node(tmp_path: Path) -> None:
 
 
 def test_what_crosses_and_what_ships_first() -> None:
-    sent = forward.sent_environment(
-        {"WANDB_API_KEY": "k", "HF_TOKEN": "t", "WANDB_PROJECT": "p", "PATH": "/x", "HOME": "/h"}
-    )
-    assert sent == {"WANDB_API_KEY": "k", "HF_TOKEN": "t", "WANDB_PROJECT": "p"}
+    laptop = {"WANDB_API_KEY": "k", "HF_TOKEN": "t", "WANDB_PROJECT": "p", "PATH": "/x"}
+    # Secrets cross only by name (tests/test_remote_shipping.py: which names).
+    assert forward.sent_environment(laptop) == {"WANDB_PROJECT": "p"}
+    sent = forward.sent_environment(laptop, {"HF_TOKEN"})
+    assert sent == {"HF_TOKEN": "t", "WANDB_PROJECT": "p"}
     assert forward.submits(["run", "--", "x"]) and forward.submits(["sweep", "--grid", "a=1"])
     assert not forward.submits(["sweep", "status", "last"]) and not forward.submits(["status"])
     argv, fetch = forward._rewrite_outputs(["plot", "last", "-o", "a.png", "--data=d.csv"], "T")
@@ -113,8 +114,10 @@ def test_ignored_paths_refused_and_excluded(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"git ignores data/x.bin.*not shipped to lumi"):
         ship.refuse_ignored(root, root, ["python", "train.py", "--in=data/x.bin"], "lumi")
     ship.refuse_ignored(root, root, ["python", "train.py", "nothere.bin"], "lumi")
-    rules = ship._exclude_rules(root)
-    assert "- /data/" in rules and r"- /we\[i]rd\*.txt" in rules
+    kept, ignored_paths = ship._git_lists(root)
+    assert sorted(kept) == [".gitignore", "train.py"]
+    rules = ship._rules(ignored_paths)
+    assert "- /data" in rules and r"- /we\[i]rd\*.txt" in rules
     assert f"- {ship.RUN_FOLDER}" in rules and "- .stage-cache/" in rules
 
 

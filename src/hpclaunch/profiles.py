@@ -143,11 +143,12 @@ class ContainerSettings(_Record):
 
 @dataclass(frozen=True)
 class RemoteSettings(_Record):
-    """[remote]: the OpenSSH destination a laptop reaches the cluster by; ignored on the
-    login node (hostname = host's, or fnmatch login_hostnames, or sbatch on PATH)."""
+    """[remote]: how a laptop reaches the cluster (ignored on the login node: choose.py)."""
 
     host: str = ""
     login_hostnames: tuple[str, ...] = ()
+    forward_env: tuple[str, ...] = ()  # laptop variables a run, sweep or rerun sends
+    ship_limit: str = "2G"  # the most `--ship DIR` sends (a folder outside git)
 
 
 @dataclass(frozen=True)

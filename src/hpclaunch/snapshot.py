@@ -6,6 +6,8 @@ entries (data, checkpoints, venvs) are symlinked instead: arguments naming them 
 resolve, and big data is never copied. hpclaunch's own output is never in a snapshot:
 the run root, when it lies inside the project, and wherever they are, run folders
 (<exp>/<run-id>/) and stage caches (.stage-cache/) that earlier runs left there.
+Credential files and folders (NEVER_SHIPPED: .env, .ssh/, *.pem, ...) are neither
+copied nor linked, whatever git says of them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ SKIP_NAMES = frozenset({".git", "__pycache__"})
 # (rundirs.new_run_id) and <run-root>/.stage-cache/ (stage.CACHE).
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9]{3}-[0-9a-f]{4}")
 STAGE_CACHE = ".stage-cache"
+# Credentials: never copied into a snapshot, never linked there, never shipped to a
+# cluster (remote/ship.py), whatever git says of them. Matched against every component
+# of a path, so a folder of that name is left out whole. fnmatch patterns, which
+# remote/ship.py also hands to rsync as they are.
+NEVER_SHIPPED = (
+    *(".ssh", ".aws", ".gnupg", ".docker", ".netrc", ".pypirc", ".env", ".env.*"),
+    *("*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "credentials"),
+)
 
 
 @dataclass(frozen=True)
@@ -117,17 +127,30 @@ def inside(top: Path, paths: Iterable[Path]) -> tuple[str, ...]:
     )
 
 
+# One search per path (a snapshot asks for every file): any component matching.
+_NEVER = re.compile(
+    "(?:^|/)(?:"
+    + "|".join(re.escape(p).replace(r"\*", "[^/]*") for p in NEVER_SHIPPED)
+    + ")(?:/|$)"
+)
+
+
+def never_shipped(rel: str) -> bool:
+    """rel (a posix path) is, or lies in, a credential file or folder (NEVER_SHIPPED)."""
+    return _NEVER.search(rel) is not None
+
+
 _OUTPUT = re.compile(rf"(^|/)({re.escape(STAGE_CACHE)}|{RUN_ID.pattern})(/|$)")
 
 
 def _gone(left_out: tuple[str, ...]) -> Callable[[str], bool]:
-    """rel (relative to the top) is at or under a left-out folder, a run folder or a stage
-    cache."""
+    """rel (relative to the top) is at or under a left-out folder, a run folder, a stage
+    cache or a credential (NEVER_SHIPPED)."""
 
     def gone(rel: str) -> bool:
         if any(rel == out or rel.startswith(out + "/") for out in left_out):
             return True
-        return _OUTPUT.search(rel) is not None
+        return _OUTPUT.search(rel) is not None or never_shipped(rel)
 
     return gone
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted
+from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError
 
 
 def __getattr__(name: str) -> Any:
@@ -46,10 +46,24 @@ def _dispatch(argv: Optional[list[str]]) -> object:
     words = list(sys.argv[1:] if argv is None else argv)
     choice = choose(words, Path.cwd(), environment())
     if choice is None:
+        _refuse_laptop_options(words)
         return _run_here(argv)
     from ..remote.forward import forward
 
     return forward(choice.host, choice.argv, Path.cwd(), environment())
+
+
+def _refuse_laptop_options(words: list[str]) -> None:
+    """--ship and --forward-env say what a laptop sends a cluster: only with --remote."""
+    for word in words[: words.index("--")] if "--" in words else words:
+        name = word.partition("=")[0]
+        if name in ("--ship", "--forward-env"):
+            raise UserError(
+                name,
+                "only with --remote HOST (or a profile's [remote] host)",
+                "",
+                "Add --remote HOST, or leave it out: here the program sees this environment",
+            )
 
 
 def _run_here(argv: Optional[list[str]]) -> object:

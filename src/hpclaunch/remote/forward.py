@@ -2,8 +2,10 @@
 
 Everything that needs the cluster's file system (binds, images, venvs, run folders, the
 index) happens there, exactly as on the login node; the laptop adds only what it alone
-has: the code (mirrored with rsync before a submission), the secrets in its environment
-(sent on standard input), and, for `plot`, the files it asked for (fetched back).
+has: the code (mirrored with rsync before a submission), the secrets the command uses
+(sent on standard input: those --env names, a W&B sweep's key, --forward-env, the
+config's and profile's forward_env; no other secret of the laptop), and, for `plot`,
+the files it asked for (fetched back).
 Output streams straight through, and the command's exit code is the remote one.
 """
 
@@ -12,16 +14,18 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from ..errors import UserError
 from ..secretnames import is_secret
+from ..shell import check_name
 from .build_id import fingerprint
 from .ssh import Connection, Host
 
 if TYPE_CHECKING:  # ship.py is imported only for a submission (its imports cost)
+    from ..profiles import RemoteSettings
     from .ship import Shipped
 
 VENV = ".hpclaunch/venv"  # relative to the remote home
@@ -33,13 +37,93 @@ SWEEP_SUBCOMMANDS = ("status", "wait", "retry", "cancel", "throttle", "plot", "w
 TMP = ".hpclaunch/tmp"
 
 
-def sent_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """What crosses from the laptop's environment: secrets (names with KEY, TOKEN,
-    SECRET, PASSWORD, CREDENTIAL), W&B's settings and the cluster profile's name."""
+class LaptopOptions(NamedTuple):
+    """Options only the laptop reads (taken out of the words before they cross)."""
+
+    ship: Optional[str] = None  # --ship DIR: the folder to ship outside a git work tree
+    forward_env: tuple[str, ...] = ()  # --forward-env NAME: more variables that cross
+
+
+LAPTOP_OPTIONS = {"--ship": "ship", "--forward-env": "forward_env"}
+
+
+def split_laptop_options(argv: Sequence[str]) -> tuple[list[str], LaptopOptions]:
+    """--ship and --forward-env (before the program's `--`) and the words without them."""
+    out: list[str] = []
+    found: dict[str, list[str]] = {"ship": [], "forward_env": []}
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            out += words[i:]
+            break
+        name, eq, value = word.partition("=")
+        if name in LAPTOP_OPTIONS:
+            if not eq:
+                if i + 1 >= len(words) or words[i + 1].startswith("-"):
+                    raise UserError(name, "needs a value", "", f"Example: {name} {_EXAMPLE[name]}")
+                value, i = words[i + 1], i + 1
+            found[LAPTOP_OPTIONS[name]].append(value)
+        else:
+            out.append(word)
+        i += 1
+    for value in found["forward_env"]:
+        check_name(value, "--forward-env")
+    ship = found["ship"][-1] if found["ship"] else None
+    return out, LaptopOptions(ship, tuple(found["forward_env"]))
+
+
+_EXAMPLE = {"--ship": ".", "--forward-env": "HF_TOKEN"}
+
+
+def config_forward_env(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """`forward_env = [...]` in the user's ~/.config/hpclaunch/config.toml: names that
+    cross on every command. (A small reader of that one key; the config file's own
+    loader reads the rest.)"""
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    path = Path(environ.get("XDG_CONFIG_HOME") or home / ".config") / "hpclaunch" / "config.toml"
+    if not path.is_file():
+        return ()
+    from ..tomlfiles import read_toml
+
+    names = read_toml(path, "config.toml").get("forward_env", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(
+            "forward_env",
+            f"in {path} is not a list of names",
+            "",
+            'Write forward_env = ["HF_TOKEN"]',
+        )
+    return tuple(check_name(n, "forward_env") for n in names)
+
+
+def used_names(argv: Sequence[str], extra: Iterable[str] = ()) -> set[str]:
+    """The variables a command uses, by name: --env's (NAME or NAME=VALUE), the W&B
+    key of a W&B sweep, and `extra` (--forward-env, the config's and profile's lists)."""
+    words = argv[: list(argv).index("--")] if "--" in argv else list(argv)
+    names = set(extra)
+    for i, word in enumerate(words):
+        if word == "--env" and i + 1 < len(words):
+            names.add(words[i + 1].partition("=")[0])
+        elif word.startswith("--env="):
+            names.add(word[len("--env=") :].partition("=")[0])
+    wandb = any(w == "--wandb-sweep" or w.startswith("--wandb-sweep=") for w in words)
+    if words and words[0] == "sweep" and wandb:
+        names.add("WANDB_API_KEY")
+    return names
+
+
+def sent_environment(environ: Mapping[str, str], names: Iterable[str] = ()) -> dict[str, str]:
+    """What crosses from the laptop's environment: the variables named (those the
+    command uses), W&B's settings that are no secrets and the cluster profile's name.
+    No other secret of the laptop ever crosses."""
+    wanted = set(names)
     return {
         k: v
         for k, v in environ.items()
-        if is_secret(k) or k.startswith("WANDB_") or k == "HPCLAUNCH_CLUSTER"
+        if k in wanted
+        or (not is_secret(k) and (k.startswith("WANDB_") or k == "HPCLAUNCH_CLUSTER"))
     }
 
 
@@ -110,34 +194,111 @@ def not_set_up(conn: Connection) -> int:
     return error.exit_code
 
 
-def ship_code(conn: Connection, cwd: Path, program: Sequence[str]) -> Shipped:
+def ship_code(
+    conn: Connection,
+    cwd: Path,
+    program: Sequence[str],
+    folder: Optional[str] = None,
+    limit_bytes: Optional[int] = None,
+) -> Shipped:
     """Before a submission: refuse an ignored path among the program's arguments and a
     cluster with another hpclaunch, then mirror the project (the CLI and the API)."""
-    from ..project import git_root
-    from .ship import refuse_ignored, ship
+    from dataclasses import replace
 
-    refuse_ignored(git_root(cwd), cwd, program, conn.host.name)
+    from ..project import git_root
+    from .ship import SHIP_LIMIT, refuse_ignored, ship, ship_root
+
+    root, by_git = ship_root(cwd, None if folder is None else Path(folder))
+    refuse_ignored(git_root(root) if by_git else None, cwd, program, conn.host.name)
     refuse_other_build(conn)
-    return ship(conn, cwd)
+    limit = SHIP_LIMIT if limit_bytes is None else limit_bytes
+    shipped = ship(conn, cwd, None if folder is None else Path(folder), limit)
+    return replace(shipped, removed=prune_there(conn, shipped))
+
+
+def prune_there(conn: Connection, shipped: Shipped) -> int:
+    """The cluster's hpclaunch removes what an earlier ship sent and the laptop no longer
+    has (ship.prune); how many files it removed (0 when it could not say)."""
+    header = request(conn, [], op="prune", mirror=shipped.mirror, files=list(shipped.listed))
+    done = conn.run(list(SERVE), stdin=json.dumps(header).encode() + b"\n", timeout=120)
+    said = done.stdout.decode("utf-8", "replace").split()
+    return int(said[-1]) if done.returncode == 0 and said and said[-1].isdigit() else 0
+
+
+def profile_remote(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> RemoteSettings:
+    """The [remote] table of the profile the command names (--cluster, HPCLAUNCH_CLUSTER,
+    the project file), as the laptop reads it; the defaults when none is named or the
+    laptop does not know it (a profile that only the cluster has)."""
+    from ..config import project_tables
+    from ..profiles import BUILTIN, RemoteSettings, load_profile, user_profile_dir
+    from .choose import _named_cluster
+
+    name = _named_cluster(argv, cwd, environ)
+    clusters = project_tables(cwd, environ)[1]
+    if not name or not (
+        name in BUILTIN
+        or name in clusters
+        or (user_profile_dir(environ) / f"{name}.toml").is_file()
+    ):
+        return RemoteSettings()
+    return load_profile(name, clusters, environ).remote
+
+
+def project_names(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> set[str]:
+    """What the project file makes a submission use: its [run] env names, and the W&B
+    key when [sweep] wandb_sweep makes a sweep a W&B one."""
+    from ..config import find_project_file
+    from ..tomlfiles import read_toml
+
+    path = find_project_file(cwd, environ)
+    data = read_toml(path, "hpclaunch.toml") if path is not None else {}
+    run, sweep = data.get("run", {}), data.get("sweep", {})
+    env = run.get("env", []) if isinstance(run, dict) else []
+    names = {str(item).partition("=")[0] for item in env} if isinstance(env, list) else set()
+    if argv and argv[0] == "sweep" and isinstance(sweep, dict) and sweep.get("wandb_sweep"):
+        names.add("WANDB_API_KEY")
+    return names
+
+
+def shipping_line(conn: Connection, shipped: Shipped) -> str:
+    names = ", ".join(shipped.names[:5]) + (", ..." if len(shipped.names) > 5 else "")
+    line = (
+        f"hpclaunch: shipped {shipped.files} changed file(s) "
+        f"({shipped.bytes_moved} bytes moved) to {conn.host.name}:~/{shipped.remote_cwd}"
+        + (f": {names}" if names else "")
+    )
+    if shipped.removed:
+        line += f"; removed there {shipped.removed} file(s) removed here"
+    if shipped.withheld:
+        line += "; left out (credentials, never shipped): " + ", ".join(shipped.withheld)
+    return line
 
 
 def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> int:
     """Run `hpclaunch ARGV` on HOST; its exit code."""
+    argv, laptop = split_laptop_options(argv)
+    if laptop.ship is not None and not submits(argv):
+        raise UserError("--ship", "only for run and sweep", "", "Leave --ship out")
+    names = used_names(argv, (*laptop.forward_env, *config_forward_env(environ)))
+    limit: Optional[int] = None
+    if submits(argv) or (argv and argv[0] == "rerun"):
+        settings = profile_remote(argv, cwd, environ)
+        names.update(settings.forward_env, project_names(argv, cwd, environ))
+        if submits(argv):  # refusals before any connection: nothing starts for them
+            from ..units import parse_size
+            from .ship import ship_root
+
+            ship_root(cwd, None if laptop.ship is None else Path(laptop.ship))
+            limit = parse_size(settings.ship_limit, "[remote] ship_limit")
     conn = Connection(Host.parse(host), environ).open()
     if wants_terminal(argv):
         text = json.dumps(request(conn, argv))
         code = conn.stream([*SERVE, base64.b64encode(text.encode()).decode()], tty=True)
         return not_set_up(conn) if code == NOT_SET_UP else code
-    extra: dict[str, Any] = {"env": sent_environment(environ)}
-    if submits(argv):
-        shipped = ship_code(conn, cwd, program_of(argv))
-        names = ", ".join(shipped.names[:5]) + (", ..." if len(shipped.names) > 5 else "")
-        print(
-            f"hpclaunch: shipped {shipped.files} changed file(s) "
-            f"({shipped.bytes_moved} bytes moved) to {conn.host.name}:~/{shipped.remote_cwd}"
-            + (f": {names}" if names else ""),
-            file=sys.stderr,
-        )
+    extra: dict[str, Any] = {"env": sent_environment(environ, names)}
+    if limit is not None:
+        shipped = ship_code(conn, cwd, program_of(argv), laptop.ship, limit)
+        print(shipping_line(conn, shipped), file=sys.stderr)
         extra["cwd"] = shipped.remote_cwd
     if argv and (argv[0] == "plot" or list(argv[:2]) == ["sweep", "plot"]):
         return _plot(conn, argv, cwd, extra)

@@ -19,7 +19,16 @@ from typing import Any, Optional
 from ..errors import HpclaunchError, UserError
 from ..node import RESULT_JSON
 from ..options import BY_NAME
-from .forward import SERVE, request, sent_environment, ship_code
+from .forward import (
+    SERVE,
+    config_forward_env,
+    profile_remote,
+    project_names,
+    request,
+    sent_environment,
+    ship_code,
+    used_names,
+)
 from .ssh import Connection, Host
 
 
@@ -44,10 +53,16 @@ def option_words(options: Mapping[str, Any]) -> list[str]:
 
 
 def call(
-    conn: Connection, argv: Sequence[str], environ: Mapping[str, str], **extra: Any
+    conn: Connection,
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    names: Sequence[str] = (),
+    **extra: Any,
 ) -> subprocess.CompletedProcess[bytes]:
-    """One remote hpclaunch command, its output read here."""
-    header = request(conn, argv, env=sent_environment(environ), **extra)
+    """One remote hpclaunch command, its output read here; of the laptop's secrets only
+    those the command uses cross (forward.used_names, plus `names`)."""
+    used = used_names(argv, (*names, *config_forward_env(environ)))
+    header = request(conn, argv, env=sent_environment(environ, used), **extra)
     return conn.run(list(SERVE), stdin=json.dumps(header).encode() + b"\n")
 
 
@@ -134,12 +149,17 @@ def start(
     environ: Mapping[str, str],
 ) -> RemoteRun:
     """Ship the code, submit on the cluster, return the handle (nothing printed)."""
-    conn = Connection(Host.parse(host), environ).open()
     if not program:
         raise UserError("program", "missing", "", "Pass the program to run")
-    shipped = ship_code(conn, cwd, program)
     argv = ["run", *option_words(options), "--json", "--", *program]
-    done = call(conn, argv, environ, cwd=shipped.remote_cwd)
+    settings = profile_remote(argv, cwd, environ)
+    from ..units import parse_size
+
+    limit = parse_size(settings.ship_limit, "[remote] ship_limit")
+    conn = Connection(Host.parse(host), environ).open()
+    shipped = ship_code(conn, cwd, program, limit_bytes=limit)
+    names = [*settings.forward_env, *project_names(argv, cwd, environ)]
+    done = call(conn, argv, environ, names, cwd=shipped.remote_cwd)
     lines = _checked(done).strip().splitlines()
     if not lines:
         print(done.stderr.decode("utf-8", "replace"), file=sys.stderr)

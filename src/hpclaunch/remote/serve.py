@@ -71,6 +71,17 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    if req.get("op") == "prune":  # after a ship: what the laptop removed goes here too
+        from pathlib import Path
+
+        from .ship import PROJECTS, prune
+
+        name = str(req["mirror"]).removeprefix(PROJECTS + "/")
+        if not name or name.startswith(".") or "/" in name:
+            sys.exit(2)  # not a mirror's name: nothing to prune
+        mirror = Path(os.path.expanduser("~")) / PROJECTS / name
+        print(prune(mirror, [str(rel) for rel in req.get("files", [])]))
+        return
     from ..environ import apply_environment
 
     apply_environment({str(k): str(v) for k, v in req.get("env", {}).items()})

@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 import socket
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,22 +65,37 @@ class Host(NamedTuple):
 
 
 def control_dir(environ: Mapping[str, str]) -> Path:
-    """A folder only this user can enter, short enough for a socket path."""
+    """A folder only this user can enter, short enough for a socket path. The fallback
+    in /tmp has a name anyone can compute: one made by another user (or a symlink there)
+    is refused in one line naming it, never used nor changed."""
     home = Path(environ.get("HOME") or Path.home())
     base = Path(environ.get("XDG_RUNTIME_DIR") or home / ".cache") / "hpclaunch" / "ssh"
     if len(str(base)) > _SOCKET_MAX - 20:
         import tempfile
 
         base = Path(tempfile.gettempdir()) / f"hpclaunch-ssh-{os.getuid()}"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = base.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        os.chmod(base, 0o700)  # ours but too open: close it; else refuse below
-        if base.stat().st_uid != os.getuid():
-            raise UserError(
-                "ssh control folder", f"{base} belongs to another user", "", "Set XDG_RUNTIME_DIR"
-            )
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = base.lstat()
+    except OSError as exc:
+        raise _not_ours(base, exc.strerror or "cannot be made") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise _not_ours(base, "is not a folder (a symlink or a file)")
+    if info.st_uid != os.getuid():
+        raise _not_ours(base, f"belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)  # ours but too open: close it
     return base
+
+
+def _not_ours(base: Path, problem: str) -> UserError:
+    return UserError(
+        "ssh control folder",
+        f"{base} {problem}",
+        "",
+        "Remove it (its owner or an admin can), or set XDG_RUNTIME_DIR to a short "
+        "folder of yours (e.g. export XDG_RUNTIME_DIR=~/.r)",
+    )
 
 
 def socket_name(host: Host) -> str:
@@ -198,10 +214,13 @@ class Connection:
 
     def rsync(self, args: Sequence[str], make_dir: str = "") -> subprocess.CompletedProcess[str]:
         """rsync over the master; `args` name remote paths as `:PATH`. make_dir: a remote
-        folder made first (rsync makes only the last part of a destination)."""
+        folder made first (rsync makes only the last part of a destination), and closed
+        to group and others: what is shipped there is private (a home is often 0755)."""
         target = [a.replace(":", f"{self.host.dest}:", 1) if a.startswith(":") else a for a in args]
         if make_dir:
-            target.insert(0, f"--rsync-path={shell.command(['mkdir', '-p', make_dir])} && rsync")
+            made = shell.command(["mkdir", "-p", make_dir])
+            closed = shell.command(["chmod", "go-rwx", make_dir])
+            target.insert(0, f"--rsync-path=umask 077 && {made} && {closed} && rsync")
         try:
             return subprocess.run(
                 ["rsync", "-e", self.ssh_command(), *target],
