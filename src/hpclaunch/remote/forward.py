@@ -233,8 +233,8 @@ def profile_remote(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -
     from ..profiles import BUILTIN, RemoteSettings, load_profile, user_profile_dir
     from .choose import _named_cluster
 
-    name = _named_cluster(argv, cwd, environ)
-    clusters = project_tables(cwd, environ)[1]
+    project_run, clusters = project_tables(cwd, environ)
+    name = _named_cluster(argv, project_run, environ)
     if not name or not (
         name in BUILTIN
         or name in clusters
