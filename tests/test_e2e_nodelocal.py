@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import subprocess
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +189,80 @@ def test_planted_node_local_paths_are_neither_used_nor_in_the_way(hpc: Hpc, othe
         assert report["nccl"].startswith(report["local"] + "/"), report
         assert len(report["db_files"]) == 1, report
     assert sorted(p.name for p in results.iterdir()) == ["node1", "node2"]
+
+
+# --- cleanup: never a running local run's folder (squeue answers here, as on a login
+# node: before, a local run's folder looked like a Slurm job that no longer runs).
+
+LOCAL = {"HPCLAUNCH_CLUSTER": "local"}
+# Waits, then checks that its staged data is still all there.
+CHECKER = (
+    'sleep "$1"; n=$(find "$HPCLAUNCH_DATA" -type f | wc -l); echo "files $n"; [ "$n" = "$2" ]'
+)
+
+
+def _data(hpc: Hpc, files: int = 1, size: int = 4) -> Path:
+    data = hpc.folder("mydata")
+    block = os.urandom(size)
+    info = hpc.cwd.stat()
+    for n in range(files):
+        (data / f"f{n:04d}.bin").write_bytes(block)
+        os.chown(data / f"f{n:04d}.bin", info.st_uid, info.st_gid)
+    return data
+
+
+def _start(hpc: Hpc, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["runuser", "-u", hpc.user, "--", "hpclaunch", *args], cwd=hpc.cwd,
+        env={**hpc.env, **LOCAL}, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _local_folders() -> set[Path]:
+    """The test user's local runs' node-local folders in /tmp (either naming)."""
+    uid = pwd.getpwnam(testbed.USER).pw_uid
+    found = {*Path("/tmp").glob("hpclaunch-local-*"), *Path("/tmp").glob("hpcuser-hpclaunch-*")}
+    return {p for p in found if p.lstat().st_uid == uid}
+
+
+def _wait_for(check: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_two_local_runs_at_once_keep_their_data(hpc: Hpc) -> None:
+    data = _data(hpc)
+    before = _local_folders()
+    first = _start(hpc, "run", "--stage", str(data), "--", "bash", "-c", CHECKER, "-", "8", "1")
+    _wait_for(lambda: bool(_local_folders() - before))
+    time.sleep(1)  # its ranks run
+    second = hpc.run("run", "--stage", str(data), "--", "true", env=LOCAL)
+    assert second.returncode == 0, second.stderr
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, out[-2000:] + err[-2000:]
+    assert "files 1" in out, out
+
+
+def test_a_local_sweep_of_two_at_once_keeps_each_points_data(hpc: Hpc) -> None:
+    data = _data(hpc)
+    proc = hpc.run(
+        "sweep", "--grid", "k=6,1", "--max-parallel", "2", "--stage", str(data), "--wait",
+        "--", "bash", "-c", CHECKER, "-", "{k}", "1", env=LOCAL, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_clean_during_an_unpack_leaves_the_running_run_alone(hpc: Hpc) -> None:
+    data = _data(hpc, files=600, size=512 * 1024)  # 300 MiB: unpacking takes a while
+    first = hpc.run("run", "--stage", str(data), "--", "true", env=LOCAL, timeout=300)
+    assert first.returncode == 0, first.stderr  # packed: the next run goes straight to unpack
+    before = _local_folders()
+    run = _start(hpc, "run", "--stage", str(data), "--", "bash", "-c", CHECKER, "-", "1", "600")
+    _wait_for(lambda: bool(_local_folders() - before))
+    cleaned = hpc.run("clean", "--json", env=LOCAL)
+    assert cleaned.returncode == 0, cleaned.stderr
+    out, err = run.communicate(timeout=300)
+    assert json.loads(cleaned.stdout)["removed"] == [], cleaned.stdout
+    assert run.returncode == 0 and "files 600" in out, out[-2000:] + err[-2000:]

@@ -80,11 +80,11 @@ def test_pyspy_profiles_rank_1_inside_charliecloud(hpc: Hpc, user_image: Path) -
 
 
 def _node_tmp_leftovers(hpc: Hpc) -> str:
-    """What the nodes' own /tmp holds of this user's NCCL files (one task per node)."""
-    user = hpc.env["USER"]
+    """What the nodes' own /tmp holds of this user's node-local folders, where the NCCL
+    files are (one task per node): the bootstrap that made one removes it at the end."""
     proc = hpc.cmd(
         ["srun", "-N", "2", "--ntasks-per-node=1", "bash", "-c",
-         f'shopt -s nullglob; echo "$(hostname): " /tmp/{user}-nccl-*'],
+         'shopt -s nullglob; echo "$(hostname): " /tmp/hpclaunch-*'],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
