@@ -266,3 +266,46 @@ def test_clean_during_an_unpack_leaves_the_running_run_alone(hpc: Hpc) -> None:
     out, err = run.communicate(timeout=300)
     assert json.loads(cleaned.stdout)["removed"] == [], cleaned.stdout
     assert run.returncode == 0 and "files 600" in out, out[-2000:] + err[-2000:]
+
+
+def test_clean_on_a_node_removes_only_the_users_folders_of_ended_jobs(hpc: Hpc, other: Hpc) -> None:
+    """`hpclaunch clean` on a compute node, while a job of the user runs there: the
+    user's folder of an ended job goes; the running job's, another user's (named alike)
+    and a symlink of the user's named alike stay, and nothing behind the link is touched."""
+    if testbed.layout() != "netns":
+        pytest.skip("needs the nodes' private /tmp (netns layout)")
+    keep = hpc.folder("keep")
+    (keep / "f.txt").write_text("keep")
+    data = _data(hpc)
+    started = hpc.run("run", "-N", "2", "--json", "--stage", str(data), "--", "sleep", "60")
+    assert started.returncode == 0, started.stderr
+    job = json.loads(started.stdout)
+    logs = Path(job["run_dir"]) / "logs"
+    _wait_for(lambda: len(list(logs.glob("rank-*.out"))) == 2, timeout=240)
+    user_script = f"mkdir /tmp/hpclaunch-1.dead01 && ln -s {keep} /tmp/hpclaunch-3.link01"
+    try:
+        for argv, user in (
+            (["bash", "-c", user_script], testbed.USER),
+            (["mkdir", "-m", "777", "/tmp/hpclaunch-2.other1"], testbed.OTHER_USER),
+        ):
+            done = testbed.on_node("node1", argv, user=user)
+            assert done.returncode == 0, done.stderr
+        clean = [
+            "env", f"PATH={hpc.env['PATH']}", f"SLURM_CONF={hpc.env['SLURM_CONF']}",
+            f"HOME={hpc.env['HOME']}", "USER=hpcuser", "hpclaunch", "clean", "--json",
+        ]  # fmt: skip
+        done = testbed.on_node("node1", clean, user=testbed.USER)
+        assert done.returncode == 0, done.stderr
+        listing = testbed.node_tmp("node1")
+    finally:
+        hpc.run("cancel", job["job_id"])
+        testbed.on_node(
+            "node1",
+            ["rm", "-rf", "/tmp/hpclaunch-1.dead01", "/tmp/hpclaunch-2.other1",
+             "/tmp/hpclaunch-3.link01"],
+            user="root",
+        )  # fmt: skip
+    assert json.loads(done.stdout)["removed"] == ["/tmp/hpclaunch-1.dead01"], done.stdout
+    assert "hpclaunch-2.other1" in listing and "hpclaunch-3.link01" in listing, listing
+    assert [n for n in listing if n.startswith(f"hpclaunch-{job['job_id']}.")], listing
+    assert (keep / "f.txt").read_text() == "keep"
