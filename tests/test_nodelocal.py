@@ -127,3 +127,25 @@ def test_stage_out_refuses_a_symlinked_source_or_one_leading_out(
     assert (tmp_path / "d3" / "r.txt").read_text() == "result"
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "leads out" in ln]
     assert len(lines) == 2, lines
+
+
+def test_a_step_of_an_allocation_gets_the_placeholder_for_lumis_caches(tmp_path: Path) -> None:
+    """Inside an allocation (the step backend) the batch script's lines are not run:
+    the step's environment carries the placeholder and where to make the folder, so
+    MIOpen's cache still lands in the node's private folder, not at "/miopen"."""
+    from hpclaunch import preparing, render
+    from hpclaunch.backends.base import Launch
+    from hpclaunch.backends.step import step_env
+    from hpclaunch.rundirs import RunPaths
+
+    environ = {"USER": "alice", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    cli: dict[str, object] = {"cluster": "lumi", "nodes": "1", "gpus_per_node": "2"}
+    cli.update(partition="small-g", account="project_465000000", time="10")
+    resolved = preparing.prepare_spec(cli, ("python", "train.py"), tmp_path, environ)
+    paths = RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
+    plan = render.plan(resolved.spec, resolved.profile, paths, tmp_path)
+    launch = Launch(resolved.spec, plan, paths, tmp_path, {**environ, "SLURM_JOB_ID": "9"})
+    env = step_env(launch)
+    assert env["MIOPEN_USER_DB_PATH"] == node.LOCAL_UNSET + "/miopen"
+    assert env[node.HPCLAUNCH_LOCAL_RECORD] == str(tmp_path / "run" / node.LOCAL_RECORDS)
+    assert env[node.HPCLAUNCH_LOCAL_PARENT] == "/tmp"
