@@ -72,31 +72,35 @@ class LocalBackend(Backend):
         env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
         local_dir = ""
         if render.uses_local(spec, list(plan.task_env)):  # every local "node" is here: one
-            local_dir = make_local_dir(job_id)
-            values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
-        env.update(render.task_env_values(plan, spec, values))
-        argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
-        tasks = LocalTasks(
-            LocalPlan(
-                task_argv=argv,
-                nodes=spec.nodes,
-                tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
-                env=env,
-                log_dir=paths.logs,
-                job_name=spec.job_name,
-                job_id=job_id,
-                cpus_per_task=spec.cpus_per_task,
-                cwd=launch.cwd,
-                base_env=base,
-            ),
-            watchdog=Watchdog(str(paths.events), grace_s=5.0),
-            time_limit_s=spec.time_s,
-        )
+            with stage_guard.signals_held():  # made and known here, or not made at all
+                local_dir = make_local_dir(job_id)
+        tasks: Optional[LocalTasks] = None
         try:
+            if local_dir:
+                values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
+            env.update(render.task_env_values(plan, spec, values))
+            argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
+            tasks = LocalTasks(
+                LocalPlan(
+                    task_argv=argv,
+                    nodes=spec.nodes,
+                    tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
+                    env=env,
+                    log_dir=paths.logs,
+                    job_name=spec.job_name,
+                    job_id=job_id,
+                    cpus_per_task=spec.cpus_per_task,
+                    cwd=launch.cwd,
+                    base_env=base,
+                ),
+                watchdog=Watchdog(str(paths.events), grace_s=5.0),
+                time_limit_s=spec.time_s,
+            )
             stage_spec = _stage_in(spec, paths, local_dir)
             tasks.spawn()
         except BaseException:
-            tasks.abort()
+            if tasks is not None:
+                tasks.abort()
             if local_dir:
                 stage_guard.finish({}, local_dir, "local")  # partly staged data goes too
             raise
