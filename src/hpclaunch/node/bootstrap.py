@@ -385,6 +385,18 @@ def _read_record(path: str) -> str:
         posix.close(fd)
 
 
+def _write_private(path: str, data: bytes) -> None:
+    """``data`` in a new 0600 file (never through a link), renamed into place whole."""
+    tmp = "%s.tmp.%d" % (path, posix.getpid())
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW
+    fd = posix.open(tmp, flags, 0o600)
+    try:
+        _write_all(fd, data)
+    finally:
+        posix.close(fd)
+    posix.replace(tmp, path)
+
+
 def _make_local(parent: str, tag: str) -> str:
     """tempfile.mkdtemp without its imports: mode 700, a name nobody can guess; mkdir
     never follows a symlink and fails on anything planted, so nothing is used as found."""
@@ -416,7 +428,7 @@ def node_local(env: Env, node: str) -> Tuple[str, int, bool]:
             local = _make_local(env.get(HPCLAUNCH_LOCAL_PARENT) or "/tmp", tag)
             made = True
             _makedirs(record_dir)
-            _write_file(record, _fsencode(local))
+            _write_private(record, _fsencode(local))
         deadline = time.monotonic() + LOCAL_WAIT_S
         while not local and time.monotonic() < deadline:
             time.sleep(0.01)
