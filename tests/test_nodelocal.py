@@ -60,6 +60,7 @@ def test_local_rank_0_makes_a_private_folder_the_other_ranks_share(tmp_path: Pat
     assert folder.stat().st_mode & 0o777 == 0o700 and folder != planted
     record = tmp_path / "run" / node.LOCAL_RECORDS / "nodeA.42"
     assert record.read_text() == local and record.stat().st_mode & 0o777 == 0o600
+    assert record.parent.stat().st_mode & 0o777 == 0o700
     assert first[node.HPCLAUNCH_LOCAL] == local
     assert first["MIOPEN_USER_DB_PATH"] == local + "/miopen"
     assert first["HPCLAUNCH_DATA_X"] == local + "/data/X" and first["OTHER"] == "untouched"

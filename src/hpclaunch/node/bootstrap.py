@@ -427,7 +427,10 @@ def node_local(env: Env, node: str) -> Tuple[str, int, bool]:
         if not local and env.get("LOCAL_RANK") == "0":  # no stage guard ran on this node
             local = _make_local(env.get(HPCLAUNCH_LOCAL_PARENT) or "/tmp", tag)
             made = True
-            _makedirs(record_dir)
+            try:  # noqa: SIM105 - contextlib would be one more import (private, in the run folder)
+                posix.mkdir(record_dir, 0o700)
+            except FileExistsError:
+                pass
             _write_private(record, _fsencode(local))
         deadline = time.monotonic() + LOCAL_WAIT_S
         while not local and time.monotonic() < deadline:
