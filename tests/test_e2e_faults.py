@@ -157,7 +157,9 @@ def _assert_nothing_left() -> None:
         left = testbed.procs_of_user_on_nodes()
         left += [p for n in testbed.NODES for p in testbed.node_procs(n)]
         raise AssertionError(f"processes left: {left}") from None
-    folders = {n: [f for f in testbed.node_tmp(n) if "-hpclaunch-" in f] for n in testbed.NODES}
+    folders = {
+        n: [f for f in testbed.node_tmp(n) if f.startswith("hpclaunch-")] for n in testbed.NODES
+    }
     assert folders == {n: [] for n in testbed.NODES}, folders
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import PROGRAMS, REPO, Hpc
+from hpclaunch import node
 
 pytestmark = pytest.mark.testbed
 
@@ -79,12 +80,12 @@ def test_pyspy_profiles_rank_1_inside_charliecloud(hpc: Hpc, user_image: Path) -
     _check_pyspy(done, "image")
 
 
-def _node_tmp_leftovers(hpc: Hpc) -> str:
-    """What the nodes' own /tmp holds of this user's NCCL files (one task per node)."""
-    user = hpc.env["USER"]
+def _node_tmp_leftovers(hpc: Hpc, job_id: str) -> str:
+    """What the nodes' own /tmp holds of the job's node-local folders, where the NCCL
+    files are (one task per node): the bootstrap that made one removes it at the end."""
     proc = hpc.cmd(
         ["srun", "-N", "2", "--ntasks-per-node=1", "bash", "-c",
-         f'shopt -s nullglob; echo "$(hostname): " /tmp/{user}-nccl-*'],
+         f'shopt -s nullglob; echo "$(hostname): " /tmp/hpclaunch-{job_id}.*'],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -102,5 +103,9 @@ def test_nccl_debug_files_are_collected_per_rank(hpc: Hpc, fail: bool) -> None:
         text = (folder / f"rank-{rank}.txt").read_text()
         assert f"NCCL INFO rank {rank} stand-in" in text, text
         assert text.startswith("node1:" if rank < 2 else "node2:"), text
-    leftovers = _node_tmp_leftovers(hpc)
+    job_id = json.loads((done["run_dir"] / "run.json").read_text())["job_id"]
+    leftovers = _node_tmp_leftovers(hpc, job_id)
+    assert node.LOCAL_RECORDS not in {p.name for p in done["run_dir"].iterdir()} or not any(
+        (done["run_dir"] / node.LOCAL_RECORDS).iterdir()
+    )  # the records went with the folders
     assert sorted(leftovers.split()) == ["node1:", "node2:"], leftovers

@@ -64,7 +64,7 @@ def _on_nodes(command: str, as_root: bool = False) -> dict[str, str]:
 def _locals_on_nodes() -> dict[str, list[str]]:
     listing = _on_nodes("ls -1 /tmp")
     return {
-        node: sorted(n for n in text.split() if "-hpclaunch-" in n)
+        node: sorted(n for n in text.split() if n.startswith("hpclaunch-"))
         for node, text in listing.items()
     }
 
@@ -95,7 +95,7 @@ def test_dataset_reaches_every_rank_from_its_own_node(hpc: Hpc) -> None:
     for report in reports:
         assert report["sums"] == sums, report["node"]
         assert report["root"] == f"{report['local']}/data/DATASET" == report["data"]
-        assert report["local"].startswith("/tmp/hpcuser-hpclaunch-")
+        assert report["local"].startswith("/tmp/hpclaunch-")  # hpclaunch-<job>.<random>
         assert report["root"].startswith("/tmp/")
     if testbed.layout() == "netns":
         assert {r["node"] for r in reports} == {"node1", "node2"}
@@ -162,10 +162,8 @@ def test_cleanup_and_stage_out_after_success_failure_and_time_limit(hpc: Hpc) ->
 def test_cleanup_after_scancel_and_leftovers_of_dead_jobs(hpc: Hpc) -> None:
     # Leftovers: this user's folder for a job id that no longer runs (removed by the next
     # staging step on that node), someone else's folder (never touched).
-    _on_nodes(
-        "mkdir -p /tmp/hpcuser-hpclaunch-99999/data && touch /tmp/hpcuser-hpclaunch-99999/data/f"
-    )
-    _on_nodes("mkdir -p /tmp/otheruser-hpclaunch-99998 /tmp/hpcuser-hpclaunch-99997", as_root=True)
+    _on_nodes("mkdir -p /tmp/hpclaunch-99999.ab12/data && touch /tmp/hpclaunch-99999.ab12/data/f")
+    _on_nodes("mkdir -p /tmp/hpclaunch-99998.cd34 /tmp/hpclaunch-99997.ef56", as_root=True)
     proc = _job(hpc, "cancel", "sleep 300", "--json", wait=False)
     assert proc.returncode == 0, proc.stderr
     job_id = json.loads(proc.stdout)["job_id"]
@@ -181,9 +179,9 @@ def test_cleanup_after_scancel_and_leftovers_of_dead_jobs(hpc: Hpc) -> None:
         assert _results(hpc, "cancel") == {"node1": ["r0.txt"], "node2": ["r1.txt"]}
     remaining = _locals_on_nodes()
     for node, names in remaining.items():
-        # The planted dead job's folder is gone; root's folders (another user) stay.
-        assert names == ["hpcuser-hpclaunch-99997", "otheruser-hpclaunch-99998"], (node, names)
-    _on_nodes("rm -rf /tmp/otheruser-hpclaunch-99998 /tmp/hpcuser-hpclaunch-99997", as_root=True)
+        # The user's dead job's folder is gone; root's folders (another user) stay.
+        assert names == ["hpclaunch-99997.ef56", "hpclaunch-99998.cd34"], (node, names)
+    _on_nodes("rm -rf /tmp/hpclaunch-99998.cd34 /tmp/hpclaunch-99997.ef56", as_root=True)
 
 
 def test_a_dataset_larger_than_the_node_local_space_is_refused(hpc: Hpc) -> None:

@@ -208,7 +208,7 @@ def _dataset(folder: Path, files: int, size: int) -> None:
 
 
 def _local_dirs() -> set[Path]:
-    return set(Path("/tmp").glob("root-hpclaunch-*"))
+    return set(Path("/tmp").glob("hpclaunch-local-*"))
 
 
 @pytest.mark.parametrize("moment", ["packing", "staging"])

@@ -77,8 +77,10 @@ def test_golden_file_holds_lumi_md_choices() -> None:
         f"--cpu-bind=verbose,mask_cpu:{MASKS}",
         'export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"',
         'export NCCL_NET_GDR_LEVEL="PHB"',
-        'export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"',
-        'export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"',
+        # LUMI.md's /tmp/$USER-miopen-cache-$SLURM_JOB_ID, inside the job's private folder
+        'export MIOPEN_USER_DB_PATH="${HPCLAUNCH_LOCAL}/miopen"',
+        'export MIOPEN_CUSTOM_CACHE_DIR="${HPCLAUNCH_LOCAL}/miopen"',
+        "export HPCLAUNCH_LOCAL=/@hpclaunch-local@",
         'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1',
         "/scratch/project_465000000/alice/hpclaunch/default/",
         "/flash/project_465000000/alice/hpclaunch/default/",
@@ -121,4 +123,4 @@ def test_nccl_debug_is_opt_in() -> None:
     debug = _script({"nccl_debug": True})
     assert 'export NCCL_DEBUG="INFO"' in debug
     assert 'export NCCL_DEBUG_SUBSYS="INIT,COLL"' in debug
-    assert 'NCCL_DEBUG_FILE="/tmp/${USER}-rccl-' in debug
+    assert 'NCCL_DEBUG_FILE="${HPCLAUNCH_LOCAL}/rccl-' in debug

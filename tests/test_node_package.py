@@ -47,11 +47,13 @@ SHARED = {
         "HPCLAUNCH_RESULT_FILE", "RESULT_JSON", "HPCLAUNCH_ATTEMPT", "HPCLAUNCH_REQUEUE_SIGNAL",
         "HPCLAUNCH_PROFILER", "HPCLAUNCH_PROFILE_RANKS", "HPCLAUNCH_PROFILE_DIR",
         "HPCLAUNCH_PROFILE", "HPCLAUNCH_PYSPY", "CHILD_FLAG", "HPCLAUNCH_NCCL_COLLECT",
-        "NCCL_DIR", "NCCL_FILE",
+        "NCCL_DIR", "NCCL_FILE", "HPCLAUNCH_LOCAL", "HPCLAUNCH_LOCAL_PARENT",
+        "HPCLAUNCH_LOCAL_RECORD", "LOCAL_PREFIX", "LOCAL_UNSET",
     },
     node.STAGE_GUARD: {
         "EVENTS", "STAGE_READY", "STAGE_DONE", "STAGE_MARKS", "READY", "FAILED", "DIRECTORY",
-        "ARCHIVE", "SQUASHFS", "FILE", "PACK_PART", "LOCAL_INFIX", "HPCLAUNCH_LOCAL",
+        "ARCHIVE", "SQUASHFS", "FILE", "PACK_PART", "LOCAL_PREFIX", "HPCLAUNCH_LOCAL",
+        "HPCLAUNCH_LOCAL_PARENT", "HPCLAUNCH_LOCAL_RECORD", "HPCLAUNCH_ATTEMPT",
         "HPCLAUNCH_STAGE_MARKS", "LINKS_PART",
     },
     node.VENV_PROBE: {"VENV_RECORD", "VENV_CONSTRAINTS", "LIST_ONLY"},
@@ -61,7 +63,7 @@ SHARED = {
 HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
     "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
-    "PROFILES", "PYSPY",
+    "PROFILES", "PYSPY", "LOCAL_RECORDS",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 
@@ -260,7 +262,9 @@ def _guard(python: str, tmp_path: Path, archive: Path) -> tuple[subprocess.Popen
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "USER": "u",
         "SLURMD_NODENAME": "nodeA",
-        node.HPCLAUNCH_LOCAL: str(tmp_path / f"u{node.LOCAL_INFIX}7"),
+        "SLURM_JOB_ID": "7",
+        node.HPCLAUNCH_LOCAL_PARENT: str(tmp_path),
+        node.HPCLAUNCH_LOCAL_RECORD: str(run_dir / node.LOCAL_RECORDS),
     }
     argv = [python, *node.PYTHON_FLAGS, str(guard), "run", str(run_dir / node.STAGE_JSON)]
     return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE), run_dir
@@ -270,19 +274,22 @@ def _guard(python: str, tmp_path: Path, archive: Path) -> tuple[subprocess.Popen
 def test_stage_guard_writes_its_events(python: str, tmp_path: Path) -> None:
     (tmp_path / "data.bin").write_text("data")
     proc, run_dir = _guard(python, tmp_path, tmp_path / "data.bin")
-    local = tmp_path / f"u{node.LOCAL_INFIX}7"
     ready = run_dir / node.STAGE_MARKS / (node.READY + "nodeA")
     deadline = time.monotonic() + 60
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert ready.exists(), proc.communicate()[1]
+    record = run_dir / node.LOCAL_RECORDS / "nodeA.7"
+    local = Path(record.read_text())  # fresh, private, a name nobody can guess
+    assert local.parent == tmp_path and local.name.startswith(node.LOCAL_PREFIX + "7.")
+    assert local.stat().st_mode & 0o777 == 0o700
     assert (local / "data" / "F" / "f").read_text() == "data"
     (local / "out").mkdir()
     (local / "out" / "r.txt").write_text("result")
     proc.send_signal(signal.SIGUSR1)  # the batch script's "the ranks are done"
     assert proc.wait(timeout=60) == 0
     assert (tmp_path / "results" / "r.txt").read_text() == "result"
-    assert not local.exists()
+    assert not local.exists() and not record.exists()
     events = [{k: v for k, v in e.items() if k != "time"} for e in _events(run_dir)]
     assert events == [
         {"event": node.STAGE_READY, "node": "nodeA"},

@@ -134,12 +134,13 @@ def _exports(script: str) -> list[tuple[str, str]]:
 
 def test_lumi_nccl_debug_collects_per_rank_files_as_lumi_md_says() -> None:
     # LUMI.md: "NCCL_DEBUG_FILE=/tmp/<user>-rccl-rank<rank>.txt": one file per rank on
-    # node-local /tmp; NCCL names it by host and pid, the bootstrap then by rank.
+    # node-local /tmp (here: in the job's private folder there, which nobody else can
+    # plant in); NCCL names it by host and pid, the bootstrap then by rank.
     assert "NCCL_DEBUG_FILE" in LUMI_MD.read_text(encoding="utf-8")
     plain = _lumi_env({})
     assert node.HPCLAUNCH_NCCL_COLLECT not in plain and "NCCL_DEBUG_FILE" not in plain
     debug = _lumi_env({"nccl_debug": True})
-    assert debug["NCCL_DEBUG_FILE"].startswith("/tmp/${USER}-rccl-")
+    assert debug["NCCL_DEBUG_FILE"].startswith("${HPCLAUNCH_LOCAL}/rccl-")
     assert "%h" in debug["NCCL_DEBUG_FILE"] and "%p" in debug["NCCL_DEBUG_FILE"]
     assert debug[node.HPCLAUNCH_NCCL_COLLECT] == "1"
 

@@ -128,25 +128,19 @@ def test_without_requeue_the_script_is_unchanged(tmp_path: Path) -> None:
     assert "HPCLAUNCH_ATTEMPT" not in script
 
 
-def test_staged_requeue_names_the_local_folder_and_markers_by_attempt() -> None:
-    assert requeue.local_dir("${SLURM_TMPDIR:-/tmp/$USER-hpclaunch-$SLURM_JOB_ID}") == (
-        "${SLURM_TMPDIR:-/tmp/$USER-hpclaunch-${SLURM_JOB_ID}-a${HPCLAUNCH_ATTEMPT}}"
-    )
-    assert requeue.local_dir("/tmp/x") == "/tmp/x"
+def test_staged_requeue_names_the_local_folder_by_attempt() -> None:
+    assert stage_guard.local_tag({"SLURM_JOB_ID": "7", "HPCLAUNCH_ATTEMPT": "2"}) == "7-a2"
+    assert stage_guard.local_tag({"SLURM_JOB_ID": "7"}) == "7"
 
 
 def test_stage_guard_removes_earlier_attempts_of_its_own_job(tmp_path: Path) -> None:
-    for name in (
-        "bob-hpclaunch-7-a0",
-        "bob-hpclaunch-7-a1",
-        "bob-hpclaunch-7",
-        "eve-hpclaunch-7-a0",
-    ):
+    for name in ("hpclaunch-7-a0.x1", "hpclaunch-7-a1.x2", "hpclaunch-7.x3"):
         (tmp_path / name).mkdir()
-    found = stage_guard.leftovers(str(tmp_path), "bob", "7", mine="bob-hpclaunch-7-a1")
-    assert [Path(p).name for p in found] == ["bob-hpclaunch-7-a0"]
+    found = stage_guard.leftovers(str(tmp_path), "7-a1")
+    assert sorted(Path(p).name for p in found) == ["hpclaunch-7-a0.x1", "hpclaunch-7.x3"]
     # A run without --requeue keeps the old rule: its own job's folder is never a leftover.
-    assert stage_guard.leftovers(str(tmp_path), "bob", "7", mine="bob-hpclaunch-7") == []
+    found = stage_guard.leftovers(str(tmp_path), "7")
+    assert sorted(Path(p).name for p in found) == ["hpclaunch-7-a0.x1", "hpclaunch-7-a1.x2"]
 
 
 def _events(run_dir: Path, lines: list[dict[str, Any]]) -> None:

@@ -106,7 +106,8 @@ def test_node_side_unpacks_copies_back_and_cleans(tmp_path: Path) -> None:
                    stage_out=(("out", str(tmp_path / "res")),))  # fmt: skip
     paths_json = render.stage_json(spec, _paths(tmp_path))
     local = tmp_path / "node-local"
-    stage_guard.prepare(paths_json, str(local), {"USER": "u"})
+    local.mkdir(mode=0o700)
+    stage_guard.prepare(paths_json, str(local))
     assert (local / "data" / "DATA" / "a" / "b" / "x.txt").read_text() == "x"
     assert (local / "data" / "ONE" / "one.bin").read_bytes() == b"1"
     (local / "out" / "sub").mkdir(parents=True)
@@ -123,10 +124,16 @@ def _paths(tmp_path: Path) -> rundirs.RunPaths:
 
 
 def test_leftovers_are_only_this_users(tmp_path: Path) -> None:
-    for name in ("u-hpclaunch-1", "u-hpclaunch-2", "v-hpclaunch-3", "u-other-4"):
+    names = ("hpclaunch-1.abc", "hpclaunch-2.def", "hpclaunch-3.ghi", "u-other-4", "hpclaunch-5")
+    for name in names:
         (tmp_path / name).mkdir()
-    found = sorted(os.path.basename(p) for p in stage_guard.leftovers(str(tmp_path), "u", "2"))
-    assert found == ["u-hpclaunch-1"]
+    os.chown(tmp_path / "hpclaunch-3.ghi", 4242, 4242)  # another user's, whatever its name
+    (tmp_path / "hpclaunch-6.jkl").symlink_to(tmp_path / "u-other-4")
+    (tmp_path / "hpclaunch-local-9-p1.mno").mkdir()  # a local run's: clean asks its launcher
+    found = sorted(os.path.basename(p) for p in stage_guard.leftovers(str(tmp_path), "2"))
+    assert found == ["hpclaunch-1.abc"]
+    found = sorted(os.path.basename(p) for p in stage_guard.leftovers(str(tmp_path), local=True))
+    assert found == ["hpclaunch-1.abc", "hpclaunch-2.def", "hpclaunch-local-9-p1.mno"]
 
 
 def test_squashfs_is_mounted_by_apptainer_and_ram_backed_tmp_counts_against_mem(
@@ -176,8 +183,9 @@ def test_parts_unpack_side_by_side_into_read_only_folders(
         stage.pack_all((item,), io.StringIO())
         assert len(stage.parts(item.archive)) == 1 + 8
         local = tmp_path / "local"
+        local.mkdir(mode=0o700)
         spec = JobSpec(cluster="local", program=("x",), stage=(item,))
-        stage_guard.prepare(render.stage_json(spec, _paths(tmp_path)), str(local), {})
+        stage_guard.prepare(render.stage_json(spec, _paths(tmp_path)), str(local))
         got = local / "data" / "DATA"
         assert sorted(str(p.relative_to(got)) for p in got.rglob("f*")) == sorted(
             f"d{d}/deep/f{f}" for d in range(6) for f in range(8)

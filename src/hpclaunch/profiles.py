@@ -176,9 +176,10 @@ class Profile(_Record):
     one_task_per_gpu: bool = False
     mem_per_gpu: Optional[str] = None
     cache_dirs: tuple[str, ...] = ()
-    # The job's node-local folder ($HPCLAUNCH_LOCAL), shell text evaluated on each node:
-    # the site's per-job $SLURM_TMPDIR when it sets one, else a folder in /tmp.
-    local_dir: str = "${SLURM_TMPDIR:-/tmp/$USER-hpclaunch-$SLURM_JOB_ID}"
+    # Where each node's private folder of the job ($HPCLAUNCH_LOCAL, made fresh with an
+    # unpredictable name) is made, shell text evaluated on each node: the site's per-job
+    # $SLURM_TMPDIR or $TMPDIR when it sets one, else /tmp.
+    local_dir: str = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
     local_is_ram: bool = False  # /tmp in memory (LUMI): staged data counts against --mem
     stage_cache_keep: int = 2  # packs kept per source in <run-root>/.stage-cache
     stage_cache_max: str = "200G"  # all packs together; the least recently used go first

@@ -220,6 +220,36 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
     ]
 
 
+def uses_local(spec: JobSpec, env: list[tuple[str, Word]]) -> bool:
+    """Whether the job has a node-local folder: it stages, or a variable names it."""
+
+    def names_it(word: Word) -> bool:
+        if isinstance(word, Var):
+            return word.name == node.HPCLAUNCH_LOCAL
+        if isinstance(word, Template):
+            return node.HPCLAUNCH_LOCAL in word.text
+        if isinstance(word, Join):
+            return any(names_it(part) for part in word.parts)
+        return False
+
+    return bool(spec.stage or spec.stage_out) or any(names_it(word) for _, word in env)
+
+
+def local_lines(profile: Profile, paths: RunPaths) -> list[str]:
+    """$HPCLAUNCH_LOCAL's setting: each node's first step (the stage guard, else the
+    bootstrap of local rank 0) makes the folder fresh under the parent, private, with a
+    name nobody can guess, and records it in <run>/nodelocal; the bootstrap puts it in
+    place of LOCAL_UNSET in every variable, so nothing here names a path in /tmp."""
+    return [
+        "# The job's node-local folder: made fresh on each node (mode 700, an unpredictable",
+        "# name) under the profile's local_dir; the ranks learn its path on their node.",
+        f"{node.HPCLAUNCH_LOCAL_PARENT}={profile.local_dir}",
+        f"export {node.HPCLAUNCH_LOCAL_PARENT}",
+        shell.export(node.HPCLAUNCH_LOCAL_RECORD, str(paths.run_dir / node.LOCAL_RECORDS)),
+        shell.export(node.HPCLAUNCH_LOCAL, node.LOCAL_UNSET),
+    ]
+
+
 def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
     head: list[Word] = [
         "srun",
@@ -257,13 +287,8 @@ def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPl
     attempts = bool(spec.requeue or spec.chain > 1)
     if attempts:
         body += requeue.attempt_lines(paths.run_dir / node.EVENTS, chain=spec.chain > 1)
-    if spec.stage or spec.stage_out:
-        local = requeue.local_dir(profile.local_dir) if attempts else profile.local_dir
-        body += [
-            "# The job's node-local folder (the profile's choice), on every node the same path.",
-            f"{node.HPCLAUNCH_LOCAL}={local}",
-            f"export {node.HPCLAUNCH_LOCAL}",
-        ]
+    if uses_local(spec, env):
+        body += local_lines(profile, paths)
     body += [shell.export(k, v) for k, v in env]
     secrets = spec.secret_env()
     if secrets:

@@ -26,7 +26,6 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -122,16 +121,6 @@ def directives(req: Requeue) -> list[str]:
 def log_dir(logs: Path) -> shell.Join:
     """HPCLAUNCH_LOG_DIR of a requeued run: logs/attempt-N for attempt N."""
     return shell.Join((str(logs / ATTEMPT_PREFIX), shell.Var(HPCLAUNCH_ATTEMPT)))
-
-
-def local_dir(template: str) -> str:
-    """The profile's node-local folder named with the attempt where it is named with the
-    job id (the stage guard removes an earlier attempt's folder left by a dead node);
-    a site's own per-job folder ($SLURM_TMPDIR) is new for every attempt anyway."""
-    return _JOB_ID.sub("${SLURM_JOB_ID}-a${" + HPCLAUNCH_ATTEMPT + "}", template)
-
-
-_JOB_ID = re.compile(r"\$\{SLURM_JOB_ID\}|\$SLURM_JOB_ID\b")
 
 
 def env(req: Optional[Requeue], checkpoint_dir: Path) -> list[tuple[str, shell.Word]]:

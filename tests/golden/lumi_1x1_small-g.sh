@@ -30,6 +30,12 @@ for _ in {1..100}; do  # bash builtins only: no process is started here
 done
 export MASTER_PORT
 export OMP_NUM_THREADS="${OMP_NUM_THREADS-}"; [ -n "${OMP_NUM_THREADS}" ] || export OMP_NUM_THREADS=7
+# The job's node-local folder: made fresh on each node (mode 700, an unpredictable
+# name) under the profile's local_dir; the ranks learn its path on their node.
+HPCLAUNCH_LOCAL_PARENT=${SLURM_TMPDIR:-${TMPDIR:-/tmp}}
+export HPCLAUNCH_LOCAL_PARENT
+export HPCLAUNCH_LOCAL_RECORD=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/nodelocal
+export HPCLAUNCH_LOCAL=/@hpclaunch-local@
 export HPCLAUNCH_RUN_DIR=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd
 export HPCLAUNCH_CHECKPOINT_DIR=/flash/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/checkpoints
 export HPCLAUNCH_LOG_DIR=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/logs
@@ -40,11 +46,11 @@ export HPCLAUNCH_GPU_VISIBILITY=all
 export PYTHONUNBUFFERED=1
 export PYTHONNOUSERSITE=1
 export HPCLAUNCH_LAUNCHER=srun
-export HPCLAUNCH_CACHE_DIRS="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export HPCLAUNCH_CACHE_DIRS="${HPCLAUNCH_LOCAL}/miopen"
 export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"
 export NCCL_NET_GDR_LEVEL="PHB"
-export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
-export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export MIOPEN_USER_DB_PATH="${HPCLAUNCH_LOCAL}/miopen"
+export MIOPEN_CUSTOM_CACHE_DIR="${HPCLAUNCH_LOCAL}/miopen"
 
 srun \
     --kill-on-bad-exit=1 \

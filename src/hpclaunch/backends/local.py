@@ -11,19 +11,20 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from .. import render, shell
+from .. import node, render, shell
 from ..errors import HpclaunchError
 from ..monitor import JobStatus
 from ..node import stage_guard
 from ..rundirs import RunPaths
 from ..spec import JobSpec
-from ..users import user_name, with_user
+from ..users import with_user
 from .base import Backend, Launch
 from .localtasks import LocalPlan, LocalTasks, free_port, local_job_id
 from .watchdog import Watchdog, launcher_alive, process_start
@@ -70,32 +71,36 @@ class LocalBackend(Backend):
         values = local_values(spec, job_id, base)
         env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
         local_dir = ""
-        if spec.stage or spec.stage_out:  # every local "node" is this machine: one folder
-            local_dir = f"/tmp/{user_name(launch.environ)}-hpclaunch-{job_id}"
-            values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
-        env.update(render.task_env_values(plan, spec, values))
-        argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
-        tasks = LocalTasks(
-            LocalPlan(
-                task_argv=argv,
-                nodes=spec.nodes,
-                tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
-                env=env,
-                log_dir=paths.logs,
-                job_name=spec.job_name,
-                job_id=job_id,
-                cpus_per_task=spec.cpus_per_task,
-                cwd=launch.cwd,
-                base_env=base,
-            ),
-            watchdog=Watchdog(str(paths.events), grace_s=5.0),
-            time_limit_s=spec.time_s,
-        )
+        if render.uses_local(spec, list(plan.task_env)):  # every local "node" is here: one
+            with stage_guard.signals_held():  # made and known here, or not made at all
+                local_dir = make_local_dir(job_id)
+        tasks: Optional[LocalTasks] = None
         try:
-            stage_spec = _stage_in(spec, paths, local_dir, {**base, **values})
+            if local_dir:
+                values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
+            env.update(render.task_env_values(plan, spec, values))
+            argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
+            tasks = LocalTasks(
+                LocalPlan(
+                    task_argv=argv,
+                    nodes=spec.nodes,
+                    tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
+                    env=env,
+                    log_dir=paths.logs,
+                    job_name=spec.job_name,
+                    job_id=job_id,
+                    cpus_per_task=spec.cpus_per_task,
+                    cwd=launch.cwd,
+                    base_env=base,
+                ),
+                watchdog=Watchdog(str(paths.events), grace_s=5.0),
+                time_limit_s=spec.time_s,
+            )
+            stage_spec = _stage_in(spec, paths, local_dir)
             tasks.spawn()
         except BaseException:
-            tasks.abort()
+            if tasks is not None:
+                tasks.abort()
             if local_dir:
                 stage_guard.finish({}, local_dir, "local")  # partly staged data goes too
             raise
@@ -169,17 +174,27 @@ class LocalBackend(Backend):
             job.stage_spec = None
 
 
-def _stage_in(
-    spec: JobSpec, paths: RunPaths, local_dir: str, environ: Mapping[str, str]
-) -> Optional[dict[str, Any]]:
-    """Unpack the staged data into the node-local folder; None when nothing is staged."""
+def make_local_dir(job_id: int) -> str:
+    """The run's node-local folder, fresh (mkdtemp: mode 700, a name nobody can guess, in
+    $TMPDIR or /tmp), named with the launcher's pid and holding its marker from the
+    start: `hpclaunch clean` and other runs leave it alone while this process runs."""
+    prefix = f"{node.LOCAL_PREFIX}local-{job_id}-p{os.getpid()}."
+    local_dir = tempfile.mkdtemp(prefix=prefix)
+    marker = os.open(
+        os.path.join(local_dir, OWNER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+    )
+    with os.fdopen(marker, "w", encoding="utf-8") as handle:
+        handle.write(f"{os.getpid()} {process_start(os.getpid())}\n")
+    return local_dir
+
+
+def _stage_in(spec: JobSpec, paths: RunPaths, local_dir: str) -> Optional[dict[str, Any]]:
+    """Unpack the staged data into the node-local folder; None when there is no folder."""
     if not local_dir:
         return None
     stage_spec = render.stage_json(spec, paths)
     try:
-        stage_guard.prepare(stage_spec, local_dir, environ)
-        marker = Path(local_dir) / OWNER  # `hpclaunch clean` asks it whether we still run
-        marker.write_text(f"{os.getpid()} {process_start(os.getpid())}\n", encoding="utf-8")
+        stage_guard.prepare(stage_spec, local_dir)
     except OSError as exc:
         stage_guard.finish({}, local_dir, "local")
         raise HpclaunchError(f"staging failed: {exc}") from None

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Optional, TextIO
 
-from .. import jobwatch, render, shell, slurmcmd
+from .. import jobwatch, node, render, shell, slurmcmd
 from ..logs import LogFollower
 from ..monitor import JobStatus, exit_code_of, first_failure
 from ..rundirs import RunPaths
@@ -30,6 +30,12 @@ def step_env(launch: Launch) -> dict[str, str]:
     env = with_user(run_setup(launch.spec.setup, launch.environ, launch.cwd, launch.paths))
     env.pop("MASTER_ADDR", None)
     env["MASTER_PORT"] = str(random.randint(12000, 19999))
+    if render.uses_local(launch.spec, list(launch.plan.task_env)):
+        # As the batch script sets it: the bootstrap of each node's local rank 0 makes
+        # the folder (private, an unpredictable name) and tells the node's other ranks.
+        env[node.HPCLAUNCH_LOCAL] = node.LOCAL_UNSET
+        env[node.HPCLAUNCH_LOCAL_PARENT] = env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp"
+        env[node.HPCLAUNCH_LOCAL_RECORD] = str(launch.paths.run_dir / node.LOCAL_RECORDS)
     env.update(render.task_env_values(launch.plan, launch.spec, env))
     return env
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -17,9 +18,8 @@ from .common import environ
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
 @click.option(
     "--folder",
-    default="/tmp",
-    show_default=True,
-    help="Where node-local folders live (the profile's local_dir parent).",
+    default=None,
+    help="Where node-local folders live (the profile's local_dir; default $TMPDIR or /tmp).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was removed.")
 @click.option(
@@ -33,13 +33,16 @@ from .common import environ
     show_default=True,
     help="With --stage-cache: the run root whose cache to empty (your profile's run_root).",
 )
-def clean_cmd(dry_run: bool, folder: str, as_json: bool, stage_cache: bool, run_root: str) -> int:
-    """Remove your node-local folders (FOLDER/<user>-hpclaunch-<jobid>) of runs that no
-    longer run, on this machine: a local run's folder when the hpclaunch process that
-    ran it is gone, a Slurm job's when squeue no longer lists the job. The next staging
-    step on a node does the same by itself; to clean every node of an allocation:
-    srun --ntasks-per-node=1 hpclaunch clean. Nobody else's files and no running
-    job's files are touched; what cannot be decided is left alone and said.
+def clean_cmd(
+    dry_run: bool, folder: Optional[str], as_json: bool, stage_cache: bool, run_root: str
+) -> int:
+    """Remove your node-local folders (FOLDER/hpclaunch-<jobid>.<random>, and local runs'
+    FOLDER/hpclaunch-local-<id>-p<pid>.<random>) of runs that no longer run, on this
+    machine: a local run's folder when the hpclaunch process that ran it is gone, a Slurm
+    job's when squeue no longer lists the job. The next staging step on a node does the
+    same for Slurm jobs by itself; to clean every node of an allocation:
+    srun --ntasks-per-node=1 hpclaunch clean. Only folders you own are touched, never a
+    running job's or run's; what cannot be decided is left alone and said.
 
     With --stage-cache: remove every pack of the stage cache but those a queued or
     running job uses (one squeue call) or a run started in the last minute."""
@@ -50,7 +53,9 @@ def clean_cmd(dry_run: bool, folder: str, as_json: bool, stage_cache: bool, run_
     if stage_cache:
         return _clean_stage_cache(Path(run_root).absolute(), dry_run, as_json, env)
     user = user_name(env)
-    removed, undecided = _decide(leftovers(folder, user, env.get("SLURM_JOB_ID", "")), user)
+    folder = folder or tempfile.gettempdir()
+    found = leftovers(folder, env.get("SLURM_JOB_ID", ""), local=True)
+    removed, undecided = _decide(found, user)
     if not dry_run:
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
@@ -108,21 +113,21 @@ def _clean_stage_cache(run_root: Path, dry_run: bool, as_json: bool, env: dict[s
 
 def _decide(candidates: list[str], user: str) -> tuple[list[str], list[str]]:
     """(folders of runs that ended, folders nobody can tell about)."""
-    from ..backends.local import OWNER
-    from ..backends.watchdog import launcher_alive
     from ..node.stage_guard import LEFTOVER, live_jobs
 
     ended: list[str] = []
     slurm: list[str] = []
     for path in candidates:
-        owner = _owner(Path(path) / OWNER)
-        if owner is None:
+        match = LEFTOVER.match(os.path.basename(path))
+        if match is None:
+            continue
+        if match.group("local") is None:
             slurm.append(path)  # a Slurm job's folder: squeue decides
-        elif not launcher_alive(*owner):
+        elif not _local_run_alive(Path(path), int(match.group("pid"))):
             ended.append(path)
     if not slurm:
         return ended, []
-    live = live_jobs(user)
+    live = live_jobs(user or str(os.getuid()))
     if live is None:
         return ended, slurm
     for path in slurm:
@@ -130,6 +135,25 @@ def _decide(candidates: list[str], user: str) -> tuple[list[str], list[str]]:
         if match is not None and match.group("job") not in live:
             ended.append(path)
     return ended, []
+
+
+def _local_run_alive(folder: Path, pid: int) -> bool:
+    """Whether the launcher of a local run's folder still runs: the marker it wrote first
+    (pid and start time: a reused pid is not taken for it), else the pid in the name
+    (the marker is written right after the folder is made)."""
+    from ..backends.local import OWNER
+    from ..backends.watchdog import launcher_alive
+
+    owner = _owner(folder / OWNER)
+    if owner is not None:
+        return launcher_alive(*owner)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _owner(marker: Path) -> Optional[tuple[int, float]]:

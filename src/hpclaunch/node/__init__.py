@@ -77,8 +77,14 @@ DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
 PACK_PART = "part-%02d.tar"
 # ... and its symlinks, checked to point inside the tree and made last, after every part.
 LINKS_PART = "links.tar"
-# Node-local folders are <user>-hpclaunch-<jobid>: the guard removes leftovers by it.
-LOCAL_INFIX = "-hpclaunch-"
+# Node-local folders are <parent>/hpclaunch-<jobid>[-a<N>].<random> (mkdtemp, mode 700),
+# made by the job's first step on each node (the stage guard, else the bootstrap of local
+# rank 0), which records the path in <run>/nodelocal/<node>.<jobid>[-a<N>] for the ranks;
+# until the bootstrap reads it, $HPCLAUNCH_LOCAL holds LOCAL_UNSET, which the bootstrap
+# replaces in every variable (HPCLAUNCH_DATA_*, MIOPEN_*, NCCL_DEBUG_FILE) by the folder.
+LOCAL_PREFIX = "hpclaunch-"
+LOCAL_RECORDS = "nodelocal"  # in the run directory
+LOCAL_UNSET = "/@hpclaunch-local@"
 
 # --- MASTER_PORT from a job id J: PORT_BASE + J % PORT_SPAN (below Linux's ephemeral
 # ports, 32768+): jobs whose ids differ by less than PORT_SPAN never share it.
@@ -103,6 +109,8 @@ HPCLAUNCH_CACHE_DIRS = "HPCLAUNCH_CACHE_DIRS"
 HPCLAUNCH_VENV = "HPCLAUNCH_VENV"
 HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"  # where the node-local folder is made
+HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"  # <run>/nodelocal: its path, per node
 HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
 PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
 HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined

@@ -77,6 +77,14 @@ CHILD_FLAG = "--hpclaunch-child="  # SIGNALS:STATUS_FILE: this file between prof
 HPCLAUNCH_NCCL_COLLECT = "HPCLAUNCH_NCCL_COLLECT"  # "1": copy NCCL_DEBUG_FILE into logs/nccl/
 NCCL_DIR = "nccl"
 NCCL_FILE = "rank-%d.txt"
+# The node-local folder (hpclaunch/node/__init__.py says how it is made and found).
+HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
+HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"
+LOCAL_PREFIX = "hpclaunch-"
+LOCAL_UNSET = "/@hpclaunch-local@"
+LOCAL_LOCK = ".ranks"  # in the folder: every rank holds a shared flock on it while it runs
+LOCAL_WAIT_S = 300.0  # how long a rank waits for local rank 0 to make the folder
 
 # Placeholder name -> the variable that holds its value.
 PLACEHOLDERS = {
@@ -360,6 +368,126 @@ def make_cache_dirs(spec: str) -> None:
                 _makedirs(path)  # exist_ok: 8 ranks may race here
             except OSError as exc:
                 _say("cannot create cache directory %s: %s" % (path, exc.strerror))
+
+
+# ---- the node-local folder: made by the job's first step on each node, found here
+
+
+def _read_record(path: str) -> str:
+    """The folder a node's record names, or "" while there is none."""
+    try:
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        return _fsdecode(posix.read(fd, 1 << 16))
+    finally:
+        posix.close(fd)
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """``data`` in a new 0600 file (never through a link), renamed into place whole."""
+    tmp = "%s.tmp.%d" % (path, posix.getpid())
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW
+    fd = posix.open(tmp, flags, 0o600)
+    try:
+        _write_all(fd, data)
+    finally:
+        posix.close(fd)
+    posix.replace(tmp, path)
+
+
+def _make_local(parent: str, tag: str) -> str:
+    """tempfile.mkdtemp without its imports: mode 700, a name nobody can guess; mkdir
+    never follows a symlink and fails on anything planted, so nothing is used as found."""
+    if not _isdir(parent):
+        parent = "/tmp"  # a $TMPDIR of the submitting machine: as the stage guard does
+    for _ in range(100):
+        path = _join(parent, "%s%s.%s" % (LOCAL_PREFIX, tag, posix.urandom(8).hex()))
+        try:
+            posix.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError("no free name in %s" % parent)
+
+
+def node_local(env: Env, node: str) -> Tuple[str, int, bool]:
+    """Find (or, as local rank 0 of a job that stages nothing, make) the job's folder on
+    this node; put it in place of LOCAL_UNSET in every variable. Returns (the folder,
+    the fd of the shared lock this rank holds on it or -1, whether this rank made it)."""
+    if env.get(HPCLAUNCH_LOCAL) != LOCAL_UNSET:
+        return "", -1, False
+    job, attempt = env.get("SLURM_JOB_ID") or "0", env.get(HPCLAUNCH_ATTEMPT, "")
+    tag = job + ("-a" + attempt if attempt.isdigit() else "")
+    record_dir = env.get(HPCLAUNCH_LOCAL_RECORD, "")
+    record = _join(record_dir, node + "." + tag)
+    local, made = _read_record(record), False
+    try:
+        if not local and env.get("LOCAL_RANK") == "0":  # no stage guard ran on this node
+            local = _make_local(env.get(HPCLAUNCH_LOCAL_PARENT) or "/tmp", tag)
+            made = True
+            try:  # noqa: SIM105 - contextlib would be one more import (private, in the run folder)
+                posix.mkdir(record_dir, 0o700)
+            except FileExistsError:
+                pass
+            _write_private(record, _fsencode(local))
+        deadline = time.monotonic() + LOCAL_WAIT_S
+        while not local and time.monotonic() < deadline:
+            time.sleep(0.01)
+            local = _read_record(record)
+        if not local:
+            raise TimeoutError("no node-local folder recorded in %s" % record)
+        flags = posix.O_RDWR | posix.O_CREAT | posix.O_NOFOLLOW
+        lock = posix.open(_join(local, LOCAL_LOCK), flags, 0o600)
+    except OSError as exc:
+        _say("no node-local folder: %s" % exc)
+        return "", -1, made
+    import fcntl  # a C module: well under a millisecond, and only when there is a folder
+
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    for name, value in env.items():
+        if LOCAL_UNSET in value:
+            env[name] = value.replace(LOCAL_UNSET, local)
+    return local, lock, made
+
+
+def _rmtree(path: str) -> None:
+    """shutil.rmtree without the import; never follows a symlink."""
+    try:
+        entries = list(posix.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            _rmtree(entry.path)
+        else:
+            _remove(entry.path)
+    try:  # noqa: SIM105 - contextlib would be one more import
+        posix.rmdir(path)
+    except OSError:
+        pass
+
+
+def remove_local(env: Env, local: str, lock: int, node: str) -> None:
+    """The maker's end: once every other rank on the node has let go of the lock (they
+    let go when they end), the folder and its record go. A rank that never ends is left
+    to the time limit; the next staging step or `hpclaunch clean` removes the folder."""
+    import fcntl
+
+    deadline = time.monotonic() + LOCAL_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+    job, attempt = env.get("SLURM_JOB_ID") or "0", env.get(HPCLAUNCH_ATTEMPT, "")
+    tag = job + ("-a" + attempt if attempt.isdigit() else "")
+    _remove(_join(env.get(HPCLAUNCH_LOCAL_RECORD, ""), node + "." + tag))
+    _rmtree(local)
 
 
 def node_name(env: Env) -> str:
@@ -852,8 +980,8 @@ def collect_nccl(env: Env, log_dir: str, rank: int, pid: int, errors: Tuple[int,
         return
     source = nccl_file(pattern, posix.uname().nodename.split(".")[0], pid)
     target = _join(_join(log_dir, NCCL_DIR), NCCL_FILE % rank)
-    try:
-        src = posix.open(source, posix.O_RDONLY)
+    try:  # never a link: another user's, to a file of this user, would copy it out
+        src = posix.open(source, posix.O_RDONLY | posix.O_NOFOLLOW)
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -900,6 +1028,8 @@ def run(argv: List[str]) -> int:
     set_rank_env(env)
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
     set_gpu_visibility(env)
+    node = node_name(env)
+    local, lock, made_local = node_local(env, node)
     make_cache_dirs(env.get(HPCLAUNCH_CACHE_DIRS, ""))
     values = {name: env[var] for name, var in PLACEHOLDERS.items()}
     # A sweep point's parameters join the rank placeholders ({lr} beside {rank}).
@@ -909,7 +1039,6 @@ def run(argv: List[str]) -> int:
     args = [expand(arg, values, names is not None) for arg in argv[1:]]
 
     rank = _int(env["RANK"], 0)
-    node = node_name(env)
     log_dir = env.get(HPCLAUNCH_LOG_DIR) or ""
     run_dir = env.get(HPCLAUNCH_RUN_DIR) or ""
     attempt = env.get(HPCLAUNCH_ATTEMPT, "")
@@ -942,6 +1071,8 @@ def run(argv: List[str]) -> int:
         else:
             returncode = wait_child()
     collect_nccl(env, log_dir, rank, pid, errors)
+    if made_local:
+        remove_local(env, local, lock, node)
     if out >= 0:
         posix.close(out)
         posix.close(err)

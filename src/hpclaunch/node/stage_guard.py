@@ -6,18 +6,25 @@ and in-process for the local backend. It is a copy in the run directory and runs
 the nodes' own python3, so: standard library only, Python >= 3.6 (LUMI's compute nodes
 run SLES's 3.6), never imports the hpclaunch package (the rules: hpclaunch/node/__init__.py,
 which also holds the host's definition of the constants below marked "shared"). The run
-directory knows it as stage_node.py. Per node it:
+directory knows it as stage_node.py. It must stay one file (it is copied alone into the
+run directory and run with ``-I``, which puts no folder of it on sys.path), hence its
+length. Per node it:
 
 1. removes this user's node-local folders of jobs that no longer run (a node crash left
-   them; nobody else's files are touched);
-2. makes ``$HPCLAUNCH_LOCAL`` (mode 700) and unpacks every staged item into
-   ``$HPCLAUNCH_LOCAL/data/<NAME>`` (``tar -xf``; a single file is copied; a SquashFS
+   them; only folders this user owns, never a running job's or a local run's);
+2. makes the job's node-local folder fresh under ``$HPCLAUNCH_LOCAL_PARENT``
+   (``mkdtemp``: mode 700, an unpredictable name ``hpclaunch-<jobid>[-a<N>].<random>``,
+   so nothing another user planted at a predictable path is used or gets in the way),
+   records its path in ``$HPCLAUNCH_LOCAL_RECORD/<node>.<jobid>[-a<N>]`` for the ranks
+   (the bootstrap reads it and sets ``$HPCLAUNCH_LOCAL``), and unpacks every staged item
+   into ``<folder>/data/<NAME>`` (``tar -xf``; a single file is copied; a SquashFS
    image is unpacked with unsquashfs unless the container binds it);
 3. writes ``<run_dir>/stage/ready-<node>`` (or ``failed-<node>`` with the reason): the
    batch script starts the ranks once every node is ready;
 4. waits for SIGUSR1 (sent by the batch script when the ranks are done) or SIGTERM (sent
    by Slurm on scancel and at the time limit), then copies the ``--stage-out`` results back to
-   shared storage and removes ``$HPCLAUNCH_LOCAL``.
+   shared storage (a source that is a symlink or resolves outside the folder is refused)
+   and removes the folder and its record.
 
 It appends ``stage_ready`` (after 3) and ``stage_done`` (after 4, or after a failed 2) to
 ``<run_dir>/events.jsonl``.
@@ -36,6 +43,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 # typing's generics, not the builtin ones: Python 3.6 runs this file.
@@ -52,14 +60,20 @@ READY, FAILED = "ready-", "failed-"
 DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
 PACK_PART = "part-%02d.tar"
 LINKS_PART = "links.tar"
-LOCAL_INFIX = "-hpclaunch-"
+LOCAL_PREFIX = "hpclaunch-"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
+HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
+HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"
+HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"
 HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
 
-# <user>-hpclaunch-<jobid>, and -a<N> for attempt N of a job run with --requeue
+# hpclaunch-<jobid>[-a<N>].<random> (a Slurm job's, attempt N of a --requeue job), and
+# hpclaunch-local-<id>-p<pid>.<random> (a local run's, supervised by process <pid>).
 LEFTOVER = re.compile(
-    r"^(?P<user>.+)" + re.escape(LOCAL_INFIX) + r"(?P<job>\d+)(?:-a(?P<attempt>\d+))?$"
-)
+    "^" + re.escape(LOCAL_PREFIX)
+    + r"(?:(?P<job>\d+)(?:-a(?P<attempt>\d+))?|local-(?P<local>\d+)-p(?P<pid>\d+))"
+    + r"\.[A-Za-z0-9_]+$"
+)  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -109,42 +123,75 @@ def live_jobs(user: str) -> Optional[Set[str]]:
     return ids
 
 
-def leftovers(folder: str, user: str, current: str, mine: str = "") -> List[str]:
-    """This user's node-local folders (``<user>-hpclaunch-<jobid>[-a<N>]``) of other jobs,
-    and of earlier attempts of this one (`mine`: this attempt's folder name)."""
+def local_tag(env: Mapping[str, str]) -> str:
+    """<jobid>, or <jobid>-a<N> for attempt N of a job run with --requeue (Slurm keeps the
+    job id across attempts; an earlier attempt's folder is a leftover of this one)."""
+    job = env.get("SLURM_JOB_ID") or "0"
+    attempt = env.get(HPCLAUNCH_ATTEMPT, "")
+    return "%s-a%s" % (job, attempt) if attempt.isdigit() else job
+
+
+def make_local(parent: str, tag: str) -> str:
+    """A new node-local folder: mode 700 whatever the umask, a name nobody can guess
+    (mkdtemp), so a folder or symlink another user planted is never used and never in
+    the way. A missing parent (a $TMPDIR of the submitting machine) falls back to /tmp."""
+    if not os.path.isdir(parent):
+        parent = "/tmp"
+    return tempfile.mkdtemp(prefix=LOCAL_PREFIX + tag + ".", dir=parent)
+
+
+def record_local(record_dir: str, node: str, tag: str, local: str) -> str:
+    """Write the folder's path for the ranks of this node (the bootstrap reads it);
+    returns the record's path. Written whole (a private temporary file, renamed)."""
+    os.makedirs(record_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(record_dir, "%s.%s" % (node, tag))
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, local.encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    return path
+
+
+def leftovers(folder: str, tag: str = "", local: bool = False) -> List[str]:
+    """This user's node-local folders (names: LEFTOVER) in `folder` but this job's: of
+    other Slurm jobs, and of this job's other attempts (`tag`: local_tag()). Local runs'
+    folders too when `local` (`hpclaunch clean` decides those by their launcher).
+    Only real folders this user owns: never a symlink, never anyone else's."""
     found = []  # type: List[str]
     try:
         names = os.listdir(folder)
     except OSError:
         return found
     uid = os.getuid()
-    own = LEFTOVER.match(mine)
-    requeued = bool(own and own.group("attempt"))  # this job may have earlier attempts
+    current, _, my_attempt = tag.partition("-a")
     for name in names:
         match = LEFTOVER.match(name)
-        if not match or match.group("user") != user or name == mine:
+        if not match or (match.group("local") and not local):
             continue
-        if match.group("job") == current and not (requeued and match.group("attempt")):
-            continue
+        if match.group("job") == current and (match.group("attempt") or "") == my_attempt:
+            continue  # this attempt of this job (another node's, where /tmp is shared)
         path = os.path.join(folder, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if info.st_uid == uid and not os.path.islink(path):
+        if info.st_uid == uid and (info.st_mode & 0o170000) == 0o040000:  # S_ISDIR, no link
             found.append(path)
     return found
 
 
-def clean_leftovers(
-    folder: str, user: str, current: str, dry_run: bool = False, mine: str = ""
-) -> List[str]:
-    """Remove leftovers of jobs that no longer run, and of this job's earlier attempts
-    (one attempt runs at a time); returns what was (or would be) removed."""
-    candidates = leftovers(folder, user, current, mine)
+def clean_leftovers(folder: str, user: str, tag: str, dry_run: bool = False) -> List[str]:
+    """Remove this user's Slurm jobs' folders whose jobs no longer run, and this job's
+    earlier attempts' (one attempt runs at a time); returns what was (or would be)
+    removed. Local runs' folders are `hpclaunch clean`'s (it asks their launcher)."""
+    candidates = leftovers(folder, tag)
+    current = tag.partition("-a")[0]
     if not candidates:
         return []
-    live = live_jobs(user)
+    live = live_jobs(user or str(os.getuid()))
     if live is None:
         return []  # cannot tell which jobs still run: touch nothing
     removed = []
@@ -378,15 +425,27 @@ def merge_tree(src: str, dest: str) -> None:
             shutil.copy2(path, target)
 
 
+def inside(local: str, path: str) -> bool:
+    """Whether `path` is no symlink and resolves inside the node-local folder."""
+    root = os.path.realpath(local)
+    return not os.path.islink(path) and os.path.realpath(path).startswith(root + os.sep)
+
+
 def stage_out(spec: Mapping[str, Any], local: str, node: str) -> bool:
-    """Copy each --stage-out SRC (relative to $HPCLAUNCH_LOCAL) to DEST, per node when
-    the job has more than one node. Errors are reported, never fatal: cleanup follows.
-    Returns whether every SRC was there and copied."""
+    """Copy each --stage-out SRC (relative to the node-local folder) to DEST, per node
+    when the job has more than one node. A SRC that is a symlink or resolves outside the
+    folder is refused (a program's or anyone's link would copy other files out). Errors
+    are reported, never fatal: cleanup follows. Returns whether every SRC was copied."""
     ok = True
     for src, dest in spec.get("stage_out", []):
         path = os.path.join(local, src)
         if spec.get("nodes", 1) > 1:
             dest = os.path.join(dest, node)
+        if os.path.lexists(path) and not inside(local, path):
+            say("--stage-out: %s is a symlink or leads out of the node-local folder on %s; "
+                "nothing copied" % (path, node))  # fmt: skip
+            ok = False
+            continue
         try:
             if os.path.isdir(path):
                 merge_tree(path, dest)
@@ -404,24 +463,34 @@ def stage_out(spec: Mapping[str, Any], local: str, node: str) -> bool:
     return ok
 
 
-def prepare(spec: Mapping[str, Any], local: str, env: Mapping[str, str]) -> None:
-    """Steps 1 and 2: leftovers, then the unpacked data."""
-    user = env.get("USER") or ""
-    job = env.get("SLURM_JOB_ID") or ""
-    parent = os.path.dirname(local.rstrip("/"))
-    mine = os.path.basename(local.rstrip("/"))
-    if user and LEFTOVER.match(mine):
-        for path in clean_leftovers(parent, user, job, mine=mine):
-            say("removed %s (a job or an attempt that no longer runs)" % path)
-    os.makedirs(local, mode=0o700, exist_ok=True)
+def open_local(env: Mapping[str, str], node: str) -> Tuple[str, str]:
+    """Steps 1 and 2a: leftovers, then the job's fresh folder on this node and its record
+    for the ranks; returns (folder, record)."""
+    parent = env.get(HPCLAUNCH_LOCAL_PARENT) or "/tmp"
+    tag = local_tag(env)
+    for path in clean_leftovers(parent, env.get("USER", ""), tag):
+        say("removed %s (a job or an attempt that no longer runs)" % path)
+    local = make_local(parent, tag)
+    try:
+        return local, record_local(env[HPCLAUNCH_LOCAL_RECORD], node, tag, local)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+
+
+def prepare(spec: Mapping[str, Any], local: str) -> None:
+    """Step 2b: the staged data unpacked in the (new, private) node-local folder."""
     for item in spec.get("items", []):
         unpack(item, local)
 
 
-def finish(spec: Mapping[str, Any], local: str, node: str) -> bool:
+def finish(spec: Mapping[str, Any], local: str, node: str, record: str = "") -> bool:
     """Step 4: --stage-out, then the node-local folder goes; returns whether both worked."""
     ok = stage_out(spec, local, node)
     shutil.rmtree(local, ignore_errors=True)
+    if record:
+        with contextlib.suppress(OSError):
+            os.unlink(record)
     return ok and not os.path.lexists(local)
 
 
@@ -460,16 +529,18 @@ def run(spec_path: str) -> int:
     with open(spec_path) as handle:
         spec = json.load(handle)
     env = os.environ
-    local = env[HPCLAUNCH_LOCAL]
     node = node_name(env)
     run_dir = spec["run_dir"]
     started = time.time()
+    local = record = ""
     try:
-        prepare(spec, local, env)
+        local, record = open_local(env, node)
+        prepare(spec, local)
     except OSError as exc:
         say("staging failed on %s: %s" % (node, exc))
         _mark(run_dir, FAILED, node, str(exc))
-        shutil.rmtree(local, ignore_errors=True)
+        if local:
+            finish({}, local, node, record)
         event(run_dir, {"event": STAGE_DONE, "node": node, "ok": False})
         return 1
     _mark(run_dir, READY, node, "%.3f" % (time.time() - started))
@@ -481,7 +552,7 @@ def run(spec_path: str) -> int:
     except _Stopped:
         pass
     _Stop.waiting = False
-    ok = finish(spec, local, node)
+    ok = finish(spec, local, node, record)
     event(run_dir, {"event": STAGE_DONE, "node": node, "ok": ok})
     return 0
 
