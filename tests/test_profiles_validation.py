@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hpclaunch import profiles
+from hpclaunch import datarecords, profiles
 from hpclaunch.errors import UserError
 from hpclaunch.profiles import (
     ContainerBind,
@@ -32,7 +32,7 @@ RECORDS = (Partition, NodeShape, ContainerBind, ContainerSettings, Profile)
 
 
 def _pydantic_only(cls: type[Any], data: Any) -> Any:
-    return profiles._from_model(profiles._model(cls).model_validate(data))
+    return datarecords._from_model(datarecords._model(cls).model_validate(data))
 
 
 def _outcome(validate: Any, cls: type[Any], data: Any) -> tuple[str, Any]:
@@ -47,7 +47,7 @@ def _outcome(validate: Any, cls: type[Any], data: Any) -> tuple[str, Any]:
 def test_builtin_profiles_skip_pydantic_and_equal_its_result() -> None:
     for name in profiles.BUILTIN:
         data = {"name": name, **profiles._builtin(name)}
-        fast = profiles._build(Profile, data)  # raises _Decline if pydantic were needed
+        fast = datarecords._build(Profile, data)  # raises _Decline if pydantic were needed
         assert fast == _pydantic_only(Profile, data) == load_profile(name)
 
 
@@ -106,7 +106,7 @@ ODD = st.sampled_from(
 def _of(tp: Any, depth: int) -> st.SearchStrategy[Any]:
     """Values plainly of type `tp`, sometimes an odd one instead."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is profiles._Topology:
+    if tp is datarecords._Topology:
         plain: st.SearchStrategy[Any] = st.fixed_dictionaries(
             {}, optional={"numa_of_gpu": st.lists(st.integers(0, 3)), "ccd_size": st.integers()}
         )
@@ -128,7 +128,7 @@ def _of(tp: Any, depth: int) -> st.SearchStrategy[Any]:
 def _table(cls: type[Any], depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
     required: dict[str, st.SearchStrategy[Any]] = {}
     optional: dict[str, st.SearchStrategy[Any]] = {}
-    for spec, key, tp in profiles._specs(cls):
+    for spec, key, tp in datarecords._specs(cls):
         missing = dataclasses.MISSING
         has_default = spec.default is not missing or spec.default_factory is not missing
         (optional if has_default else required)[key] = _of(tp, depth)
@@ -145,5 +145,5 @@ def _table(cls: type[Any], depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
 @given(data=st.data())
 def test_any_input_gets_pydantics_outcome(cls: type[Any], data: st.DataObject) -> None:
     table = data.draw(_table(cls))
-    got = _outcome(profiles._validate, cls, table)
+    got = _outcome(datarecords._validate, cls, table)
     assert got == _outcome(_pydantic_only, cls, table)

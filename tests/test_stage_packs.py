@@ -36,7 +36,7 @@ def _guard_json(tmp_path: Path, items: tuple[StageItem, ...]) -> dict[str, objec
 
 def _unpack(tmp_path: Path, items: tuple[StageItem, ...]) -> Path:
     local = tmp_path / "node-local"
-    stage_guard.prepare(_guard_json(tmp_path, items), str(local), {})
+    stage_guard.prepare(_guard_json(tmp_path, items), str(local))
     return local / "data" / items[0].name
 
 
@@ -147,13 +147,13 @@ def test_a_part_changed_after_packing_is_not_unpacked(tmp_path: Path) -> None:
     os.utime(part, ns=(part.stat().st_atime_ns, part.stat().st_mtime_ns + 10**9))
     local = tmp_path / "node-local"
     with pytest.raises(OSError, match=r"part-01\.tar changed since it was packed"):
-        stage_guard.prepare(spec, str(local), {})
+        stage_guard.prepare(spec, str(local))
     assert not (local / "data" / "DATA" / "top.txt").exists()
     # Put back as packed, but another user's (chown keeps the size and mtime).
     os.utime(part, ns=(part.stat().st_atime_ns, recorded[1][2]))
     os.chown(part, os.getuid() + 4242, -1)
     with pytest.raises(OSError, match=r"part-01\.tar is not yours"):
-        stage_guard.prepare(spec, str(local), {})
+        stage_guard.prepare(spec, str(local))
 
 
 @pytest.mark.parametrize("how", ["group-writable", "world-writable", "another owner", "symlink"])
