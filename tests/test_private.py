@@ -295,12 +295,17 @@ def test_path_still_crosses_to_a_cluster_as_itself() -> None:
     laptop's own never replaces the cluster's, and `--env PATH=...` reaches job.sh as
     an ordinary export."""
     from hpclaunch.remote.forward import sent_environment
+    from hpclaunch.secretnames import is_secret
 
     laptop = {"PATH": "/laptop/bin", "PYTHONPATH": "/x", "GITHUB_PAT": "p" * 10,
               "DB_PASS": "q" * 10, "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     sent = sent_environment(laptop)
     assert "PATH" not in sent and "PYTHONPATH" not in sent and "TOKENIZERS_PARALLELISM" not in sent
+    assert not {"GITHUB_PAT", "DB_PASS"} & set(sent)  # secrets cross only when named
+    sent = sent_environment(laptop, names=("GITHUB_PAT", "DB_PASS", "PATH"))
     assert {"GITHUB_PAT", "DB_PASS"} <= set(sent)
+    assert sent["PATH"] == "/laptop/bin"  # named (--forward-env PATH): crosses as itself
+    assert not is_secret("PATH", extra=()) and is_secret("GITHUB_PAT", extra=())
 
 
 def test_a_profile_shares_with_the_group_and_the_sweep_dry_run_masks(tmp_path: Path) -> None:

@@ -132,8 +132,25 @@ def test_the_config_files_forward_env(tmp_path: Path) -> None:
     config.write_text('forward_env = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]\n')
     assert forward.config_forward_env(env) == ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
     config.write_text('forward_env = "HF_TOKEN"\n')
-    with pytest.raises(UserError, match=r"forward_env: in .* is not a list of names"):
+    with pytest.raises(
+        UserError, match=r"config.toml forward_env: 'HF_TOKEN' is not a list of strings"
+    ):
         forward.config_forward_env(env)
+
+
+def test_a_config_file_another_user_can_change_forwards_nothing(tmp_path: Path) -> None:
+    """forward_env sends secrets to a host: read only from a config file that is the
+    user's and writable by them alone (userconfig.read_owned), like every other key."""
+    env = {"HOME": str(tmp_path)}
+    config = tmp_path / ".config" / "hpclaunch" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('forward_env = ["AWS_SECRET_ACCESS_KEY"]\n')
+    config.chmod(0o664)  # group-writable: a colleague could have written the list
+    assert forward.config_forward_env(env) == ()
+    config.chmod(0o644)
+    assert forward.config_forward_env(env) == ("AWS_SECRET_ACCESS_KEY",)
+    os.chown(config, 4242, 4242)  # another user's (the tests run as root)
+    assert forward.config_forward_env(env) == ()
 
 
 def test_prune_removes_only_what_an_earlier_ship_sent(tmp_path: Path) -> None:

@@ -12,9 +12,7 @@ standard input, a record shows `$NAME` where it appeared in an argument).
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -41,32 +39,24 @@ def is_secret(name: str, extra: Optional[Iterable[str]] = None) -> bool:
 
 def extra_names(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
     """The names a user declared secret: `secret_names` in their own config file
-    ($XDG_CONFIG_HOME or ~/.config, then hpclaunch/config.toml), upper-cased. A missing
-    or unreadable file, or a damaged key, adds nothing (the config loader reports it)."""
-    env = environment() if environ is None else environ
-    home = env.get("HOME") or str(Path.home())
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    return _read_names(os.path.join(base, "hpclaunch", "config.toml"))
+    (userconfig.py: read only when it is theirs), upper-cased. A missing, foreign or
+    damaged file adds nothing here (the config loader reports it where it is read)."""
+    from .userconfig import config_path
+
+    return _read_names(str(config_path(environment() if environ is None else environ)))
 
 
 @lru_cache(maxsize=4)
 def _read_names(path: str) -> frozenset[str]:
     # Imported here: a command forwarded over SSH imports this module, rarely a config.
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on 3.9/3.10 only
-        import tomli as tomllib
-    if not os.path.exists(path):
-        return frozenset()
+    from .errors import UserError
+    from .userconfig import load_path
+
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except (OSError, ValueError):
+        names = load_path(Path(path)).secret_names
+    except UserError:
         return frozenset()
-    names = data.get("secret_names", [])
-    if not isinstance(names, list):
-        return frozenset()
-    return frozenset(str(n).upper() for n in names if isinstance(n, str))
+    return frozenset(name.upper() for name in names)
 
 
 def secret_values(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

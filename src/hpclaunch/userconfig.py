@@ -42,6 +42,18 @@ KEYS = (
         "strings",
         "SSH hosts a project file's [clusters.NAME.remote] host may name",
     ),
+    Key(
+        "secret_names",
+        "strings",
+        "more variable names to treat as secrets (travel only in the environment, masked "
+        "in records), besides those with a segment such as TOKEN, KEY or PASS",
+    ),
+    Key(
+        "forward_env",
+        "strings",
+        "variables that cross to the cluster on every --remote command (a secret crosses "
+        "only when the command uses it: --env NAME, --forward-env NAME, or this list)",
+    ),
 )
 
 
@@ -49,6 +61,8 @@ class UserConfig(NamedTuple):  # a NamedTuple: choose.py's fast path avoids data
     path: Path  # where the file is (or would be)
     safe_project_files: tuple[Path, ...] = ()
     remote_hosts: tuple[str, ...] = ()
+    secret_names: tuple[str, ...] = ()
+    forward_env: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # the file ignored, and why (one line each)
 
 
@@ -121,7 +135,11 @@ def read_owned(path: Path) -> tuple[Optional[bytes], Optional[str]]:
 def load(environ: Mapping[str, str]) -> UserConfig:
     """The user's config; its defaults when there is none or it is ignored. A damaged
     file of the user's own is a UserError (the user can fix it); a foreign one a warning."""
-    path = config_path(environ)
+    return load_path(config_path(environ))
+
+
+def load_path(path: Path) -> UserConfig:
+    """:func:`load` of the file at `path`."""
     raw, why = read_owned(path)
     if why:
         fix = (

@@ -78,24 +78,11 @@ _EXAMPLE = {"--ship": ".", "--forward-env": "HF_TOKEN"}
 
 
 def config_forward_env(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """`forward_env = [...]` in the user's ~/.config/hpclaunch/config.toml: names that
-    cross on every command. (A small reader of that one key; the config file's own
-    loader reads the rest.)"""
-    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
-    path = Path(environ.get("XDG_CONFIG_HOME") or home / ".config") / "hpclaunch" / "config.toml"
-    if not path.is_file():
-        return ()
-    from ..tomlfiles import read_toml
+    """`forward_env = [...]` in the user's own config file (userconfig.py: read only
+    when it is theirs): names that cross on every command."""
+    from ..userconfig import load
 
-    names = read_toml(path, "config.toml").get("forward_env", [])
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise UserError(
-            "forward_env",
-            f"in {path} is not a list of names",
-            "",
-            'Write forward_env = ["HF_TOKEN"]',
-        )
-    return tuple(check_name(n, "forward_env") for n in names)
+    return tuple(check_name(n, "forward_env") for n in load(environ).forward_env)
 
 
 def used_names(argv: Sequence[str], extra: Iterable[str] = ()) -> set[str]:
