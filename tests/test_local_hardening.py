@@ -103,6 +103,9 @@ def test_sigkilled_launcher_leaves_nothing_running(tmp_path: Path) -> None:
     _wait_for(lambda: _ranks_up(tmp_path, 2))
     run_dir = _run_dir(tmp_path)
     pids = _rank_pids(run_dir)
+    # The ranks start inside the backend's start(); the launcher records the job's
+    # details (local_dir) only once start() has returned.
+    _wait_for(lambda: "local_dir" in json.loads((run_dir / "run.json").read_text()))
     record = json.loads((run_dir / "run.json").read_text())
     local_dir = Path(record["local_dir"])
     assert record["job_id"].startswith("local-") and local_dir.is_dir()
