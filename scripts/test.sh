@@ -8,6 +8,7 @@ case "$PWD/" in
     /tmp/*) echo "test: the checkout is under /tmp, which each testbed node has private;" \
                  "clone it elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
 esac
+started=$SECONDS
 bash scripts/setup.sh --test
 export PATH="$PWD/.venv/bin:$PATH"
 
@@ -24,5 +25,6 @@ ruff check src tests bench examples
 ruff format --check src tests bench examples
 echo "test: mypy --strict" >&2
 mypy
-echo "test: pytest" >&2
-python -m pytest -q "$@"
+echo "test: set-up, testbed, ruff and mypy took $((SECONDS - started)) s; pytest" >&2
+# --durations: the run ends with its ten slowest tests (where the suite's time goes).
+python -m pytest -q --durations=10 "$@"
