@@ -27,9 +27,8 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Optional, TextIO
 
-from . import stagecache
 from .containers import SQUASHFS_MAGIC
 from .errors import UserError, show
 from .node import ARCHIVE, DIRECTORY, FILE, LINKS_PART, PACK_PART, SQUASHFS
@@ -40,6 +39,9 @@ from .stagepack import check_pack, tar_part
 from .stagepack import parts as parts
 from .stagepack import split as split
 from .units import format_memory
+
+if TYPE_CHECKING:
+    from .stagecache import Limits
 
 ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".tar.bz2")
 CACHE = ".stage-cache"
@@ -256,6 +258,8 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
     """Write the parts of a directory's pack (atomically: the folder appears complete or
     not at all), with a progress bar. Two runs packing the same tree at once both pack;
     the second to finish keeps the first one's pack (the same names, sizes and mtimes)."""
+    from . import stagecache  # the pack cache: imported by runs that stage
+
     if folder.is_dir():
         stagecache.reuse(folder)  # unchanged since it was packed: the same files
         return
@@ -299,6 +303,8 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
 def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, ...]:
     """Every --stage item with its size on a node and what each node unpacks (for a
     directory, the cached pack, a folder of tars: pack_all() writes it when missing)."""
+    from . import stagecache  # the pack cache: imported by runs that stage
+
     items: list[StageItem] = []
     for text in values:
         src, name = parse(text, cwd)
@@ -324,11 +330,13 @@ def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, .
 def pack_all(
     items: tuple[StageItem, ...],
     err: TextIO = sys.stderr,
-    limits: Optional[stagecache.Limits] = None,
+    limits: Optional[Limits] = None,
     environ: Optional[Mapping[str, str]] = None,
 ) -> None:
     """Pack what is not packed yet, reuse the rest; with `limits`, then prune the cache
     (never these items' packs)."""
+    from . import stagecache  # the pack cache: imported by runs that stage
+
     packed = [item for item in items if item.kind == DIRECTORY]
     for item in packed:
         if os.path.isdir(item.archive):

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 from .node import LINKS_PART, PACK_PART
-from .node.stage_guard import link_problems
+
+if TYPE_CHECKING:
+    import tarfile
+
+# tarfile and the guard's link rule are imported where a pack is read back: every run
+# imports this module (stage.json's part facts), few runs pack.
 
 
 def tar_part(src: str, tmp: Path, part: str, names: list[str]) -> None:
@@ -37,8 +42,11 @@ def tar_part(src: str, tmp: Path, part: str, names: list[str]) -> None:
         )
 
 
-_KIND = {tarfile.DIRTYPE: "folder", tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file",
-         tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hard link"}  # fmt: skip
+def _kinds() -> dict[bytes, str]:
+    import tarfile
+
+    return {tarfile.DIRTYPE: "folder", tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file",
+            tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hard link"}  # fmt: skip
 
 
 def check_pack(src: str, tmp: Path, layout: list[list[str]], links: frozenset[str]) -> None:
@@ -47,6 +55,9 @@ def check_pack(src: str, tmp: Path, layout: list[list[str]], links: frozenset[st
     only symlinks that point inside the tree, and nothing lies under a symlink. A tree
     changed while it was packed (a folder swapped for a symlink: its files would be
     unpacked through it, anywhere) is refused, and the pack is not kept."""
+    from .node.stage_guard import link_problems
+
+    kinds = _kinds()
     expected = [(PACK_PART % i, names, "folder" if i == 0 else "file") for i, names in
                 enumerate(layout)]  # fmt: skip
     if links:
@@ -56,7 +67,7 @@ def check_pack(src: str, tmp: Path, layout: list[list[str]], links: frozenset[st
     for part, names, kind in expected:
         missing = set(names)
         for member in _members(tmp / part):
-            found = _KIND.get(member.type, "special file")
+            found = kinds.get(member.type, "special file")
             if member.name not in missing:
                 problems.append(f"{part} holds {member.name}, not listed for it (or twice)")
             elif found != kind:
@@ -77,6 +88,8 @@ def check_pack(src: str, tmp: Path, layout: list[list[str]], links: frozenset[st
 
 def _members(path: Path) -> Iterator[tarfile.TarInfo]:
     """A tar's members one by one, none kept: a part may list millions of files."""
+    import tarfile
+
     with tarfile.open(path, "r:") as tar:  # uncompressed: no guessing at compressions
         while True:
             member = tar.next()
