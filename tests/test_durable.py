@@ -17,11 +17,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import testbed
 from hpclaunch import index, locking, records
 
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
@@ -178,33 +178,13 @@ def test_another_hosts_lock_is_stale_by_its_age(tmp_path: Path) -> None:
 # A full disk: a small tmpfs (the tests run as root), filled to the last byte.
 
 
-@contextlib.contextmanager
-def small_tmpfs(size: str = "256k") -> Iterator[Path]:
+def small_tmpfs(size: str = "256k") -> contextlib.AbstractContextManager[Path]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mount = Path("/var/tmp") / f"hpclaunch-full-{uuid.uuid4().hex[:8]}"
-    mount.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True
-        )
-        try:
-            yield mount
-        finally:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
-    finally:
-        mount.rmdir()
+    return testbed.small_tmpfs(size)
 
 
-def fill(folder: Path) -> Path:
-    """Write until ENOSPC; returns the filler file (remove it to free the space)."""
-    filler = folder / f"filler-{uuid.uuid4().hex[:6]}"
-    with open(filler, "wb", buffering=0) as fh:
-        for size in (1 << 16, 1 << 12, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    fh.write(b"\0" * size)
-    return filler
+fill = testbed.fill
 
 
 def test_a_record_write_on_a_full_disk_keeps_the_last_good_state() -> None:

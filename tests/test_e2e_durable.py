@@ -11,13 +11,12 @@ import os
 import pwd
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import testbed
 from conftest import PROGRAMS, Hpc
 
 pytestmark = pytest.mark.testbed
@@ -132,33 +131,6 @@ def test_run_sweep_and_optuna_without_flock(hpc: Hpc) -> None:
 # nodes' mount namespaces do not see a tmpfs mounted here).
 
 
-@contextlib.contextmanager
-def _small_tmpfs(hpc: Hpc, size: str = "16m") -> Iterator[Path]:
-    mount = Path("/var/tmp") / f"hpclaunch-full-{uuid.uuid4().hex[:8]}"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
-                        str(mount)], check=True)  # fmt: skip
-        try:
-            user = pwd.getpwnam(hpc.user)
-            os.chown(mount, user.pw_uid, user.pw_gid)
-            yield mount
-        finally:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
-    finally:
-        mount.rmdir()
-
-
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as fh:
-        for size in (1 << 20, 1 << 12, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    fh.write(b"\0" * size)
-    return filler
-
-
 WAIT_FOR_GO = (
     "import os, sys, time\n"
     "print('rank started', flush=True)\n"
@@ -167,7 +139,7 @@ WAIT_FOR_GO = (
 
 
 def test_a_full_disk_during_a_run_loses_no_run(hpc: Hpc) -> None:
-    with _small_tmpfs(hpc) as mount:
+    with testbed.small_tmpfs("16m", owner=hpc.user) as mount:
         hpc.env.update({"XDG_DATA_HOME": str(mount / "xdg"), "HPCLAUNCH_CLUSTER": "local"})
         go = hpc.cwd / "go"
         root = ("--run-root", str(mount / "runs"))
@@ -183,7 +155,7 @@ def test_a_full_disk_during_a_run_loses_no_run(hpc: Hpc) -> None:
         ):
             time.sleep(0.1)
             logs = list((mount / "runs").glob("*/*/logs/*"))
-        filler = _fill(mount)  # full while the run goes on, and at its end
+        filler = testbed.fill(mount)  # full while the run goes on, and at its end
         go.touch()
         _out, err = first.communicate(timeout=60)
         assert first.returncode == 0, err  # the job's own code, not a crash

@@ -12,10 +12,13 @@ can use them. Running commands as :data:`USER` needs root (``runuser``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 #: The unprivileged user that submits the tests' jobs.
@@ -443,3 +446,35 @@ class protected_symlinks_off:
     def __exit__(self, *exc: object) -> None:
         if self.saved not in (None, "0"):
             self.PATH.write_text(self.saved + "\n")
+
+
+@contextlib.contextmanager
+def small_tmpfs(size: str, owner: str | None = None) -> Iterator[Path]:
+    """A fresh tmpfs of `size` under /var/tmp (a full disk made to order; needs root),
+    unmounted and removed afterwards. With `owner`: mode 0700 and that user's, as a run
+    root of theirs would be."""
+    mount = Path("/var/tmp") / f"hpclaunch-full-{uuid.uuid4().hex[:8]}"
+    mount.mkdir()
+    options = f"size={size},mode=0700" if owner else f"size={size}"
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
+        try:
+            if owner:
+                user = pwd.getpwnam(owner)
+                os.chown(mount, user.pw_uid, user.pw_gid)
+            yield mount
+        finally:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+    finally:
+        mount.rmdir()
+
+
+def fill(folder: Path) -> Path:
+    """Write until ENOSPC; returns the filler file (remove it to free the space)."""
+    filler = folder / f"filler-{uuid.uuid4().hex[:6]}"
+    with open(filler, "wb", buffering=0) as fh:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"\0" * size)
+    return filler
