@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .base import Backend
+from .kinds import runs_here
 
 if TYPE_CHECKING:
     from ..profiles import Profile
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 def chosen(profile: Profile, in_allocation: bool) -> type[Backend]:
     """A local profile -> local processes; inside an allocation -> a step of it; else sbatch."""
-    if profile.kind == "local":
+    if runs_here(profile.kind):
         from .local import LocalBackend
 
         return LocalBackend

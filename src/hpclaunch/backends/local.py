@@ -26,7 +26,8 @@ from ..rundirs import RunPaths
 from ..spec import JobSpec
 from ..users import with_user
 from .base import Backend, Launch
-from .localtasks import LocalPlan, LocalTasks, free_port, local_job_id
+from .localplan import local_dry_run, local_plan, local_values
+from .localtasks import LocalPlan, LocalTasks, local_job_id
 from .requests import DryRun
 from .watchdog import Watchdog, launcher_alive, process_start
 
@@ -35,49 +36,6 @@ if TYPE_CHECKING:
 
 PREFIX = "local-"  # local job ids read "local-123": never taken for a Slurm job id
 OWNER = ".hpclaunch-launcher"  # in the node-local folder: "pid start" of the launcher
-
-
-def local_values(spec: JobSpec, job_id: int, environ: Mapping[str, str]) -> dict[str, str]:
-    """What the batch shell would know, for expanding the plan's variable references."""
-    values = dict(environ)
-    values.update(
-        {
-            "SLURM_JOB_ID": str(job_id),
-            "SLURM_NNODES": str(spec.nodes),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-        }
-    )
-    return values
-
-
-def local_plan(
-    launch: Launch,
-    job_id: int,
-    base: Mapping[str, str],
-    values: dict[str, str],
-    local_dir: str,
-) -> LocalPlan:
-    """The ranks of `launch` as local processes (start() and the dry-run alike): their
-    command and the variables set on top of `base`, expanded with `values` (what the
-    batch shell would know: local_values)."""
-    spec, plan = launch.spec, launch.plan
-    env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
-    if local_dir:
-        values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
-    env.update(render.task_env_values(plan, spec, values))
-    return LocalPlan(
-        task_argv=tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv),
-        nodes=spec.nodes,
-        tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
-        env=env,
-        log_dir=launch.paths.logs,
-        job_name=spec.job_name,
-        job_id=job_id,
-        cpus_per_task=spec.cpus_per_task,
-        cwd=launch.cwd,
-        base_env=base,
-    )
 
 
 @dataclass
@@ -130,8 +88,6 @@ class LocalBackend(Backend):
     def dry_run(self, launch: Launch) -> DryRun[LocalPlan]:
         """The command and the environment of every rank, as start() would make them;
         what only the start knows (job id, free port, node-local folder) as <...>."""
-        from .localplan import local_dry_run
-
         return local_dry_run(launch)
 
     def cancel_recorded(self, record: RunRecord) -> None:

@@ -1,6 +1,7 @@
-"""The local backend's dry-run: what `hpclaunch run --cluster local` will run, rank by rank.
+"""The local backend's plan: what `hpclaunch run --cluster local` will run, rank by rank.
 
-Built by the same code as the start (local.local_plan, localtasks.step_env), so that
+local_plan makes the ranks' commands and variables for the start (local.py) and for the
+dry-run alike (with localtasks.step_env), so that
 the preview is the run: every rank's command and the variables hpclaunch sets for it on
 top of the requester's environment. What only the start knows is shown as <...>; the
 --setup lines are not run (their output and their changes to the environment come at
@@ -9,12 +10,14 @@ the start); secret values appear only as $NAME.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .. import render, secretnames, shell
+from ..spec import JobSpec
 from ..users import with_user
 from .base import Launch
-from .localtasks import LocalPlan, short_hostname, step_env
+from .localtasks import LocalPlan, free_port, short_hostname, step_env
 from .requests import DryRun
 
 JOB_ID = "<job id>"  # local_job_id(), drawn at the start
@@ -23,9 +26,50 @@ LOCAL_DIR = "<node-local folder>"  # make_local_dir(), made at the start
 _JOB_ID_VARS = ("SLURM_JOB_ID", "SLURM_JOBID")
 
 
-def local_dry_run(launch: Launch) -> DryRun[LocalPlan]:
-    from .local import local_plan, local_values
+def local_values(spec: JobSpec, job_id: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the batch shell would know, for expanding the plan's variable references."""
+    values = dict(environ)
+    values.update(
+        {
+            "SLURM_JOB_ID": str(job_id),
+            "SLURM_NNODES": str(spec.nodes),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+    )
+    return values
 
+
+def local_plan(
+    launch: Launch,
+    job_id: int,
+    base: Mapping[str, str],
+    values: dict[str, str],
+    local_dir: str,
+) -> LocalPlan:
+    """The ranks of `launch` as local processes (start() and the dry-run alike): their
+    command and the variables set on top of `base`, expanded with `values` (what the
+    batch shell would know: local_values)."""
+    spec, plan = launch.spec, launch.plan
+    env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
+    if local_dir:
+        values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
+    env.update(render.task_env_values(plan, spec, values))
+    return LocalPlan(
+        task_argv=tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv),
+        nodes=spec.nodes,
+        tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
+        env=env,
+        log_dir=launch.paths.logs,
+        job_name=spec.job_name,
+        job_id=job_id,
+        cpus_per_task=spec.cpus_per_task,
+        cwd=launch.cwd,
+        base_env=base,
+    )
+
+
+def local_dry_run(launch: Launch) -> DryRun[LocalPlan]:
     spec = launch.spec
     base = with_user(dict(launch.environ))
     values = local_values(spec, 0, base)
@@ -67,9 +111,7 @@ def _rank(
 def _text(launch: Launch, plan: LocalPlan, ranks: list[dict[str, Any]]) -> str:
     """The variables every rank shares once, then each rank's own and its command."""
     spec = launch.spec
-    shared = {
-        k: v for k, v in ranks[0]["env"].items() if all(r["env"].get(k) == v for r in ranks)
-    }
+    shared = {k: v for k, v in ranks[0]["env"].items() if all(r["env"].get(k) == v for r in ranks)}
     shape = f"{plan.nodes} node(s) x {plan.tasks_per_node} task(s)"
     out = [
         f"# --cluster {spec.cluster}: no sbatch; hpclaunch runs {plan.ntasks} rank(s) ({shape}) "
@@ -86,11 +128,8 @@ def _text(launch: Launch, plan: LocalPlan, ranks: list[dict[str, Any]]) -> str:
     out += [shell.export(k, v) for k, v in shared.items()]
     for rank in ranks:
         own = [f"{k}={v}" for k, v in rank["env"].items() if k not in shared]
-        out.append(
-            f"# rank {rank['rank']} (node {rank['node']}, local rank {rank['local_rank']}):"
-        )
+        out.append(f"# rank {rank['rank']} (node {rank['node']}, local rank {rank['local_rank']}):")
         out.append(shell.join_multiline(["env", *own], rank["argv"]))
     if spec.container:
         out += render.container_comment(spec, list(launch.plan.task_argv))
     return "\n".join(out) + "\n"
-
