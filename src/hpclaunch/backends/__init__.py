@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Backend
 from .kinds import runs_here
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # base imports render, which imports modules that ask kinds.py
     from ..profiles import Profile
     from ..records import RunRecord
+    from .base import Backend
 
 
 def chosen(profile: Profile, in_allocation: bool) -> type[Backend]:
@@ -60,4 +60,4 @@ def of_record(record: RunRecord) -> Backend:
     return for_record(record.backend)
 
 
-__all__ = ["Backend", "chosen", "for_record", "of_record", "pick"]
+__all__ = ["chosen", "for_record", "of_record", "pick"]

@@ -63,6 +63,9 @@ def step_dry_run(launch: Launch) -> DryRun[tuple[str, ...]]:
         shell.join_multiline(shown[: len(shown) - len(launch.plan.task_argv)],
                              shown[len(shown) - len(launch.plan.task_argv):]),
     ]  # fmt: skip
+    if launch.plan.watch_argv:
+        text.append("# and the GPU watch, a step of its own a second later (stopped with them):")
+        text.append(shell.comment("  " + shell.command(list(launch.plan.watch_argv))))
     data = {"srun": shown, "env": secretnames.masked(dict(sorted(added.items())), secrets)}
     return DryRun(argv, "\n".join(text) + "\n", data)
 
