@@ -129,7 +129,8 @@ def _text(launch: Launch, plan: LocalPlan, ranks: list[dict[str, Any]]) -> str:
     for rank in ranks:
         own = [f"{k}={v}" for k, v in rank["env"].items() if k not in shared]
         out.append(f"# rank {rank['rank']} (node {rank['node']}, local rank {rank['local_rank']}):")
-        out.append(shell.join_multiline(["env", *own], rank["argv"]))
+        out.append(shell.join_multiline(["env", *own], rank["argv"]) if own else
+                   shell.command(rank["argv"]))  # fmt: skip
     if spec.container:
         out += render.container_comment(spec, list(launch.plan.task_argv))
     return "\n".join(out) + "\n"
