@@ -205,10 +205,19 @@ def _backend_names(node: ast.expr) -> set[str]:
     return {i.value for i in items if isinstance(i, ast.Constant) and i.value in BACKEND_NAMES}
 
 
+def _asks_backend_class(call: ast.Call) -> bool:
+    """isinstance(x, LocalBackend): which backend it is, asked by its class."""
+    if not (isinstance(call.func, ast.Name) and call.func.id == "isinstance") or len(call.args) < 2:
+        return False
+    kinds = call.args[1].elts if isinstance(call.args[1], ast.Tuple) else [call.args[1]]
+    named = [k.id if isinstance(k, ast.Name) else getattr(k, "attr", "") for k in kinds]
+    return any(n.endswith("Backend") and n != "Backend" for n in named)
+
+
 def backend_name_checks(source: str) -> list[int]:
     """The lines that compare or branch on a backend's name: `==`, `!=`, `in`, `not in`
     between what names a backend (above) and "local", "slurm" or "step"; `.startswith`
-    of such a name; a `match` on it with such a case.
+    of such a name; a `match` on it with such a case; `isinstance(x, LocalBackend)`.
 
     Cluster (profile) names are not backend names as data: `load_profile("local")`, the
     built-in profile list, `--cluster local` chosen as the default all pass. But a
@@ -227,6 +236,8 @@ def backend_name_checks(source: str) -> list[int]:
             prefix = node.func.attr in ("startswith", "endswith")
             if prefix and _names_backend(node.func.value) and any(map(_backend_names, node.args)):
                 found.append(node.lineno)
+        elif isinstance(node, ast.Call) and _asks_backend_class(node):
+            found.append(node.lineno)
         elif isinstance(node, ast.Match) and _names_backend(node.subject):
             for case in node.cases:
                 for sub in ast.walk(case.pattern):
@@ -256,6 +267,7 @@ def test_nothing_outside_backends_asks_which_backend_it_is() -> None:
         'x = started.backend.kind.startswith("step")\n',
         'match record.backend:\n    case "slurm":\n        pass\n',
         'x = "local" == backend.name\n',
+        "x = isinstance(started.backend, (LocalBackend, StepBackend))\n",
     ],
 )
 def test_the_backend_name_rule_catches_a_planted_check(planted: str) -> None:
