@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from . import containers, slurmcmd, states
+from .backends.kinds import runs_here
 from .errors import UserError, show
 from .node import (
     ENV_FD_FLAG,
@@ -81,7 +82,7 @@ class Plan:
 def check_running(record: RunRecord) -> None:
     """A step can only join a job that holds nodes now: anything else in one line."""
     rid = record.run_id
-    if record.backend == "local":
+    if runs_here(record.backend):
         raise UserError(
             "RUN",
             f"{rid} is a local run",

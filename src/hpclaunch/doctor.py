@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from . import discover, slurmcmd
+from . import backends, discover, slurmcmd
 from .profiles import Profile
 from .resources import gpus_on_node
 from .spec import JobSpec
@@ -60,7 +60,7 @@ def node_states(partition: str) -> Optional[list[NodeInfo]]:
 def preflight(spec: JobSpec, profile: Profile) -> tuple[list[Check], int]:
     """The checks before submitting, and the GPUs per node the job should ask for (the
     nodes' own count when the profile claims more: the rest is still worth checking)."""
-    if profile.kind == "local":
+    if backends.chosen(profile, in_allocation=False).runs_here:
         return [Check("controller", PASS, "local run: no Slurm")], spec.gpus_per_node
     config = discover.slurm_config()
     if not config:

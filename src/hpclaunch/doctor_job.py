@@ -31,7 +31,7 @@ def probe_folder(planned: launching.Planned) -> Path:
 
 def options(
     given: Mapping[str, Any], spec: JobSpec, gpus: int, folder: Path, local_dir: str,
-    binds: list[str],
+    binds: list[str], runs_here: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The doctor's run: the user's choices, the GPUs the nodes really have, a short time,
     no snapshot or watch, and the node probe as an srun --overlap step in --setup."""
@@ -40,7 +40,7 @@ def options(
         "--ntasks-per-node=1", "--cpus-per-task=1",
     ]  # fmt: skip
     step = [
-        *(srun if spec.cluster != "local" else []),
+        *(srun if not runs_here else []),  # the chosen backend's ranks run here: no srun
         "python3", *node.PYTHON_FLAGS, str(folder / PROBE), "node", "--out", str(folder / "out"),
         *(w for b in binds for w in ("--bind", b)),
     ]  # fmt: skip
@@ -81,7 +81,7 @@ def diagnose(
     folder = probe_folder(first)
     plugin = profile.container.network_plugin if spec.container else ""
     binds = [b.path for b in profile.container.binds] if spec.container else []
-    values = options(given, spec, gpus, folder, profile.local_dir, binds)
+    values = options(given, spec, gpus, folder, profile.local_dir, binds, first.backend.runs_here)
     req = launching.Request(values, program(python, folder, plugin), cwd, environ)
     run, planned, job = run_job(req, folder, timeout_s, say)
     checks += job
@@ -89,7 +89,7 @@ def diagnose(
         nodes, ranks = _outputs(folder, planned.spec)
         batch = run.run_dir / "logs" / "batch.out"
         if nodes or ranks:  # (nothing when the job never started)
-            local = planned.spec.cluster == "local"
+            local = planned.backend.runs_here
             checks += node_checks(nodes, planned.spec.nodes, _text(batch), local)
             checks += gpu_checks(ranks, nodes, planned.spec.gpus_per_node)
         if ranks:

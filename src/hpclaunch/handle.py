@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import node, records, states, tracking
-from .backends import Backend, for_record
-from .errors import HpclaunchError, UserError
+from .backends import for_record, of_record
+from .backends.base import cancel_all
+from .errors import UserError
 from .launching import Started, finish
 from .logs import AttemptFollower, LogFollower
 from .records import RunRecord
@@ -91,14 +92,10 @@ class Run:
 
     def _wait_recorded(self, out: Any, err: Any, timeout: Optional[float]) -> int:
         record = self.record
-        if record.backend == "slurm" and record.job_id and not record.step:
+        backend = of_record(record)
+        if record.job_id and not backend.foreground:  # the scheduler answers for the job
             started = Started(
-                record.run_id,
-                _paths(record),
-                record.job_id,
-                for_record("slurm"),
-                None,
-                tuple(record.job_ids),
+                record.run_id, _paths(record), record.job_id, backend, None, tuple(record.job_ids)
             )
             return finish(started, out, err, timeout=timeout)[0]
         # A run another process supervises (local, step): its record says when it ended.
@@ -132,17 +129,12 @@ class Run:
             (self._dir / CANCELLED_FILE).touch()
         if self._started is not None:
             started = self._started
-            _cancel_all(started.backend, [*started.job_ids[1:], started.job_id])
+            cancel_all(started.backend, [*started.job_ids[1:], started.job_id])
             return
         record = self.record
         if not record.job_id:
             raise UserError("RUN", f"{record.run_id} has no job to cancel", "", "")
-        if record.backend == "local":
-            from .backends.local import cancel_recorded
-
-            cancel_recorded(record.launcher_pid, record.launcher_started, record.pgids)
-            return
-        _cancel_all(for_record(record.backend), [*record.job_ids[1:], record.job_id])
+        for_record(record.backend).cancel_recorded(record)
 
     def result(self) -> Any:
         """The JSON value rank 0 wrote to $HPCLAUNCH_RESULT_FILE, or None."""
@@ -150,19 +142,6 @@ class Run:
             return json.loads((self._dir / node.RESULT_JSON).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-
-
-def _cancel_all(backend: Backend, jobs: list[str]) -> None:
-    """A --chain's members, the later ones first (so none starts meanwhile): those that
-    already ended refuse; an error only when none could be cancelled."""
-    failures: list[HpclaunchError] = []
-    for job in dict.fromkeys(jobs):
-        try:
-            backend.cancel(job)
-        except HpclaunchError as exc:
-            failures.append(exc)
-    if failures and len(failures) == len(dict.fromkeys(jobs)):
-        raise failures[-1]
 
 
 def follow_to_end(

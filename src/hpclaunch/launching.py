@@ -31,7 +31,6 @@ from . import (
     render,
     rundirs,
     secretnames,
-    shell,
 )
 from .backends import pick
 from .backends.base import Backend, Launch
@@ -61,6 +60,7 @@ class Planned:
     plan: render.BatchPlan
     paths: rundirs.RunPaths
     code: codeplan.CodePlan
+    backend: Backend  # chosen once, here; it renders its own request (dry_run)
     notes: tuple[str, ...] = ()  # said on stderr before anything happens
 
     @property
@@ -84,6 +84,7 @@ class Started:
 
 def plan(req: Request) -> Planned:
     prepared = prepare_spec(req.options, req.program, req.cwd, req.environ)
+    backend = pick(prepared.profile, prepared.in_allocation)
     spec = prepared.spec
     paths = rundirs.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, req.cwd)
     code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
@@ -91,7 +92,7 @@ def plan(req: Request) -> Planned:
     notes = list(prepared.warnings)
     if code.note:
         notes.append(code.note)
-    return Planned(replace(prepared, spec=spec), batch, paths, code, tuple(notes))
+    return Planned(replace(prepared, spec=spec), batch, paths, code, backend, tuple(notes))
 
 
 def _render(
@@ -114,26 +115,22 @@ def dry_run_notes(planned: Planned) -> list[str]:
 
 
 def preview(planned: Planned, environ: Mapping[str, str], as_json: bool) -> str:
-    spec, batch, prepared = planned.spec, planned.plan, planned.prepared
+    """What the chosen backend would start (its own request), nothing started."""
+    spec = planned.spec
+    launch = Launch(spec, planned.plan, planned.paths, planned.code.cwd, environ)
+    shown = planned.backend.dry_run(launch)
+    secrets = spec.masked_secrets()
     if as_json:
         data = {
             "run_id": planned.paths.run_id,
             "run_dir": str(planned.paths.run_dir),
             "cluster": spec.cluster,
-            "script": secretnames.mask_text(batch.script, spec.masked_secrets()),
-            "sbatch": list(batch.sbatch_argv),
+            **secretnames.masked(dict(shown.data), secrets),
             "spec": spec.to_record(),
-            "in_allocation": prepared.in_allocation,
+            "in_allocation": planned.prepared.in_allocation,
         }
         return json.dumps(data, indent=2) + "\n"
-    text = secretnames.mask_text(render.preview(batch, environ), spec.masked_secrets())
-    if spec.cluster == "local" or prepared.in_allocation:
-        where = "as local processes" if spec.cluster == "local" else "as a step of this allocation"
-        text += (
-            f"# --cluster {spec.cluster}: no sbatch; each task runs {where}:\n"
-            f"#   {shell.command(list(batch.task_argv))}\n"
-        )
-    return text
+    return secretnames.mask_text(shown.text, secrets)
 
 
 def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> Started:
@@ -151,7 +148,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
         spec, batch = _render(spec, prepared, paths, code.cwd)
     if backend is None:
-        backend = pick(prepared.profile.kind, prepared.in_allocation)
+        backend = planned.backend
     try:
         with filemodes.writing(spec.share):  # no process starts in here but git and tar
             entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
@@ -177,8 +174,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         rundirs.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
     state = "RUNNING" if backend.foreground else "PENDING"
-    extra: dict[str, Any] = {"step": True} if backend.kind.startswith("step") else {}
-    extra = {"job_ids": [job_id], **extra, **backend.record_extra(job_id)}
+    extra: dict[str, Any] = {"job_ids": [job_id], **backend.record_extra(job_id)}
     entry = {
         "run_id": paths.run_id,
         "run_dir": str(paths.run_dir),
@@ -278,7 +274,7 @@ def _write_run_files(
             "run_id": paths.run_id,
             "exp": spec.exp,
             "cluster": spec.cluster,
-            "backend": "local" if backend.name == "local" else "slurm",
+            "backend": backend.name,
             "run_dir": str(paths.run_dir),
             "checkpoint_dir": str(paths.checkpoint_dir),
             "job_id": None,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import (
+    backends,
     config,
     containers,
     dependencies,
@@ -49,21 +50,22 @@ def prepare_spec(
     sources = {**layers.sources, "cluster": csource}
     values = layers.values
     profile = load_profile(cluster, layers.project_clusters, environ)
-    if profile.discover and profile.kind == "slurm":
+    chosen = backends.chosen(profile, discover.in_allocation(environ))  # asked, never named
+    if profile.discover and chosen.asks_sinfo:
         profile = _with_discovered(profile)
 
-    allocation = profile.kind == "slurm" and discover.in_allocation(environ)
+    allocation = chosen.step_of_allocation
     spec = validate(profile, values, sources, program, environ, allocation, project.name(cwd))
     spec = replace(
         spec,
-        snapshot=profile.kind == "slurm" and not values.get("no_snapshot"),
+        snapshot=chosen.snapshots_by_default and not values.get("no_snapshot"),
         snapshot_limit_bytes=values.get("snapshot_limit", 200 * 2**20),  # bytes; 0: no limit
     )
     after = tuple(dependencies.resolve(values.get("after", ()), environ))
     spec = replace(spec, dependency=dependencies.sbatch_value(after))
     spec = _with_staging(spec, profile, values, cwd, allocation)
     spec, warnings = _with_container(spec, profile, values, environ, cwd)
-    if profile.kind == "local":
+    if chosen.runs_here:
         warnings = [*_local_notes(sources), *warnings]
     # Which project file gave settings, and those ignored (unless the CLI said so already).
     ignored = projectfile.untold(layers.project_warnings)

@@ -39,7 +39,7 @@ def run_and_report(
     attached = wait or foreground
     # The announcement goes to stderr while the job's output follows on stdout.
     stream = err if attached and not as_json else out
-    extra = {"step": True} if started.backend.kind.startswith("step") else {}
+    extra = {"step": True} if started.backend.step_of_allocation else {}
     launching.announce(stream, started, as_json, **extra)
     for note in started.notes:
         err.write(f"hpclaunch: warning: {note}\n")

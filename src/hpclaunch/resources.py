@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .backends.kinds import runs_here
 from .errors import UserError
 from .profiles import Partition, Profile
 from .spec import JobSpec
@@ -271,7 +272,7 @@ def _time(req: Request) -> Optional[int]:
 def default_notes(spec: JobSpec, profile: Profile) -> list[str]:
     """Comment lines on what the job gets because the request left it out (GPUs per
     node, the time limit) and how to ask for something else."""
-    if profile.kind == "local" or not spec.partition:  # no partition: a step of an allocation
+    if runs_here(profile.kind) or not spec.partition:  # no partition: a step of an allocation
         return []
     given = {key for key, _ in spec.sources}
     part = profile.partition(spec.partition)

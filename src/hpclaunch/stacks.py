@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from . import slurmcmd
 from .attach import job_to_join
+from .backends.kinds import runs_here
 from .errors import HpclaunchError
 from .node import RANK_END, RANK_START
 from .records import RunRecord, event_lines
@@ -238,7 +239,7 @@ def collect(
     record: RunRecord, targets: Sequence[Target], environ: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """Every target's answer (one dict per rank), from one step on their nodes."""
-    local = record.backend == "local"
+    local = runs_here(record.backend)
     ranks = [[t.rank, t.node, t.pid] for t in targets]
     payload = {"pyspy": pyspy_paths(environ), "ranks": ranks, "any_node": local}
     code = ["-I", "-S", "-c", NODE_CODE, json.dumps({**payload, "missing": MISSING})]

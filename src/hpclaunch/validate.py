@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Optional
 
-from . import jobwatch, profiling, requeue
+from . import backends, jobwatch, profiling, requeue
 from .dependencies import check_chain
 from .errors import UserError, show
 from .profiles import Partition, Profile
@@ -284,7 +284,7 @@ def validate(
 ) -> JobSpec:
     """Every check, in the order its error is reported; the first broken one raises."""
     program = _program(program)
-    local = profile.kind == "local"
+    local = backends.chosen(profile, in_allocation).runs_here  # asked, never named
     partition_name, part = _choose_partition(profile, values, local, in_allocation)
     launcher = values.get("launcher", profile.launcher)
     res = check_resources(

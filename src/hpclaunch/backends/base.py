@@ -18,12 +18,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from ..monitor import JobStatus, chain_status, wait_and_stream
 from ..render import BatchPlan
 from ..rundirs import RunPaths
 from ..spec import JobSpec
+from .requests import DryRun
+
+if TYPE_CHECKING:
+    from ..records import RunRecord
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,22 @@ class Backend(ABC):
     foreground: bool = False  # the job ends when this process does (local, step)
     unknown_retries: int = 0  # while waiting: ask again before calling a job UNKNOWN
     retry_wait_s: float = 2.0
+    # What the rest of hpclaunch asks instead of the backend's name (tests/test_layout.py):
+    runs_here: bool = False  # the ranks are processes on this machine: no Slurm at all
+    asks_sinfo: bool = True  # a profile with `discover` is filled in from sinfo
+    snapshots_by_default: bool = True  # the code is copied unless --no-snapshot
+    step_of_allocation: bool = False  # a step of the allocation this process runs in
+
+    def dry_run(self, launch: Launch) -> DryRun[Any]:
+        """What start(launch) would do, nothing started (torchx's submit_dryrun): the
+        request and how --dry-run shows it. Secret values appear only as $NAME."""
+        raise NotImplementedError(f"{type(self).__name__} has no dry-run")
+
+    def cancel_recorded(self, record: RunRecord) -> None:
+        """Cancel a recorded run that another process started: its jobs, the later
+        members of a --chain first (so none starts meanwhile); an error only when none
+        could be cancelled."""
+        cancel_all(self, [*record.job_ids[1:], *([record.job_id] if record.job_id else [])])
 
     @abstractmethod
     def start(self, launch: Launch) -> str:
@@ -90,6 +110,21 @@ class Backend(ABC):
     def logs(self, paths: RunPaths) -> Path:
         """Where the job's per-rank logs are (the same layout for every backend)."""
         return paths.logs
+
+
+def cancel_all(backend: Backend, jobs: Sequence[str]) -> None:
+    """Cancel every job (those that already ended refuse): an error only when none could be."""
+    from ..errors import HpclaunchError
+
+    failures: list[HpclaunchError] = []
+    unique = list(dict.fromkeys(jobs))
+    for job in unique:
+        try:
+            backend.cancel(job)
+        except HpclaunchError as exc:
+            failures.append(exc)
+    if failures and len(failures) == len(unique):
+        raise failures[-1]
 
 
 class _Chain:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .. import node, render, shell
 from ..errors import HpclaunchError
@@ -26,25 +26,16 @@ from ..rundirs import RunPaths
 from ..spec import JobSpec
 from ..users import with_user
 from .base import Backend, Launch
-from .localtasks import LocalPlan, LocalTasks, free_port, local_job_id
+from .localplan import local_dry_run, local_plan, local_values
+from .localtasks import LocalPlan, LocalTasks, local_job_id
+from .requests import DryRun
 from .watchdog import Watchdog, launcher_alive, process_start
+
+if TYPE_CHECKING:
+    from ..records import RunRecord
 
 PREFIX = "local-"  # local job ids read "local-123": never taken for a Slurm job id
 OWNER = ".hpclaunch-launcher"  # in the node-local folder: "pid start" of the launcher
-
-
-def local_values(spec: JobSpec, job_id: int, environ: Mapping[str, str]) -> dict[str, str]:
-    """What the batch shell would know, for expanding the plan's variable references."""
-    values = dict(environ)
-    values.update(
-        {
-            "SLURM_JOB_ID": str(job_id),
-            "SLURM_NNODES": str(spec.nodes),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-        }
-    )
-    return values
 
 
 @dataclass
@@ -60,6 +51,9 @@ class LocalBackend(Backend):
     name = "local"
     kind = "local job"
     foreground = True
+    runs_here = True
+    asks_sinfo = False
+    snapshots_by_default = False  # the ranks start in the project itself
 
     def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
@@ -69,30 +63,14 @@ class LocalBackend(Backend):
         job_id = local_job_id()
         base = with_user(run_setup(spec.setup, launch.environ, launch.cwd, paths))
         values = local_values(spec, job_id, base)
-        env = {"MASTER_ADDR": values["MASTER_ADDR"], "MASTER_PORT": values["MASTER_PORT"]}
         local_dir = ""
         if render.uses_local(spec, list(plan.task_env)):  # every local "node" is here: one
             with stage_guard.signals_held():  # made and known here, or not made at all
                 local_dir = make_local_dir(job_id)
         tasks: Optional[LocalTasks] = None
         try:
-            if local_dir:
-                values["HPCLAUNCH_LOCAL"] = env["HPCLAUNCH_LOCAL"] = local_dir
-            env.update(render.task_env_values(plan, spec, values))
-            argv = tuple(shell.expand(w, {**values, **env}) for w in plan.task_argv)
             tasks = LocalTasks(
-                LocalPlan(
-                    task_argv=argv,
-                    nodes=spec.nodes,
-                    tasks_per_node=1 if spec.launcher == "torchrun" else spec.tasks_per_node,
-                    env=env,
-                    log_dir=paths.logs,
-                    job_name=spec.job_name,
-                    job_id=job_id,
-                    cpus_per_task=spec.cpus_per_task,
-                    cwd=launch.cwd,
-                    base_env=base,
-                ),
+                local_plan(launch, job_id, base, values, local_dir),
                 watchdog=Watchdog(str(paths.events), grace_s=5.0),
                 time_limit_s=spec.time_s,
             )
@@ -106,6 +84,15 @@ class LocalBackend(Backend):
             raise
         self._jobs[PREFIX + str(job_id)] = _Job(tasks, stage_spec, local_dir)
         return PREFIX + str(job_id)
+
+    def dry_run(self, launch: Launch) -> DryRun[LocalPlan]:
+        """The command and the environment of every rank, as start() would make them;
+        what only the start knows (job id, free port, node-local folder) as <...>."""
+        return local_dry_run(launch)
+
+    def cancel_recorded(self, record: RunRecord) -> None:
+        """Through the launcher that supervises the run (it records the end)."""
+        cancel_recorded(record.launcher_pid, record.launcher_started, record.pgids)
 
     def record_extra(self, job_id: str) -> dict[str, object]:
         """Who supervises the run (so that another process can tell whether it still

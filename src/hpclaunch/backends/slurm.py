@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from .. import slurmcmd, states
+from .. import render, secretnames, slurmcmd, states
 from ..errors import SlurmError
 from ..monitor import JobStatus
 from ..render import BatchPlan
 from ..requeue import CHAIN_JOBS
 from ..users import with_user
 from .base import Backend, Launch
+from .requests import DryRun
 
 # hpclaunch resolves these into the script; sbatch must not override the script's lines.
 RESOLVED_SBATCH_ENV = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_RESERVATION")
@@ -67,6 +68,13 @@ def submit_chain(launch: Launch) -> list[str]:
     return ids
 
 
+def batch_dry_run(launch: Launch) -> DryRun[BatchPlan]:
+    plan, secrets = launch.plan, launch.spec.masked_secrets()
+    text = secretnames.mask_text(render.preview(plan, launch.environ), secrets)
+    script = secretnames.mask_text(plan.script, secrets)
+    return DryRun(plan, text, {"script": script, "sbatch": list(plan.sbatch_argv)})
+
+
 class SlurmBackend(Backend):
     name = "slurm"
     kind = "job"
@@ -82,6 +90,10 @@ class SlurmBackend(Backend):
             self._chains[ids[0]] = ids
             return ids[0]
         return submit(launch.plan, launch.environ)
+
+    def dry_run(self, launch: Launch) -> DryRun[BatchPlan]:
+        """The job script and the sbatch line(s), as submitted."""
+        return batch_dry_run(launch)
 
     def record_extra(self, job_id: str) -> dict[str, object]:
         chain = self._chains.get(job_id)

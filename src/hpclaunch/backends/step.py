@@ -10,13 +10,14 @@ import time
 from collections.abc import Sequence
 from typing import Optional, TextIO
 
-from .. import jobwatch, node, render, shell, slurmcmd
+from .. import jobwatch, node, render, secretnames, shell, slurmcmd
 from ..logs import LogFollower
 from ..monitor import JobStatus, exit_code_of, first_failure
 from ..rundirs import RunPaths
 from ..users import with_user
 from .base import Backend, Launch
 from .local import run_setup
+from .requests import DryRun
 
 _POLL_S = 0.2
 _WATCH_STOP_S = 5.0
@@ -28,8 +29,13 @@ def step_env(launch: Launch) -> dict[str, str]:
     SLURM_STEP_NODELIST); the port is random so that steps of one job differ. --setup
     lines run first, here in the allocation's shell as in a batch script."""
     env = with_user(run_setup(launch.spec.setup, launch.environ, launch.cwd, launch.paths))
+    return with_step_vars(launch, env, str(random.randint(12000, 19999)))
+
+
+def with_step_vars(launch: Launch, env: dict[str, str], port: str) -> dict[str, str]:
+    """`env` with what the batch script would export for the ranks (start and dry-run)."""
     env.pop("MASTER_ADDR", None)
-    env["MASTER_PORT"] = str(random.randint(12000, 19999))
+    env["MASTER_PORT"] = port
     if render.uses_local(launch.spec, list(launch.plan.task_env)):
         # As the batch script sets it: the bootstrap of each node's local rank 0 makes
         # the folder (private, an unpredictable name) and tells the node's other ranks.
@@ -40,14 +46,45 @@ def step_env(launch: Launch) -> dict[str, str]:
     return env
 
 
+def step_dry_run(launch: Launch) -> DryRun[tuple[str, ...]]:
+    """The srun line of the step and the variables it adds to this shell's environment."""
+    base = with_user(dict(launch.environ))
+    env = with_step_vars(launch, dict(base), "<random port>")
+    added = {k: v for k, v in env.items() if base.get(k) != v}
+    secrets = launch.spec.masked_secrets()
+    added.update({name: "$" + name for name, _ in launch.spec.secret_env()})
+    argv = tuple(shell.expand(w, env) for w in launch.plan.srun_argv)
+    shown = secretnames.masked(list(argv), secrets)
+    job = launch.environ.get("SLURM_JOB_ID", "?")
+    text = [
+        f"# Inside job {job}: no sbatch; the run is one step of this allocation, in the",
+        "# foreground, from this shell's environment (after the --setup lines, run here) plus:",
+        *(shell.export(k, v) for k, v in secretnames.masked(sorted(added.items()), secrets)),
+        shell.join_multiline(shown[: len(shown) - len(launch.plan.task_argv)],
+                             shown[len(shown) - len(launch.plan.task_argv):]),
+    ]  # fmt: skip
+    if launch.plan.watch_argv:
+        text.append("# and the GPU watch, a step of its own a second later (stopped with them):")
+        text.append(shell.comment("  " + shell.command(list(launch.plan.watch_argv))))
+    data = {"srun": shown, "env": secretnames.masked(dict(sorted(added.items())), secrets)}
+    return DryRun(argv, "\n".join(text) + "\n", data)
+
+
 class StepBackend(Backend):
     name = "slurm"  # the record keeps the cluster's backend; `step: true` marks the kind
     kind = "step of job"
     foreground = True
+    step_of_allocation = True
 
     def __init__(self) -> None:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._watches: dict[str, GpuWatchStep] = {}
+
+    def dry_run(self, launch: Launch) -> DryRun[tuple[str, ...]]:
+        return step_dry_run(launch)
+
+    def record_extra(self, job_id: str) -> dict[str, object]:
+        return {"step": True}
 
     def start(self, launch: Launch) -> str:
         job_id = launch.environ["SLURM_JOB_ID"]
