@@ -318,8 +318,7 @@ def test_sweep_wait_interval_below_the_floor_says_so(tmp_path: Path, monkeypatch
     done = CliRunner().invoke(sweep_cmd.sweep_group, ["wait", "sw1", "--interval", "5"])
     assert done.exit_code == 0, done.output
     assert done.stderr.strip() == (
-        "hpclaunch: --interval 5 is below the cluster's min_poll_interval 60: "
-        "refreshing every 60 s"
+        "hpclaunch: --interval 5 is below the cluster's min_poll_interval 60: refreshing every 60 s"
     )
     assert seen["backoff"] == Backoff(floor_s=60, every_s=5)
     done = CliRunner().invoke(sweep_cmd.sweep_group, ["wait", "sw1", "--interval", "90"])
