@@ -324,3 +324,48 @@ def test_sweep_wait_interval_below_the_floor_says_so(tmp_path: Path, monkeypatch
     done = CliRunner().invoke(sweep_cmd.sweep_group, ["wait", "sw1", "--interval", "90"])
     assert done.exit_code == 0 and done.stderr == ""
     assert seen["backoff"].gap(1.0) == 90
+
+
+# --- run --wait and Run.wait() of a Slurm run: Backend.wait --------------------------------
+
+
+def test_backend_wait_obeys_the_run_clusters_profile(tmp_path: Path, monkeypatch: Any) -> None:
+    """Backend.wait (run --wait, Run.wait()) takes the floor of the run's recorded cluster
+    from its profile (a user's file here) and asks again about an unknown job inside the
+    loop, under that floor, instead of sleeping in the status call."""
+    from collections.abc import Sequence
+
+    from hpclaunch.backends.base import Backend
+    from hpclaunch.rundirs import RunPaths
+
+    home = tmp_path / "home"
+    (home / ".config/hpclaunch/clusters").mkdir(parents=True)
+    (home / ".config/hpclaunch/clusters/slurm.toml").write_text("min_poll_interval = 60\n")
+    monkeypatch.setattr("hpclaunch.environ.environment", lambda: {"HOME": str(home)})
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    records.create(run_dir, {"run_id": "r1", "cluster": "slurm", "backend": "slurm"})
+    job = Job([(0, "UNKNOWN"), (150, "COMPLETED")])
+
+    class Forgetful(Backend):
+        unknown_retries = 3
+
+        def start(self, launch: Any) -> str:
+            return "42"
+
+        def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+            found = job.status(job_ids[0])
+            return {} if found.state == "UNKNOWN" else {job_ids[0]: found}
+
+        def cancel(self, job_id: str) -> None:
+            pass
+
+    def fake_clock_wait(*args: Any, **kw: Any) -> tuple[int, str]:
+        assert kw["backoff"].floor_s == 60
+        return wait_and_stream(*args, **{**kw, "clock": job.clock, "sleep": job.sleep})
+
+    monkeypatch.setattr("hpclaunch.backends.base.wait_and_stream", fake_clock_wait)
+    paths = RunPaths("r1", run_dir, run_dir / "checkpoints")
+    code, state = Forgetful().wait("42", paths, io.StringIO(), io.StringIO())
+    assert (code, state) == (0, "COMPLETED")  # three UNKNOWN answers, then it was known
+    assert job.calls == [0, 60, 120, 180]  # a minute apart, never sooner
