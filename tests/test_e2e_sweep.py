@@ -329,3 +329,15 @@ def test_points_in_a_container_with_staged_data_side_by_side(hpc: Hpc, user_imag
         rec = found[f"p{point}-a1-r0"]
         assert [bytes.fromhex(a).decode() for a in rec["argv"]] == [str(point)]
     assert most_at_once(_point_spans(Path(line["sweep_dir"]))) >= 2
+
+
+def test_max_job_count_checked_by_a_counter_only_for_large_sweeps(hpc: Hpc) -> None:
+    """The testbed's MaxJobCount is 10000: 6000 points ask sdiag (as hpcuser: it answers),
+    10000 never fit; neither lists every user's jobs (tests/test_sweep_arrays.py counts
+    the calls)."""
+    large = hpc.run("sweep", "--dry-run", "--json", "--repeat", "6000", "--", "true", timeout=240)
+    assert large.returncode == 0, large.stderr
+    assert "cannot tell" not in large.stderr  # sdiag answered
+    never = hpc.run("sweep", "--dry-run", "--repeat", "10000", "--", "true", timeout=240)
+    assert never.returncode == 2
+    assert "do not fit the cluster's job table (MaxJobCount 10000)" in never.stderr

@@ -288,6 +288,17 @@ def test_state_poll_backs_off_while_nothing_changes() -> None:
     assert poll.due == 215.0
 
 
+def test_state_poll_obeys_min_poll_interval() -> None:
+    poll = gpu_top.StatePoll(0.0, floor_s=60)
+    asked = [0.0]
+    for changed in (True, False, True, True):
+        asked.append(poll.due)
+        poll.asked(poll.due, changed)
+    poll.soon(asked[-1] + 1)
+    asked.append(poll.due)
+    assert min(b - a for a, b in zip(asked, asked[1:])) >= 60, asked
+
+
 class FakeJob:
     """The clock, sleep and scheduler of the live loop; a watch appends a sample a
     sleep; the run ends at `ends` (None: never)."""

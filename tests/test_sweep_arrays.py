@@ -386,3 +386,54 @@ def test_parse_10000_tasks() -> None:
     assert queued[("1009", 986)].state == "TIMEOUT"
     assert accounted[("1000", 1)] == _task("1000", 1, "50001", "RUNNING")
     assert accounted[("1000", 3)] == _task("1000", 3, "50003", "FAILED", code=128 + 9)
+
+
+# ------------------------------------------------- MaxJobCount: asked only when it matters
+
+
+def test_sdiag_counts_live_jobs() -> None:
+    from hpclaunch.sweeps.submit import live_jobs
+
+    recorded = (DATA / "sdiag.txt").read_text()  # the testbed's sdiag, as hpcuser
+    assert live_jobs(recorded) == 0
+    text = recorded.replace("Jobs pending:   0", "Jobs pending:   10").replace(
+        "Jobs running:   0", "Jobs running:   2"
+    )
+    assert live_jobs(text) == 12  # a held 10-task array counts 10 (seen on the testbed)
+    assert live_jobs("") is None
+    assert live_jobs("Jobs pending: 3\n") is None
+
+
+def test_max_job_count_is_asked_only_for_large_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpclaunch import slurmcmd
+    from hpclaunch.sweeps import submit
+
+    asked: list[list[str]] = []
+    answer: dict[str, Optional[str]] = {"sdiag": "Jobs pending: 4000\nJobs running: 1500\n"}
+
+    def query(argv: list[str], timeout: float = 15.0) -> Optional[str]:
+        asked.append(list(argv))
+        return answer["sdiag"] if argv[0] == "sdiag" else "1\n2\n3\n"
+
+    monkeypatch.setattr(slurmcmd, "query", query)
+    limits = SiteLimits(1001, 10000, None)
+    assert submit.queued_jobs(limits, "alice", 1000) == (None, "")  # small: nothing asked
+    assert asked == []
+    assert submit.queued_jobs(limits, "alice", 6000) == (5500, "")
+    assert asked == [["sdiag"]]  # one counter; never `squeue -t all` (every user's jobs)
+    with pytest.raises(UserError, match="5500 jobs held by all users"):
+        check_fits(6000, limits, 5500)
+    answer["sdiag"] = None  # sdiag refused or missing: said, not guessed
+    held, note = submit.queued_jobs(limits, "alice", 6000)
+    assert held is None
+    assert note == (
+        "hpclaunch: note: cannot tell how many of MaxJobCount 10000 jobs the cluster holds "
+        "now (sdiag did not answer): 6000 points are submitted unchecked; sbatch refuses "
+        "them if the job table is full"
+    )
+    check_fits(6000, limits, None)  # unknown: only what never fits is refused
+    with pytest.raises(UserError, match=r"job table \(MaxJobCount 10000\)"):
+        check_fits(10000, limits, None)
+    asked.clear()  # MaxSubmitJobs: the user's own jobs, as before
+    assert submit.queued_jobs(SiteLimits(1001, 10000, 50), "alice", 10) == (3, "")
+    assert asked == [["squeue", "-h", "-r", "-o", "%i", "-u", "alice"]]

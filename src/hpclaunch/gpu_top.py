@@ -249,18 +249,20 @@ class StatePoll:
     """When to ask the scheduler about the run again: POLL_MIN_S after a change, twice as
     long after each answer that changed nothing, at most POLL_MAX_S."""
 
-    def __init__(self, now: float) -> None:
-        self.wait_s = POLL_MIN_S
+    def __init__(self, now: float, floor_s: float = 0.0) -> None:
+        self.floor_s = floor_s  # the profile's min_poll_interval (waiting.py): never closer
+        self.wait_s = max(POLL_MIN_S, floor_s)
         self.due = now + self.wait_s
 
     def asked(self, now: float, changed: bool) -> None:
-        self.wait_s = POLL_MIN_S if changed else min(POLL_MAX_S, self.wait_s * 2)
+        wait_s = POLL_MIN_S if changed else min(POLL_MAX_S, self.wait_s * 2)
+        self.wait_s = max(wait_s, self.floor_s)
         self.due = now + self.wait_s
 
     def soon(self, now: float) -> None:
         """Something suggests the run is ending (its samples stopped): ask in POLL_MIN_S."""
-        self.wait_s = POLL_MIN_S
-        self.due = min(self.due, now + POLL_MIN_S)
+        self.wait_s = max(POLL_MIN_S, self.floor_s)
+        self.due = min(self.due, now + self.wait_s)
 
 
 @dataclass
@@ -271,6 +273,7 @@ class Live:
     refresh: Callable[[Path], RunRecord]
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
+    floor_s: float = 0.0  # the cluster profile's min_poll_interval
 
 
 def live(run_dir: Path, record: RunRecord, span_s: float, how: Live) -> Optional[View]:
@@ -279,7 +282,7 @@ def live(run_dir: Path, record: RunRecord, span_s: float, how: Live) -> Optional
     from rich.live import Live as RichLive
 
     reader, events = gpumetrics.Reader(run_dir), gpumetrics.Events(run_dir)
-    poll, quiet_since, stalled = StatePoll(how.clock()), how.clock(), False
+    poll, quiet_since, stalled = StatePoll(how.clock(), how.floor_s), how.clock(), False
     reader.update()
     view = build(record, reader.series(), events.update(), span_s, how.clock())
     with RichLive(console=how.console, auto_refresh=False, transient=False) as screen:

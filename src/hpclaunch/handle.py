@@ -15,9 +15,9 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
-from . import node, records, states, tracking
+from . import node, records, states, tracking, waiting
 from .backends import for_record, of_record
 from .backends.base import cancel_all
 from .errors import UserError
@@ -27,8 +27,7 @@ from .records import RunRecord
 from .requeue import CANCELLED_FILE
 from .rundirs import RunPaths, rank_logs
 
-_POLL_S = 0.25  # how often new log lines are looked for
-_LOOK_FIRST_S, _LOOK_MAX_S = 2.0, 10.0  # how often the run's state is asked (backed off)
+_POLL_S = 0.25  # how often new log lines are looked for (the state: waiting.Backoff)
 
 
 class Run:
@@ -148,24 +147,45 @@ def follow_to_end(
     run_dir: Path,
     follower: Union[LogFollower, AttemptFollower],
     deadline: Optional[float] = None,
+    *,
+    backoff: Optional[waiting.Backoff] = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> RunRecord:
-    """Print the ranks' new lines until the run's record, brought up to date (backed
-    off: one status call every few seconds), says it has ended; TimeoutError at
-    `deadline` (the run goes on)."""
-    next_look, pause = 0.0, _LOOK_FIRST_S
-    while True:
-        follower.poll()
-        now = time.monotonic()
-        if now >= next_look:
-            record = tracking.refresh_one(run_dir)
-            if record.state != "CREATED" and not states.is_active(record.state):
-                break
-            next_look, pause = now + pause, min(pause * 1.2, _LOOK_MAX_S)
-        if deadline is not None and now > deadline:
-            raise TimeoutError(f"run {record.run_id} still {record.state}")
-        time.sleep(_POLL_S)
+    """Print the ranks' new lines until the run's record, brought up to date through the
+    one wait loop (waiting.py: backed off, never below the cluster's min_poll_interval),
+    says it has ended; TimeoutError at `deadline` (the run goes on)."""
+    seen = [records.load(run_dir)]
+    exits = [len(follower.exited)]
+    if backoff is None:
+        backoff = waiting.for_cluster(seen[0].cluster)
+
+    def ask(now: float) -> Optional[str]:
+        record = seen[0] = tracking.refresh_one(run_dir)
+        if record.state != "CREATED" and not states.is_active(record.state):
+            return None
+        return waiting.RUNNING if states.is_streaming(record.state) else waiting.PENDING
+
+    def between(now: float) -> bool:
+        follower.poll()  # log lines stream at once; only status calls are spaced
+        exited = len(follower.exited)
+        if exited > exits[0]:
+            exits[0] = exited
+            return True  # the end is near: ask sooner (never nearer than Backoff.exit_s)
+        return False
+
+    waiting.until_ended(
+        ask,
+        backoff,
+        between=between,
+        tick_s=lambda: _POLL_S,
+        clock=clock,
+        sleep=sleep,
+        deadline=deadline,
+        timeout_message=lambda: f"run {seen[0].run_id} still {seen[0].state}",
+    )
     follower.drain()
-    return record
+    return seen[0]
 
 
 def _paths(record: RunRecord) -> RunPaths:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Protocol, TextIO
 
-from . import states
+from . import states, waiting
 from .logs import RANK_FILE, AttemptFollower, safe_write
 
 # Re-exported: callers take these from here.
@@ -23,8 +23,6 @@ from .states import EXIT_OTHER_FAILURE as EXIT_OTHER_FAILURE
 from .states import EXIT_UNKNOWN as EXIT_UNKNOWN
 
 _LOG_POLL_S = 0.2
-_PENDING_FIRST_S, _PENDING_MAX_S = 0.25, 5.0
-_RUNNING_FIRST_S, _RUNNING_MAX_S = 1.0, 10.0
 _DRAIN_WAIT_S = 2.0
 
 
@@ -137,6 +135,10 @@ class _StatusLine:
         self._shown: tuple[str, str] | None = None
         self._active = False
 
+    @property
+    def redraws(self) -> bool:
+        return self._tty
+
     def show(self, state: str, reason: str, elapsed: float) -> None:
         reason = "" if reason.strip() in ("", "None", "(null)") else reason.strip()
         text = state.lower() + (f" ({reason})" if reason else "") + f" ... {_elapsed(elapsed)}"
@@ -172,70 +174,90 @@ def wait_and_stream(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    backoff: waiting.Backoff = waiting.DEFAULT,
+    unknown_retries: int = 0,
 ) -> tuple[int, str]:
     """Follow a job until it ends, streaming its logs; return (exit code, final state).
     TimeoutError once `clock()` passes `deadline` (the job keeps running).
 
-    Status calls back off (0.25 s -> 5 s pending, 1 s -> 10 s running) because this runs
-    for hours against a shared slurmctld; a new rank-*.exit file brings the next call
-    forward, since then the end is near. KeyboardInterrupt propagates unchanged.
+    Status calls follow waiting.Backoff (the one policy of every wait: it runs for hours
+    against a shared slurmctld); a new rank-*.exit file brings the next call forward,
+    never nearer than 5 s. A job the source does not know is asked about again
+    `unknown_retries` times before it counts as UNKNOWN. KeyboardInterrupt propagates.
     """
-    follower = AttemptFollower(log_dir, out, err)
-    line = _StatusLine(err, is_tty)
-    start = clock()
-    next_ask = start
-    wait_iv, run_iv = _PENDING_FIRST_S, _RUNNING_FIRST_S
-    streaming = False
-    exits_seen = 0
-    status = JobStatus("UNKNOWN", "", None)
-    state = "UNKNOWN"
+    seen = _Seen(AttemptFollower(log_dir, out, err), _StatusLine(err, is_tty), clock())
+    seen.unknown_left = unknown_retries
+
+    def ask(now: float) -> str | None:
+        seen.status = source.status(job_id)
+        parsed = states.parse(seen.status.state)
+        seen.asked_at = now
+        if parsed is states.State.UNKNOWN and seen.unknown_left > 0:
+            seen.unknown_left -= 1
+            return waiting.UNSURE
+        seen.unknown_left = unknown_retries
+        seen.state = parsed.value
+        if not states.is_active(parsed):
+            return None
+        if states.is_streaming(parsed):
+            if not seen.streaming:
+                seen.streaming = True
+                seen.line.end()
+            return waiting.RUNNING
+        seen.streaming = False
+        seen.line.show(seen.state, seen.status.reason, now - seen.start)
+        return waiting.PENDING
+
     try:
-        while True:
-            now = clock()
-            if deadline is not None and now >= deadline:
-                raise TimeoutError(f"job {job_id} still {state}")
-            if now >= next_ask:
-                status = source.status(job_id)
-                parsed = states.parse(status.state)
-                state = parsed.value
-                if not states.is_active(parsed):
-                    break
-                if states.is_streaming(parsed):
-                    if not streaming:
-                        streaming, run_iv = True, _RUNNING_FIRST_S
-                        line.end()
-                    next_ask = now + run_iv
-                    run_iv = min(run_iv * 1.5, _RUNNING_MAX_S)
-                else:
-                    if streaming:
-                        streaming, wait_iv = False, _PENDING_FIRST_S
-                    next_ask = now + wait_iv
-                    wait_iv = min(wait_iv * 2, _PENDING_MAX_S)
-                    line.show(state, status.reason, now - start)
-            if streaming:
-                follower.poll()
-                if len(follower.exited) > exits_seen:
-                    exits_seen = len(follower.exited)
-                    run_iv = _RUNNING_FIRST_S
-                    next_ask = min(next_ask, clock() + run_iv)
-                sleep(_LOG_POLL_S)
-            else:
-                # Wake at least every second so the elapsed time on a terminal moves.
-                sleep(max(0.0, min(1.0, next_ask - clock())))
-                if is_tty and clock() < next_ask:
-                    line.show(state, status.reason, clock() - start)
+        waiting.until_ended(
+            ask,
+            backoff,
+            between=seen.between,
+            tick_s=lambda: _LOG_POLL_S if seen.streaming else 1.0,
+            clock=clock,
+            sleep=sleep,
+            deadline=deadline,
+            timeout_message=lambda: f"job {job_id} still {seen.state}",
+        )
     except BaseException:
-        line.end(keep=True)
+        seen.line.end(keep=True)
         raise
-    line.end()
+    seen.line.end()
+    follower = seen.follower
     # The shared file system may show exit files and last writes a little late: wait for
     # an exit file from every rank that started, at most a couple of seconds.
-    deadline = clock() + _DRAIN_WAIT_S
+    drain_until = clock() + _DRAIN_WAIT_S
     while True:
         follower.poll()
         started = set(follower.nodes)
-        if (started and started <= follower.exited) or clock() >= deadline:
+        if (started and started <= follower.exited) or clock() >= drain_until:
             break
         sleep(_LOG_POLL_S)
     follower.drain()
-    return job_exit_code(state, follower.rank_dir, status.exit_code), state
+    return job_exit_code(seen.state, follower.rank_dir, seen.status.exit_code), seen.state
+
+
+class _Seen:
+    """What one wait_and_stream has seen so far, and its work between status calls."""
+
+    def __init__(self, follower: AttemptFollower, line: _StatusLine, start: float) -> None:
+        self.follower, self.line, self.start = follower, line, start
+        self.status = JobStatus("UNKNOWN", "", None)
+        self.state = "UNKNOWN"
+        self.streaming = False
+        self.exits = 0
+        self.asked_at = start
+        self.unknown_left = 0
+
+    def between(self, now: float) -> bool:
+        """Stream new log lines (True when a rank exited), or redraw the waiting line."""
+        if self.streaming:
+            self.follower.poll()
+            exited = len(self.follower.exited)
+            if exited > self.exits:
+                self.exits = exited
+                return True
+        elif self.line.redraws and now > self.asked_at:
+            # The elapsed time on a terminal moves between two calls.
+            self.line.show(self.state, self.status.reason, now - self.start)
+        return False

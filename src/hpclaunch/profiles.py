@@ -37,6 +37,22 @@ def _default_time(cls: Any, value: Any) -> Any:
     return parse_time(value, "default_time") if isinstance(value, str) else value
 
 
+def _poll_floor(cls: Any, value: Any) -> Any:
+    """min_poll_interval: whole seconds, at least 0 (waiting.py: every wait obeys it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        whole = False
+    else:
+        whole = float(value).is_integer()  # inf and nan are not
+    if not whole:
+        raise UserError(
+            "min_poll_interval",
+            f"{show(value)} is not a number of seconds",
+            "a whole number, 0 or more",
+            "Write e.g. min_poll_interval = 60",
+        )
+    return int(value)
+
+
 def _memory(cls: Any, value: Any) -> Any:
     return parse_memory(value, "node.memory") if isinstance(value, str) else value
 
@@ -167,6 +183,9 @@ class Profile(_Record):
     cluster_name: str = ""  # filled by discovery
     wandb_credentials: str = ""  # a file holding the W&B API key (mode 600), e.g. seed 003's
     remote: RemoteSettings = RemoteSettings()
+    # The fewest seconds between two status calls of any wait (run --wait, logs --follow,
+    # Run.wait(), sweep wait, top): a site whose usage policy asks for fewer calls sets it.
+    min_poll_interval: int = field(default=0, metadata={"before": _poll_floor})
 
     def partition(self, name: str) -> Optional[Partition]:
         return self.partitions.get(name)

@@ -24,6 +24,7 @@ from ..monitor import JobStatus, chain_status, wait_and_stream
 from ..render import BatchPlan
 from ..rundirs import RunPaths
 from ..spec import JobSpec
+from ..waiting import for_cluster
 from .requests import DryRun
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ class Backend(ABC):
     kind: str = "job"  # how the announcement names what was started
     foreground: bool = False  # the job ends when this process does (local, step)
     unknown_retries: int = 0  # while waiting: ask again before calling a job UNKNOWN
-    retry_wait_s: float = 2.0
     # What the rest of hpclaunch asks instead of the backend's name (tests/test_layout.py):
     runs_here: bool = False  # the ranks are processes on this machine: no Slurm at all
     asks_sinfo: bool = True  # a profile with `discover` is filled in from sinfo
@@ -95,8 +95,12 @@ class Backend(ABC):
     ) -> tuple[int, str]:
         """Stream the ranks' output until the job ends: (exit code, final state); of a
         --chain (`members`), until the chain ends. TimeoutError when `timeout` seconds
-        pass first (the job keeps running)."""
+        pass first (the job keeps running). Status calls follow the one back-off
+        (waiting.py) under the run's cluster profile's min_poll_interval."""
         source = _Chain(self, members, paths) if len(members) > 1 else _OneJob(self, job_id)
+        from ..records import load
+
+        backoff = for_cluster(load(paths.run_dir).cluster)
         return wait_and_stream(
             source,
             job_id,
@@ -105,6 +109,8 @@ class Backend(ABC):
             err,
             is_tty=is_tty,
             deadline=None if timeout is None else time.monotonic() + timeout,
+            backoff=backoff,
+            unknown_retries=self.unknown_retries,
         )
 
     def logs(self, paths: RunPaths) -> Path:
@@ -151,10 +157,9 @@ class _OneJob:
         self._job_id = job_id
 
     def status(self, job_id: str) -> JobStatus:
-        for attempt in range(self._backend.unknown_retries + 1):
-            if attempt:
-                time.sleep(self._backend.retry_wait_s)
-            found = self._backend.status([job_id]).get(job_id)
-            if found is not None and found.state != "UNKNOWN":
-                return found
+        # One call: the wait loop asks again (Backend.unknown_retries, spaced by the
+        # back-off) before it takes UNKNOWN for an answer.
+        found = self._backend.status([job_id]).get(job_id)
+        if found is not None and found.state != "UNKNOWN":
+            return found
         return JobStatus("UNKNOWN", "Slurm no longer knows the job", None)

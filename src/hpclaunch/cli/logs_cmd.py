@@ -12,7 +12,7 @@ from typing import Optional, Union
 import click
 
 from ..logs import AttemptFollower, LogFollower
-from .common import RUN_ARG_HELP, find_run_dir
+from .common import RUN_ARG_HELP, environ, find_run_dir
 
 
 @click.command("logs", epilog=RUN_ARG_HELP)
@@ -81,15 +81,18 @@ def logs_cmd(
         )
     follower.poll()
     if follow:
-        _follow(follower, run_dir)
+        _follow(follower, run_dir, record.cluster)
     follower.drain()
     return 0
 
 
-def _follow(follower: Union[LogFollower, AttemptFollower], run_dir: Path) -> None:
-    """Until the run has ended (or Ctrl-C): handle.follow_to_end."""
+def _follow(follower: Union[LogFollower, AttemptFollower], run_dir: Path, cluster: str) -> None:
+    """Until the run has ended (or Ctrl-C): handle.follow_to_end, the one wait loop under
+    the cluster's min_poll_interval."""
     from ..handle import follow_to_end
+    from ..waiting import for_cluster
 
+    backoff = for_cluster(cluster, environ())
     with contextlib.suppress(KeyboardInterrupt):
-        follow_to_end(run_dir, follower)
+        follow_to_end(run_dir, follower, backoff=backoff)
     time.sleep(0.3)

@@ -179,13 +179,32 @@ def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_j
 
 @sweep_group.command("wait")
 @click.argument("sweep")
-def wait_cmd(sweep: str) -> int:
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Refresh every SECONDS (not below the cluster's min_poll_interval); default: "
+    "backed off, at most 6 Slurm calls a minute once the points have pended a minute.",
+)
+def wait_cmd(sweep: str, interval: Optional[float]) -> int:
     """Follow SWEEP until every point ended: exit 0 when all completed, else the
-    lowest-index failed point's code. Asks Slurm after 1, 2, 4, 8 s, then every 10 s."""
-    from ..sweeps import ops
+    lowest-index failed point's code. Only the points still open are read again."""
+    from .. import waiting
+    from ..sweeps import ops, record
     from .common import environ
 
-    return ops.wait(ops.find(sweep, environ()), sys.stdout, sys.stdout.isatty())
+    env = environ()
+    folder = ops.find(sweep, env)
+    floor = waiting.site_floor(str(record.load(folder).get("cluster") or ""), env)
+    if interval is not None and interval < floor:
+        click.echo(
+            f"hpclaunch: --interval {interval:g} is below the cluster's min_poll_interval "
+            f"{floor:g}: refreshing every {floor:g} s",
+            err=True,
+        )
+    backoff = waiting.Backoff(floor_s=floor, every_s=interval)
+    return ops.wait(folder, sys.stdout, sys.stdout.isatty(), backoff=backoff)
 
 
 @sweep_group.command("retry")

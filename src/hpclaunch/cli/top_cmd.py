@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import RUN_ARG_HELP, find_run_dir
+from .common import RUN_ARG_HELP, environ, find_run_dir
 
 
 def _span(text: str) -> int:
@@ -46,7 +46,8 @@ def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
 
     On a running run, on a terminal, the view refreshes (the samples every 2 s, the
     run's state from the scheduler at most every 10 s, backing off to 60 s while it does
-    not change) until the run ends, then shows the finished run's view; Ctrl-C leaves.
+    not change; never more often than the profile's min_poll_interval) until the run
+    ends, then shows the finished run's view; Ctrl-C leaves.
     A finished run, --once, --json or output that is no terminal: one view. A finished
     run's view summarises its samples: busy % and power are means, memory the peak, the
     sparkline spans the whole run.
@@ -61,7 +62,10 @@ def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
     if states.is_active(record.state) and not (once or as_json) and sys.stdout.isatty():
         from rich.console import Console
 
-        how = gpu_top.Live(Console(), tracking.refresh_one)
+        from ..waiting import site_floor
+
+        floor = site_floor(record.cluster, environ())
+        how = gpu_top.Live(Console(), tracking.refresh_one, floor_s=floor)
         shown = gpu_top.live(run_dir, record, span_s, how)
         if shown is None or shown.gpus:
             return 0  # Ctrl-C, or the run's last view is on the screen

@@ -168,12 +168,10 @@ SACCTMGR_ARGV_TEMPLATE: Final[list[str]] = [
     "format=Cluster,Account,User,Partition,MaxSubmit",
 ]  # fmt: skip
 
-# Counting what is queued for check_fits (count the non-empty lines). -r: slurmctld
-# counts each array task as a job, so a pending array must count once per task.
-# - with max_submit_jobs: the user's own jobs that count against MaxSubmitJobs
-#   (pending and running): [*SQUEUE_COUNT_ARGV, "-u", user]
-# - without: every job record slurmctld holds, all users, finished ones it still keeps
-#   (MinJobAge) included, as MaxJobCount counts them: [*SQUEUE_COUNT_ARGV, "-t", "all"]
+# Counting the user's own jobs against MaxSubmitJobs for check_fits (pending and running;
+# count the non-empty lines): [*SQUEUE_COUNT_ARGV, "-u", user]. -r: slurmctld counts each
+# array task as a job, so a pending array must count once per task. MaxJobCount is
+# checked against sdiag's counters instead (submit.queued_jobs), never a listing.
 SQUEUE_COUNT_ARGV: Final[list[str]] = ["squeue", "-h", "-r", "-o", "%i"]
 
 
@@ -248,11 +246,12 @@ def parse_max_submit(
     return min(numbers) if numbers else None
 
 
-def check_fits(points: int, limits: SiteLimits, queued_now: int) -> None:
+def check_fits(points: int, limits: SiteLimits, queued_now: Optional[int]) -> None:
     """UserError when slurmctld would refuse `points` array tasks: each counts as one job.
 
-    queued_now counts array tasks one by one (see SQUEUE_COUNT_ARGV): the user's own jobs
-    when limits.max_submit_jobs is set, else every job record of all users."""
+    queued_now counts array tasks one by one: the user's own jobs when
+    limits.max_submit_jobs is set, else the jobs slurmctld holds (submit.queued_jobs);
+    None: not known, only what never fits is refused."""
     if points >= limits.max_job_count:  # never fits, whatever is queued
         raise UserError(
             "sweep",
@@ -260,6 +259,8 @@ def check_fits(points: int, limits: SiteLimits, queued_now: int) -> None:
             limit=f"MaxJobCount {limits.max_job_count}",
             fix="Run fewer points per sweep (split the --configs)",
         )
+    if queued_now is None:
+        return
     if limits.max_submit_jobs is not None:
         if points > limits.max_submit_jobs - queued_now:
             raise UserError(

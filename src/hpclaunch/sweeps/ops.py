@@ -8,14 +8,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
-from .. import discover, index, records, slurmcmd
+from .. import discover, index, records, slurmcmd, waiting
 from ..errors import UserError, show
 from . import arrays, pointstate, record, track
-
-# Waiting: ask again after 1, 2, 4, 8 s, then every 10 s (one squeue, rarely one sacct).
-WAIT_INTERVALS_S = (1.0, 2.0, 4.0, 8.0, 10.0)
 
 
 def find(ref: str, environ: Mapping[str, str]) -> Path:
@@ -104,25 +101,52 @@ def exit_code(sweep: track.Sweep) -> int:
     return 0
 
 
-def wait(sweep_dir: Path, out: TextIO, is_tty: bool, timeout: Optional[float] = None) -> int:
-    """Follow until no point is pending or running; then the sweep's exit code."""
-    from .progress import Progress
+def wait(
+    sweep_dir: Path,
+    out: TextIO,
+    is_tty: bool,
+    timeout: Optional[float] = None,
+    *,
+    backoff: Optional[waiting.Backoff] = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Follow until no point is pending or running; then the sweep's exit code. The one
+    wait loop (waiting.py): `backoff` defaults to the sweep's cluster's; after the first
+    refresh only the points still open are read again (track.refresh_open)."""
+    from .progress import Progress, tally
 
-    deadline = None if timeout is None else time.monotonic() + timeout
+    now: list[Optional[track.Sweep]] = [None]
+    if backoff is None:
+        backoff = waiting.for_cluster(str(record.load(sweep_dir).get("cluster") or ""))
     shown = Progress(out, is_tty)
-    step = 0
+
+    def ask(_: float) -> Optional[str]:
+        seen = now[0]
+        seen = now[0] = track.refresh(sweep_dir) if seen is None else track.refresh_open(seen)
+        shown.show(seen)
+        if not seen.active():
+            return None
+        return waiting.RUNNING if tally(seen)["running"] else waiting.PENDING
+
+    def still() -> str:
+        return f"sweep {now[0].sweep_id if now[0] else sweep_dir.name} still running"
+
     try:
-        while True:
-            sweep = track.refresh(sweep_dir)
-            shown.show(sweep)
-            if not sweep.active():
-                return exit_code(sweep)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"sweep {sweep.sweep_id} still running")
-            time.sleep(WAIT_INTERVALS_S[min(step, len(WAIT_INTERVALS_S) - 1)])
-            step += 1
+        waiting.until_ended(
+            ask,
+            backoff,
+            between=lambda _: False,
+            tick_s=lambda: 3600.0,  # nothing to do between two refreshes
+            clock=clock,
+            sleep=sleep,
+            deadline=None if timeout is None else clock() + timeout,
+            timeout_message=still,
+        )
     finally:
         shown.end()
+    assert now[0] is not None  # until_ended asks at least once before it returns
+    return exit_code(now[0])
 
 
 def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:

@@ -112,7 +112,10 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
     if planned.prepared.profile.kind != "local":
         limits = site_limits(req)
-        arrays.check_fits(len(points), limits, queued_jobs(limits, users.user_name(req.environ)))
+        held, note = queued_jobs(limits, users.user_name(req.environ), len(points))
+        arrays.check_fits(len(points), limits, held)
+        if note:
+            planned = replace(planned, notes=(*planned.notes, note))
         parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
         if trial_cmd:
             check_trial_python(trial_cmd)
@@ -189,12 +192,41 @@ def site_limits(req: launching.Request) -> arrays.SiteLimits:
     return arrays.SiteLimits(max_array, max_jobs, max_submit)
 
 
-def queued_jobs(limits: arrays.SiteLimits, user: str) -> int:
-    """Jobs counted against the limit that applies (array tasks one by one): the user's
-    own for MaxSubmitJobs, every record slurmctld holds for MaxJobCount. One squeue."""
-    scope = ["-u", user] if limits.max_submit_jobs is not None else ["-t", "all"]
-    out = slurmcmd.query([*arrays.SQUEUE_COUNT_ARGV, *scope], timeout=30)
-    return len(out.splitlines()) if out else 0
+# A sweep below this share of MaxJobCount is not checked against others' jobs (a call on
+# every sweep; sbatch refuses the rare one that does not fit, naming MaxJobCount).
+LARGE_SHARE = 0.5
+
+
+def queued_jobs(limits: arrays.SiteLimits, user: str, points: int) -> tuple[Optional[int], str]:
+    """Jobs counted against the limit that applies (array tasks one by one), and a note
+    for stderr when they cannot be known. MaxSubmitJobs: the user's own (one squeue -u).
+    MaxJobCount: asked only for a sweep large against it, as one counter (sdiag's pending
+    and running jobs), never a listing of every user's jobs; None when not asked or not
+    answered."""
+    if limits.max_submit_jobs is not None:
+        out = slurmcmd.query([*arrays.SQUEUE_COUNT_ARGV, "-u", user], timeout=30)
+        return (len(out.splitlines()) if out else 0), ""
+    if points < LARGE_SHARE * limits.max_job_count:
+        return None, ""
+    held = live_jobs(slurmcmd.query(["sdiag"], timeout=30) or "")
+    if held is None:
+        return None, (
+            f"hpclaunch: note: cannot tell how many of MaxJobCount {limits.max_job_count} "
+            f"jobs the cluster holds now (sdiag did not answer): {points} points are "
+            "submitted unchecked; sbatch refuses them if the job table is full"
+        )
+    return held, ""
+
+
+def live_jobs(sdiag: str) -> Optional[int]:
+    """`Jobs pending:` + `Jobs running:` of sdiag's output (array tasks one by one); None
+    when either is missing."""
+    found: dict[str, int] = {}
+    for line in sdiag.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("Jobs pending", "Jobs running") and value.strip().isdigit():
+            found.setdefault(key.strip(), int(value.strip()))
+    return sum(found.values()) if len(found) == 2 else None
 
 
 def check_trial_python(trial_cmd: Sequence[str]) -> None:
