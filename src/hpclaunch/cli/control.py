@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir
+from .common import RUN_ARG_HELP, environ, find_run_dir, warn
+
+if TYPE_CHECKING:
+    from ..records import RunRecord
 
 
 @click.command("cancel", epilog=RUN_ARG_HELP)
@@ -17,13 +20,29 @@ from .common import RUN_ARG_HELP, environ, find_run_dir
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
 def cancel_cmd(run: str, as_json: bool) -> int:
     """Cancel a run: scancel its Slurm job; for a local run, end its ranks (the
-    hpclaunch process that supervises them records how the run ended)."""
-    from .. import states, tracking
-    from ..errors import UserError
+    hpclaunch process that supervises them records how the run ended). A sweep (`last`
+    when it is the newest) has every open point cancelled, as `sweep cancel` does."""
+    from .. import tracking
     from ..handle import Run
+    from ..refs import run_or_sweep
 
-    run_dir = find_run_dir(run)
-    record = tracking.refresh_one(run_dir)
+    found = run_or_sweep(run, environ(), warn)
+    if found.is_sweep:
+        return _cancel_sweep(found.folder, as_json)
+    record = tracking.refresh_one(found.folder)
+    _check_cancellable(record)
+    Run(found.folder).cancel()
+    if as_json:
+        click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
+    else:
+        what = "local run" if record.backend == "local" else "job"
+        click.echo(f"cancelled {what} {record.job_id} (run {record.run_id})")
+    return 0
+
+
+def _check_cancellable(record: RunRecord) -> None:
+    from .. import states
+    from ..errors import UserError
 
     if not record.job_id:
         raise UserError("RUN", f"{record.run_id} has no job", "it was never started", "")
@@ -38,12 +57,25 @@ def cancel_cmd(run: str, as_json: bool) -> int:
             "cancelling would end the whole allocation",
             "Press Ctrl-C in its terminal, or scancel the step yourself",
         )
-    Run(run_dir).cancel()
+
+
+def _cancel_sweep(folder: Path, as_json: bool) -> int:
+    """Every open point of the sweep, in one call per array (sweeps/ops.cancel)."""
+    from ..errors import UserError
+    from ..sweeps import ops, pointstate, track
+
+    sweep = track.refresh(folder)
+    open_points = [r for r in sweep.points if pointstate.is_open(r)]
+    if not open_points:
+        counts = " ".join(f"{n} {s}" for s, n in sorted(sweep.counts().items()))
+        raise UserError(
+            "RUN", f"sweep {sweep.sweep_id} has already ended ({counts})", "", "Nothing to cancel"
+        )
+    done = ops.cancel(folder, None)
     if as_json:
-        click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
+        click.echo(json.dumps({"cancelled": done, "sweep_id": sweep.sweep_id}))
     else:
-        what = "local run" if record.backend == "local" else "job"
-        click.echo(f"cancelled {what} {record.job_id} (run {record.run_id})")
+        click.echo(f"cancelled sweep {sweep.sweep_id}: {len(open_points)} open point(s)")
     return 0
 
 

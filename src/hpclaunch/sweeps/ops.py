@@ -1,5 +1,5 @@
-"""What one does to a sweep after submitting it: find it, wait for it, retry some of its
-points, cancel some or all, change how many run at once. Every command asks Slurm as
+"""What one does to a sweep after submitting it (refs.py finds it): wait for it, retry
+some of its points, cancel some or all, change how many run at once. Every command asks Slurm as
 track.refresh does (one squeue, at most one sacct) and acts in one call per array.
 """
 
@@ -10,66 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from .. import discover, index, records, slurmcmd
+from .. import discover, records, slurmcmd
 from ..errors import UserError, show
 from . import arrays, pointstate, record, track
 
 # Waiting: ask again after 1, 2, 4, 8 s, then every 10 s (one squeue, rarely one sacct).
 WAIT_INTERVALS_S = (1.0, 2.0, 4.0, 8.0, 10.0)
-
-
-def find(ref: str, environ: Mapping[str, str]) -> Path:
-    """SWEEP = a sweep id, a unique prefix, an array job id, or `last` (the newest sweep)."""
-    entries = [e for e in index.live(environ) if e.get("sweep")]
-    if not entries:
-        raise UserError(
-            "SWEEP", f"no sweeps recorded yet ({show(ref)})", "", "Start one with hpclaunch sweep"
-        )
-    if ref == "last":
-        return Path(entries[0]["run_dir"])
-    for match in (
-        [e for e in entries if e["run_id"] == ref],
-        [e for e in entries if _array_ids(e) and ref in _array_ids(e)],
-        [e for e in entries if e["run_id"].startswith(ref)],
-    ):
-        if len(match) == 1:
-            return Path(match[0]["run_dir"])
-        if len(match) > 1:
-            raise UserError(
-                "SWEEP",
-                f"{show(ref)} matches {len(match)} sweeps",
-                "the prefix must be unique",
-                f"Type more of it, e.g. {match[0]['run_id']}",
-            )
-    raise UserError(
-        "SWEEP",
-        f"no sweep matches {show(ref)}",
-        "a sweep id, a unique prefix, an array job id or last",
-        "See hpclaunch runs",
-    )
-
-
-def _array_ids(entry: Mapping[str, Any]) -> list[str]:
-    try:
-        data = record.load(Path(entry["run_dir"]))
-    except record.DamagedSweep:
-        return []
-    return [str(a["job_id"]) for a in data.get("arrays") or []]
-
-
-def point_folder(ref: str, environ: Mapping[str, str]) -> Path:
-    """SWEEP:INDEX -> that point's run folder."""
-    sweep_ref, _, index_text = ref.rpartition(":")
-    folder = find(sweep_ref, environ)
-    data = record.load(folder)
-    if not index_text.isdigit() or int(index_text) >= len(data["points"]):
-        raise UserError(
-            "RUN",
-            f"{show(ref)} names no point of sweep {data['sweep_id']}",
-            f"points 0-{len(data['points']) - 1}",
-            "",
-        )
-    return record.point_dir(folder, int(index_text))
 
 
 def parse_points(text: str, total: int) -> list[int]:
