@@ -82,8 +82,10 @@ def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
     ]
     if sweep.data.get("backend") == "local":
         from ..backends.local import cancel_recorded
+        from ..requeue import CANCELLED_FILE
 
-        for rec in open_:
+        for rec in open_:  # the sweep's process records CANCELLED, never starts a pending one
+            (rec.path / CANCELLED_FILE).touch()
             cancel_recorded(rec.launcher_pid, rec.launcher_started, rec.pgids)
         return [rec.run_id for rec in open_]
     if chosen is None:
