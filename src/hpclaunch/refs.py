@@ -124,6 +124,14 @@ def newest_point(sweep_folder: Path) -> Path:
     return sweep_record.point_dir(sweep_folder, 0)
 
 
+def sweep_of(folder: Path) -> Optional[tuple[Path, int]]:
+    """A point's run folder -> (its sweep's folder, its index); None for a plain run."""
+    sweep_folder = folder.parent.parent
+    if folder.parent.name != sweep_record.POINTS or not folder.name.isdigit():
+        return None
+    return (sweep_folder, int(folder.name)) if sweep_record.is_sweep(sweep_folder) else None
+
+
 def run_entry(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> Entry:
     """RUN's index line among plain runs: a run id, a unique prefix, a job id, or `last`
     (the newest run)."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
@@ -21,30 +22,37 @@ if TYPE_CHECKING:
 def cancel_cmd(run: str, as_json: bool) -> int:
     """Cancel a run: scancel its Slurm job; for a local run, end its ranks (the
     hpclaunch process that supervises them records how the run ended). A sweep (`last`
-    when it is the newest) has every open point cancelled, as `sweep cancel` does."""
+    when it is the newest) has every open point cancelled, and a point (SWEEP:I) itself,
+    as `sweep cancel` does."""
     from .. import tracking
+    from ..backends import for_record
     from ..handle import Run
-    from ..refs import run_or_sweep
+    from ..refs import run_or_sweep, sweep_of
 
     found = run_or_sweep(run, environ(), warn)
     if found.is_sweep:
-        return _cancel_sweep(found.folder, as_json)
+        return _cancel_points(found.folder, None, as_json)
     record = tracking.refresh_one(found.folder)
-    _check_cancellable(record)
+    point = sweep_of(found.folder)
+    _check_cancellable(record, has_job=point is None)
+    if point is not None:
+        return _cancel_points(point[0], [point[1]], as_json)
     Run(found.folder).cancel()
     if as_json:
         click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
     else:
-        what = "local run" if record.backend == "local" else "job"
+        what = for_record(record.backend).kind
         click.echo(f"cancelled {what} {record.job_id} (run {record.run_id})")
     return 0
 
 
-def _check_cancellable(record: RunRecord) -> None:
+def _check_cancellable(record: RunRecord, has_job: bool) -> None:
+    """A run must have a job (a sweep's point not started yet has none: it never starts),
+    still open, and not a step of an allocation."""
     from .. import states
     from ..errors import UserError
 
-    if not record.job_id:
+    if has_job and not record.job_id:
         raise UserError("RUN", f"{record.run_id} has no job", "it was never started", "")
     if record.state != "CREATED" and not states.is_active(record.state):
         raise UserError(
@@ -59,23 +67,35 @@ def _check_cancellable(record: RunRecord) -> None:
         )
 
 
-def _cancel_sweep(folder: Path, as_json: bool) -> int:
-    """Every open point of the sweep, in one call per array (sweeps/ops.cancel)."""
+def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> int:
+    """A sweep's open points (all, or those) as `sweep cancel` ends them: one call per
+    array on Slurm; a local sweep's process records each one CANCELLED."""
     from ..errors import UserError
+    from ..requeue import CANCELLED_FILE
     from ..sweeps import ops, pointstate, track
 
     sweep = track.refresh(folder)
-    open_points = [r for r in sweep.points if pointstate.is_open(r)]
-    if not open_points:
+    chosen = [
+        r
+        for r in sweep.points
+        if pointstate.is_open(r) and (points is None or int(r.extra.get("point", -1)) in points)
+    ]
+    if not chosen:
         counts = " ".join(f"{n} {s}" for s, n in sorted(sweep.counts().items()))
         raise UserError(
             "RUN", f"sweep {sweep.sweep_id} has already ended ({counts})", "", "Nothing to cancel"
         )
-    done = ops.cancel(folder, None)
+    for rec in chosen:  # asked for: a requeue or a local sweep starting it must not undo it
+        with contextlib.suppress(OSError):
+            (rec.path / CANCELLED_FILE).touch()
+    done = ops.cancel(folder, points)
     if as_json:
-        click.echo(json.dumps({"cancelled": done, "sweep_id": sweep.sweep_id}))
+        run_id = chosen[0].run_id if points is not None else sweep.sweep_id
+        click.echo(json.dumps({"cancelled": done, "run_id": run_id}))
+    elif points is not None:
+        click.echo(f"cancelled point {points[0]} of sweep {sweep.sweep_id} ({chosen[0].run_id})")
     else:
-        click.echo(f"cancelled sweep {sweep.sweep_id}: {len(open_points)} open point(s)")
+        click.echo(f"cancelled sweep {sweep.sweep_id}: {len(chosen)} open point(s)")
     return 0
 
 
