@@ -89,9 +89,10 @@ def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> 
         with contextlib.suppress(OSError):
             (rec.path / CANCELLED_FILE).touch()
     done = ops.cancel(folder, points)
-    if as_json:
-        run_id = chosen[0].run_id if points is not None else sweep.sweep_id
-        click.echo(json.dumps({"cancelled": done, "run_id": run_id}))
+    if as_json and points is not None:  # a point: what a run's cancel says
+        click.echo(json.dumps({"cancelled": chosen[0].job_id, "run_id": chosen[0].run_id}))
+    elif as_json:
+        click.echo(json.dumps({"cancelled": done, "run_id": sweep.sweep_id}))
     elif points is not None:
         click.echo(f"cancelled point {points[0]} of sweep {sweep.sweep_id} ({chosen[0].run_id})")
     else:
