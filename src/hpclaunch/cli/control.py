@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
 def cancel_cmd(run: str, as_json: bool) -> int:
     """Cancel a run: scancel its Slurm job; for a local run, end its ranks (the
-    hpclaunch process that supervises them records how the run ended). A sweep (`last`
-    when it is the newest) has every open point cancelled, and a point (SWEEP:I) itself,
-    as `sweep cancel` does."""
+    hpclaunch process that supervises them records how the run ended). A sweep (its id,
+    or `last` when a sweep is the newest) has every open point cancelled, a point
+    (SWEEP:I) only itself, as `sweep cancel` does: on Slurm and locally alike."""
     from .. import tracking
     from ..backends import for_record
     from ..handle import Run
