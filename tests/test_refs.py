@@ -162,3 +162,11 @@ def test_nothing_recorded_yet(tmp_path: Path, env: dict[str, str]) -> None:
     with pytest.raises(UserError, match="is a sweep, not a run"):
         refs.run_entry(SWEEP_S[:8], env)
     assert refs.run_dir("last", env) == tmp_path / "runs" / SWEEP_S / "points" / "0"
+
+
+def test_the_api_finds_what_the_cli_finds(made: dict[str, Path], env: dict[str, str]) -> None:
+    from hpclaunch import api
+
+    assert api.get(str(made["a"]), environ=env).run_dir == made["a"]
+    assert api.get("500_1", environ=env).run_dir == made["s"] / "points" / "1"
+    assert api.get("last", environ=env).run_dir == made["t"] / "points" / "0"
