@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import index, rundirs
+from hpclaunch import index, refs, rundirs
 from hpclaunch.errors import UserError
 
 
@@ -51,10 +51,10 @@ def test_find_by_prefix_job_id_and_last(tmp_path: Path, monkeypatch: pytest.Monk
         entry = {"run_id": run_id, "run_dir": str(tmp_path / run_id), "job_id": job_id}
         index.add(entry, _env(tmp_path))
         made.append(run_id)
-    assert index.find("last", _env(tmp_path))["run_id"] == made[1]
-    assert index.find("101", _env(tmp_path))["run_id"] == made[0]
-    assert index.find(made[0][:15], _env(tmp_path))["run_id"] == made[0]
+    assert refs.run_entry("last", _env(tmp_path))["run_id"] == made[1]
+    assert refs.run_entry("101", _env(tmp_path))["run_id"] == made[0]
+    assert refs.run_entry(made[0][:15], _env(tmp_path))["run_id"] == made[0]
     with pytest.raises(UserError, match="matches 2 runs"):
-        index.find("2023", _env(tmp_path))
+        refs.run_entry("2023", _env(tmp_path))
     with pytest.raises(UserError, match="no run matches"):
-        index.find("nope", _env(tmp_path))
+        refs.run_entry("nope", _env(tmp_path))

@@ -302,7 +302,7 @@ def test_sweep_wait_rereads_only_the_points_still_open(tmp_path: Path, monkeypat
 def test_sweep_wait_interval_below_the_floor_says_so(tmp_path: Path, monkeypatch: Any) -> None:
     from click.testing import CliRunner
 
-    from hpclaunch.cli import sweep_cmd
+    from hpclaunch.cli import common, sweep_cmd
     from hpclaunch.sweeps import ops
 
     folder = _sweep(tmp_path, 3, 0)
@@ -312,7 +312,7 @@ def test_sweep_wait_interval_below_the_floor_says_so(tmp_path: Path, monkeypatch
         seen.update(kw)
         return 0
 
-    monkeypatch.setattr(ops, "find", lambda ref, env: folder)
+    monkeypatch.setattr(common, "find_sweep_dir", lambda ref: folder)
     monkeypatch.setattr(ops, "wait", fake_wait)
     monkeypatch.setattr(waiting, "site_floor", lambda *a, **k: 60.0)
     done = CliRunner().invoke(sweep_cmd.sweep_group, ["wait", "sw1", "--interval", "5"])

@@ -178,15 +178,12 @@ def check_state(state: str) -> str:
 
 
 def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
-    """A run by id, unique id prefix, Slurm job id, or "last"; a sweep's point by
+    """A run by id, unique id prefix, Slurm job id, run folder, or "last" (the newest run
+    or sweep: of a sweep, its most recently started point); a sweep's point by
     "SWEEP:INDEX"."""
-    env = environment() if environ is None else environ
-    if ":" in ref:  # SWEEP:INDEX: a point of a sweep
-        from .sweeps.ops import point_folder
+    from .refs import run_dir
 
-        return Run(point_folder(ref, env))
-    entry = index.find(ref, env)
-    return Run(Path(entry["run_dir"]))
+    return Run(run_dir(ref, environment() if environ is None else environ))
 
 
 def _program(program: Union[str, Sequence[str]]) -> tuple[str, ...]:

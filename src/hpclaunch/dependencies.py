@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import index, states
+from . import states
 from .errors import UserError, show
+from .refs import run_or_sweep
 
 CONDITIONS = {"ok": "afterok", "any": "afterany", "notok": "afternotok"}
 MAX_CHAIN = 100
@@ -84,16 +85,16 @@ def resolve(items: Sequence[str], environ: Mapping[str, str]) -> list[After]:
 def _resolve_one(item: str, environ: Mapping[str, str]) -> After:
     ref, cond = parse(item)
     try:
-        entry = _find(ref, environ)
+        found = run_or_sweep(ref, environ)
     except UserError as exc:
         raise UserError(
             "--after", f"{show(item)}: {exc.problem}", exc.limit, exc.fix or "See hpclaunch runs"
         ) from None
-    if entry.get("sweep"):
-        run_id, state, active, ok = _sweep_state(Path(entry["run_dir"]))
+    if found.is_sweep:
+        run_id, state, active, ok = _sweep_state(found.folder)
     else:
-        run_id, state, active, ok = _run_state(Path(entry["run_dir"]))
-    run_dir = str(entry["run_dir"])
+        run_id, state, active, ok = _run_state(found.folder)
+    run_dir = str(found.folder)
     if active:
         return After(item, run_id, run_dir, cond, state, tuple(active))
     met = cond == "any" or (ok if cond == "ok" else not ok)
@@ -105,20 +106,6 @@ def _resolve_one(item: str, environ: Mapping[str, str]) -> After:
             "Drop --after, or use :any" if cond == "ok" else "Drop --after, or use :ok",
         )
     return After(item, run_id, run_dir, cond, state, ())
-
-
-def _find(ref: str, environ: Mapping[str, str]) -> dict[str, Any]:
-    """A run (index.find's rules) or a sweep (its id or a unique prefix)."""
-    sweeps = [e for e in index.live(environ) if e.get("sweep") and e["run_id"].startswith(ref)]
-    exact = [e for e in sweeps if e["run_id"] == ref]
-    if exact:
-        return exact[0]
-    try:
-        return index.find(ref, environ)
-    except UserError:
-        if len(sweeps) == 1:
-            return sweeps[0]
-        raise
 
 
 def _run_state(run_dir: Path) -> tuple[str, str, list[str], bool]:

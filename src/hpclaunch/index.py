@@ -1,5 +1,5 @@
 """The per-user run index: one JSON line per run, so that `runs`, `status`, `logs` and
-`cancel` find runs from any directory.
+`cancel` find runs from any directory (refs.py reads what a user types against it).
 
 Appends are one write() on an O_APPEND descriptor, so concurrent runs never interleave
 or lose a line; one cut short by a full disk is taken back. A damaged or foreign line
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from . import filemodes
-from .errors import UserError, show
 
 Warn = Callable[[str], None]
 
@@ -111,60 +110,3 @@ def live(environ: Mapping[str, str], warn: Optional[Warn] = None) -> list[dict[s
         if len(listing.skipped) > 3:
             warn(f"... and {len(listing.skipped) - 3} more damaged index lines")
     return [e for e in listing.entries if Path(e["run_dir"]).is_dir()]
-
-
-def find(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> dict[str, Any]:
-    """RUN = a run id, a unique prefix of one, a Slurm job id, or `last`."""
-    every = live(environ, warn)
-    sweeps = [e for e in every if e.get("sweep") and e["run_id"].startswith(ref)]
-    entries = [e for e in every if not e.get("sweep")]  # a sweep is no run; its points are
-    if not entries and sweeps and ref != "last":
-        raise _a_sweep(ref, sweeps[0]["run_id"])
-    if not entries:
-        raise UserError(
-            "RUN", f"no runs recorded yet ({show(ref)})", "", "Start one with hpclaunch run"
-        )
-    if ref == "last":
-        return entries[0]
-    exact = [e for e in entries if e["run_id"] == ref]
-    if exact:
-        return exact[0]
-    # A --chain run's entry lists every member's job id: any of them names the run.
-    by_job = [e for e in entries if e.get("job_id") == ref or ref in (e.get("job_ids") or ())]
-    if len(by_job) == 1:
-        return by_job[0]
-    if len(by_job) > 1:
-        ids = ", ".join(e["run_id"] for e in by_job[:5])
-        raise UserError(
-            "RUN",
-            f"job id {show(ref)} belongs to {len(by_job)} runs ({ids})",
-            "a job id must name one run",
-            "Give the run id instead",
-        )
-    matches = [e for e in entries if e["run_id"].startswith(ref)]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches and sweeps:
-        raise _a_sweep(ref, sweeps[0]["run_id"])
-    if not matches:
-        raise UserError(
-            "RUN",
-            f"no run matches {show(ref)}",
-            "a run id, a unique prefix, a job id or last",
-            "See hpclaunch runs",
-        )
-    raise UserError(
-        "RUN",
-        f"{show(ref)} matches {len(matches)} runs",
-        "the prefix must be unique",
-        f"Type more of it, e.g. {matches[0]['run_id']}",
-    )
-
-
-def _a_sweep(ref: str, sweep_id: str) -> UserError:
-    return UserError(
-        "RUN",
-        f"{show(ref)} is a sweep, not a run",
-        "a point of it is SWEEP:INDEX",
-        f"See hpclaunch sweep status {sweep_id}, or name a point: {sweep_id}:0",
-    )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 RUN_ARG_HELP = (
-    "RUN is a run id, a unique prefix of one, a Slurm job id, or `last`; a point of a "
-    "sweep is SWEEP:INDEX."
+    "RUN is a run id, a unique prefix of one, a Slurm job id, a run folder, or `last`; a "
+    "point of a sweep is SWEEP:INDEX (or its Slurm ARRAY_TASK id). `last` is the newest run "
+    "or sweep started: of a sweep, its most recently started point (cancel: the whole sweep)."
 )
 
 
@@ -25,11 +25,14 @@ def warn(line: str) -> None:
 
 
 def find_run_dir(ref: str) -> Path:
-    from .. import index
+    """RUN -> its run folder (refs.run_dir's rules)."""
+    from ..refs import run_dir
 
-    if ":" in ref:  # SWEEP:INDEX: a point of a sweep, a run folder like any other
-        from ..sweeps.ops import point_folder
+    return run_dir(ref, environ(), warn)
 
-        return point_folder(ref, environ())
-    entry: dict[str, Any] = index.find(ref, environ(), warn)
-    return Path(entry["run_dir"])
+
+def find_sweep_dir(ref: str) -> Path:
+    """SWEEP -> its sweep folder (refs.sweep_dir's rules)."""
+    from ..refs import sweep_dir
+
+    return sweep_dir(ref, environ())

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir
+from .common import RUN_ARG_HELP, environ, find_run_dir, warn
+
+if TYPE_CHECKING:
+    from ..records import RunRecord
 
 
 @click.command("cancel", epilog=RUN_ARG_HELP)
@@ -17,15 +21,38 @@ from .common import RUN_ARG_HELP, environ, find_run_dir
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
 def cancel_cmd(run: str, as_json: bool) -> int:
     """Cancel a run: scancel its Slurm job; for a local run, end its ranks (the
-    hpclaunch process that supervises them records how the run ended)."""
-    from .. import states, tracking
-    from ..errors import UserError
+    hpclaunch process that supervises them records how the run ended). A sweep (its id,
+    or `last` when a sweep is the newest) has every open point cancelled, a point
+    (SWEEP:I) only itself, as `sweep cancel` does: on Slurm and locally alike."""
+    from .. import tracking
+    from ..backends import for_record
     from ..handle import Run
+    from ..refs import run_or_sweep, sweep_of
 
-    run_dir = find_run_dir(run)
-    record = tracking.refresh_one(run_dir)
+    found = run_or_sweep(run, environ(), warn)
+    if found.is_sweep:
+        return _cancel_points(found.folder, None, as_json)
+    record = tracking.refresh_one(found.folder)
+    point = sweep_of(found.folder)
+    _check_cancellable(record, has_job=point is None)
+    if point is not None:
+        return _cancel_points(point[0], [point[1]], as_json)
+    Run(found.folder).cancel()
+    if as_json:
+        click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
+    else:
+        what = for_record(record.backend).kind
+        click.echo(f"cancelled {what} {record.job_id} (run {record.run_id})")
+    return 0
 
-    if not record.job_id:
+
+def _check_cancellable(record: RunRecord, has_job: bool) -> None:
+    """A run must have a job (a sweep's point not started yet has none: it never starts),
+    still open, and not a step of an allocation."""
+    from .. import states
+    from ..errors import UserError
+
+    if has_job and not record.job_id:
         raise UserError("RUN", f"{record.run_id} has no job", "it was never started", "")
     if record.state != "CREATED" and not states.is_active(record.state):
         raise UserError(
@@ -38,12 +65,38 @@ def cancel_cmd(run: str, as_json: bool) -> int:
             "cancelling would end the whole allocation",
             "Press Ctrl-C in its terminal, or scancel the step yourself",
         )
-    Run(run_dir).cancel()
-    if as_json:
-        click.echo(json.dumps({"cancelled": record.job_id, "run_id": record.run_id}))
+
+
+def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> int:
+    """A sweep's open points (all, or those) as `sweep cancel` ends them: one call per
+    array on Slurm; a local sweep's process records each one CANCELLED."""
+    from ..errors import UserError
+    from ..requeue import CANCELLED_FILE
+    from ..sweeps import ops, pointstate, track
+
+    sweep = track.refresh(folder)
+    chosen = [
+        r
+        for r in sweep.points
+        if pointstate.is_open(r) and (points is None or int(r.extra.get("point", -1)) in points)
+    ]
+    if not chosen:
+        counts = " ".join(f"{n} {s}" for s, n in sorted(sweep.counts().items()))
+        raise UserError(
+            "RUN", f"sweep {sweep.sweep_id} has already ended ({counts})", "", "Nothing to cancel"
+        )
+    for rec in chosen:  # asked for: a requeue or a local sweep starting it must not undo it
+        with contextlib.suppress(OSError):
+            (rec.path / CANCELLED_FILE).touch()
+    done = ops.cancel(folder, points)
+    if as_json and points is not None:  # a point: what a run's cancel says
+        click.echo(json.dumps({"cancelled": chosen[0].job_id, "run_id": chosen[0].run_id}))
+    elif as_json:
+        click.echo(json.dumps({"cancelled": done, "run_id": sweep.sweep_id}))
+    elif points is not None:
+        click.echo(f"cancelled point {points[0]} of sweep {sweep.sweep_id} ({chosen[0].run_id})")
     else:
-        what = "local run" if record.backend == "local" else "job"
-        click.echo(f"cancelled {what} {record.job_id} (run {record.run_id})")
+        click.echo(f"cancelled sweep {sweep.sweep_id}: {len(chosen)} open point(s)")
     return 0
 
 

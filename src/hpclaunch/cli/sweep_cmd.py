@@ -28,8 +28,8 @@ HPCLAUNCH_SWEEP_ID, HPCLAUNCH_POINT, HPCLAUNCH_POINTS, and HPCLAUNCH_RESULT_FILE
 where rank 0 writes its metrics as a JSON object.
 
 \b
-SWEEP is a sweep id, a unique prefix, an array job id or `last`; a point is SWEEP:INDEX
-wherever a command takes a run (logs, status, show, cancel).
+SWEEP is a sweep id, a unique prefix, an array job id, its folder or `last` (the newest
+sweep); a point is SWEEP:INDEX wherever a command takes a run (logs, status, show, cancel).
 """
 
 
@@ -192,10 +192,10 @@ def wait_cmd(sweep: str, interval: Optional[float]) -> int:
     lowest-index failed point's code. Only the points still open are read again."""
     from .. import waiting
     from ..sweeps import ops, record
-    from .common import environ
+    from .common import environ, find_sweep_dir
 
     env = environ()
-    folder = ops.find(sweep, env)
+    folder = find_sweep_dir(sweep)
     floor = waiting.site_floor(str(record.load(folder).get("cluster") or ""), env)
     if interval is not None and interval < floor:
         click.echo(
@@ -225,9 +225,9 @@ def retry_cmd(sweep: str, failed: bool, points: Optional[str]) -> int:
 def cancel_cmd(sweep: str, points: Optional[str]) -> int:
     """Cancel every pending or running point of SWEEP, or just some (one scancel)."""
     from ..sweeps import ops, record
-    from .common import environ
+    from .common import find_sweep_dir
 
-    folder = ops.find(sweep, environ())
+    folder = find_sweep_dir(sweep)
     total = len(record.load(folder)["points"])
     chosen = ops.parse_points(points, total) if points else None
     done = ops.cancel(folder, chosen)
@@ -241,9 +241,9 @@ def cancel_cmd(sweep: str, points: Optional[str]) -> int:
 def throttle_cmd(sweep: str, parallel: int) -> int:
     """At most P points of SWEEP at once from now on (scontrol update ArrayTaskThrottle)."""
     from ..sweeps import ops
-    from .common import environ
+    from .common import find_sweep_dir
 
-    for array_id, value in ops.throttle(ops.find(sweep, environ()), parallel):
+    for array_id, value in ops.throttle(find_sweep_dir(sweep), parallel):
         print(f"array {array_id}: at most {value} at once")
     return 0
 
@@ -284,10 +284,10 @@ def plot_cmd(
     sample standard deviation (n-1) of the points that share an x (repeats over seed),
     one series per value of --by. Optuna sweeps default to the optimisation history.
     A PNG needs matplotlib (pip install 'hpclaunch[plot]'); without it, a text table."""
-    from ..sweeps import ops, plot, track
-    from .common import environ
+    from ..sweeps import plot, track
+    from .common import find_sweep_dir
 
-    folder = ops.find(sweep, environ())
+    folder = find_sweep_dir(sweep)
     found = track.refresh(folder)
     rows = [track.point_row(found, r) for r in found.points]
     req = plot.Request(x, metric, by, output, data, size, logx, history, as_text, direction)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..errors import UserError
 from ..launching import Request
+from ..refs import sweep_dir
 from ..sweeps import ops, pointstate, submit, track
 from ..sweeps.plans import SweepOptions, SweepPlan
 
@@ -81,7 +82,7 @@ def print_status(
     direction: Optional[str],
     as_json: bool,
 ) -> int:
-    folder = ops.find(ref, environ)
+    folder = sweep_dir(ref, environ)
     sweep = track.refresh(folder)
     options = sweep.data.get("sweep") or {}
     if sweep.data.get("kind") == "optuna":
@@ -162,7 +163,7 @@ def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
     from .common import environ
 
     env = environ()
-    folder = ops.find(ref, env)
+    folder = sweep_dir(ref, env)
     data = record.load(folder)
     chosen = ops.parse_points(points, len(data["points"])) if points and not failed else None
     if data.get("backend") == "local":

@@ -17,6 +17,7 @@ from .. import records, render
 from ..backends.base import Launch
 from ..backends.local import LocalBackend
 from ..launching import Request
+from ..requeue import CANCELLED_FILE
 from . import record, script
 from .folder import point_record
 from .plans import SweepPlan
@@ -80,6 +81,10 @@ def _run_point(
 ) -> int:
     spec, profile = sp.planned.spec, sp.planned.prepared.profile
     paths = script.point_paths(sp.paths, str(point.index))
+    cancel_asked = paths.run_dir / CANCELLED_FILE  # `cancel SWEEP:I`, `sweep cancel`
+    if cancel_asked.exists():  # cancelled before it started: it never does
+        records.update(paths.run_dir, state="CANCELLED", exit_code=121, ended_at=time.time())
+        return 121
     if sp.space:
         point = _ask(sp, point, running, lock)
     env = dict(req.environ)
@@ -90,11 +95,23 @@ def _run_point(
         running.add(point.index)
     try:
         job_id = backend.start(Launch(spec, plan, paths, sp.planned.code.cwd, env))
+        # Its ranks' process groups (not this process: it runs the other points too), so
+        # that another hpclaunch can end this point alone.
+        pgids = backend.record_extra(job_id)["pgids"]
         records.update(
-            paths.run_dir, job_id=job_id, job_ids=[job_id], state="RUNNING", started_at=time.time()
+            paths.run_dir,
+            job_id=job_id,
+            job_ids=[job_id],
+            state="RUNNING",
+            started_at=time.time(),
+            pgids=pgids,
         )
+        if cancel_asked.exists():  # asked while it started, before its groups were known
+            backend.cancel(job_id)
         with open(os.devnull, "w") as sink:  # each point's output is in its own logs/
             code, state = backend.wait(job_id, paths, sink, sink)
+        if code != 0 and cancel_asked.exists():  # its ranks were ended from outside
+            code, state = 121, "CANCELLED"
     finally:
         with lock:
             running.discard(point.index)

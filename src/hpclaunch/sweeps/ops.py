@@ -1,5 +1,5 @@
-"""What one does to a sweep after submitting it: find it, wait for it, retry some of its
-points, cancel some or all, change how many run at once. Every command asks Slurm as
+"""What one does to a sweep after submitting it (refs.py finds it): wait for it, retry
+some of its points, cancel some or all, change how many run at once. Every command asks Slurm as
 track.refresh does (one squeue, at most one sacct) and acts in one call per array.
 """
 
@@ -10,63 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-from .. import discover, index, records, slurmcmd, waiting
+from .. import discover, records, slurmcmd, waiting
 from ..errors import UserError, show
 from . import arrays, pointstate, record, track
-
-
-def find(ref: str, environ: Mapping[str, str]) -> Path:
-    """SWEEP = a sweep id, a unique prefix, an array job id, or `last` (the newest sweep)."""
-    entries = [e for e in index.live(environ) if e.get("sweep")]
-    if not entries:
-        raise UserError(
-            "SWEEP", f"no sweeps recorded yet ({show(ref)})", "", "Start one with hpclaunch sweep"
-        )
-    if ref == "last":
-        return Path(entries[0]["run_dir"])
-    for match in (
-        [e for e in entries if e["run_id"] == ref],
-        [e for e in entries if _array_ids(e) and ref in _array_ids(e)],
-        [e for e in entries if e["run_id"].startswith(ref)],
-    ):
-        if len(match) == 1:
-            return Path(match[0]["run_dir"])
-        if len(match) > 1:
-            raise UserError(
-                "SWEEP",
-                f"{show(ref)} matches {len(match)} sweeps",
-                "the prefix must be unique",
-                f"Type more of it, e.g. {match[0]['run_id']}",
-            )
-    raise UserError(
-        "SWEEP",
-        f"no sweep matches {show(ref)}",
-        "a sweep id, a unique prefix, an array job id or last",
-        "See hpclaunch runs",
-    )
-
-
-def _array_ids(entry: Mapping[str, Any]) -> list[str]:
-    try:
-        data = record.load(Path(entry["run_dir"]))
-    except record.DamagedSweep:
-        return []
-    return [str(a["job_id"]) for a in data.get("arrays") or []]
-
-
-def point_folder(ref: str, environ: Mapping[str, str]) -> Path:
-    """SWEEP:INDEX -> that point's run folder."""
-    sweep_ref, _, index_text = ref.rpartition(":")
-    folder = find(sweep_ref, environ)
-    data = record.load(folder)
-    if not index_text.isdigit() or int(index_text) >= len(data["points"]):
-        raise UserError(
-            "RUN",
-            f"{show(ref)} names no point of sweep {data['sweep_id']}",
-            f"points 0-{len(data['points']) - 1}",
-            "",
-        )
-    return record.point_dir(folder, int(index_text))
 
 
 def parse_points(text: str, total: int) -> list[int]:
@@ -160,8 +106,10 @@ def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
     ]
     if sweep.data.get("backend") == "local":
         from ..backends.local import cancel_recorded
+        from ..requeue import CANCELLED_FILE
 
-        for rec in open_:
+        for rec in open_:  # the sweep's process records CANCELLED, never starts a pending one
+            (rec.path / CANCELLED_FILE).touch()
             cancel_recorded(rec.launcher_pid, rec.launcher_started, rec.pgids)
         return [rec.run_id for rec in open_]
     if chosen is None:

@@ -25,6 +25,7 @@ from typing import Any, Optional
 from .. import records
 from ..errors import HpclaunchError
 from ..node import EVENTS, RESULT_JSON
+from ..requeue import CANCELLED_FILE
 
 SWEEP_JSON = "sweep.json"
 POINTS = "points"
@@ -128,7 +129,8 @@ def keep_attempt(folder: Path, attempt: int) -> None:
     (a retried point may resume from them)."""
     keep = folder / ATTEMPTS / str(attempt)
     keep.mkdir(parents=True, exist_ok=True)
-    for name in ("logs", EVENTS, RESULT_JSON, PARAMS_JSON):
+    # A cancel asked of the last attempt (`cancel SWEEP:I`) is kept with it, not this one's.
+    for name in ("logs", EVENTS, RESULT_JSON, PARAMS_JSON, CANCELLED_FILE):
         source = folder / name
         if source.exists():
             os.replace(source, keep / name)
