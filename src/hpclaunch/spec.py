@@ -103,7 +103,11 @@ class JobSpec:
     time_s: Optional[int] = None
     partition: str = ""
     account: str = ""
-    reservation: str = ""
+    # Plain Slurm flags (options.py rows of kind "slurm": --reservation, --qos, ...):
+    # (option name, checked value), each one #SBATCH line in the profile's spelling.
+    slurm_flags: tuple[tuple[str, str], ...] = ()
+    # The profile's [sbatch_lines]: option name -> its #SBATCH line on this site ("{}": value).
+    sbatch_spellings: tuple[tuple[str, str], ...] = ()
     exclusive: bool = False
     job_name: str = ""
     launcher: Launcher = "srun"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Any, Optional
+from typing import Optional
 
 from . import jobwatch, profiling, requeue
 from .dependencies import check_chain
 from .errors import UserError, show
+from .options import BY_NAME, OPTIONS, RunOptions, slurm_lines
 from .profiles import Partition, Profile
 from .resources import MAX_LOCAL_RANKS, Request, check_resources
 from .secretnames import is_secret
@@ -45,7 +46,6 @@ _MODELED = {
     "--partition": "-p/--partition",
     "-A": "-A/--account",
     "--account": "-A/--account",
-    "--reservation": "--reservation",
     "-J": "-J/--job-name",
     "--job-name": "-J/--job-name",
     "-o": "(hpclaunch's run directory)",
@@ -61,6 +61,8 @@ _MODELED = {
     "--requeue": "--requeue",
     "--no-requeue": "(no requeue unless --requeue)",
     "--signal": "--requeue with --requeue-signal and --signal-before",
+    # Every registry row with an #SBATCH line (--reservation, --qos, ...): its own flag.
+    **{opt.line.split("=")[0]: f"--{opt.name}" for opt in OPTIONS if opt.line},
 }
 
 
@@ -157,6 +159,29 @@ def _sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
     return items
 
 
+def _spellings(profile: Profile) -> tuple[tuple[str, str], ...]:
+    """A profile's [sbatch_lines]: a row's #SBATCH line respelled for the site, checked
+    (a row that has a line; one "{}" for the value; one word: sbatch splits on blanks)."""
+    for name, line in profile.sbatch_lines.items():
+        row = BY_NAME.get(name)
+        if row is None or not row.line:
+            have = ", ".join(o.name for o in OPTIONS if o.line)
+            raise UserError(
+                f"cluster profile {profile.name}: sbatch_lines.{name}",
+                "not an option with an #SBATCH line",
+                f"one of {have}",
+                "Fix the profile's [sbatch_lines]",
+            )
+        if line.count("{}") != 1 or not line.startswith("-") or any(c.isspace() for c in line):
+            raise UserError(
+                f"cluster profile {profile.name}: sbatch_lines.{name}",
+                f"{show(line)} is not one sbatch option holding one {{}}",
+                "e.g. --gres=gpu:{}",
+                "Fix the profile's [sbatch_lines]",
+            )
+    return tuple(sorted(profile.sbatch_lines.items()))
+
+
 def _partition(profile: Profile, name: str) -> Optional[Partition]:
     if not profile.partitions:
         return None
@@ -172,19 +197,19 @@ def _partition(profile: Profile, name: str) -> Optional[Partition]:
 
 
 def _choose_partition(
-    profile: Profile, values: Mapping[str, Any], local: bool, in_allocation: bool
+    profile: Profile, options: RunOptions, local: bool, in_allocation: bool
 ) -> tuple[str, Optional[Partition]]:
     """The partition's name and facts; none locally, and inside an allocation the
     allocation already decided (its name is kept only when the user gave one)."""
-    name = _text("--partition", str(values.get("partition") or ""), allow_blank=False)
+    name = _text("--partition", options.partition or "", allow_blank=False)
     if local or in_allocation:
         return name, None
     name = name or profile.default_partition_name()
     return name, _partition(profile, name)
 
 
-def _account(profile: Profile, values: Mapping[str, Any], local: bool) -> str:
-    account = _text("--account", str(values.get("account") or ""), allow_blank=False)
+def _account(profile: Profile, options: RunOptions, local: bool) -> str:
+    account = _text("--account", options.account or "", allow_blank=False)
     if profile.account_required and not account and not local:
         raise UserError(
             "--account",
@@ -202,8 +227,8 @@ def _account(profile: Profile, values: Mapping[str, Any], local: bool) -> str:
     return account
 
 
-def _job_name(values: Mapping[str, Any], program: tuple[str, ...]) -> str:
-    job_name = _text("--job-name", str(values.get("job_name") or default_job_name(program)))
+def _job_name(options: RunOptions, program: tuple[str, ...]) -> str:
+    job_name = _text("--job-name", options.job_name or default_job_name(program))
     if len(job_name) > 200:
         raise UserError("--job-name", f"{len(job_name)} characters", "at most 200", "Shorten it")
     # sbatch reads #SBATCH lines raw and a name with blanks gets double quotes: a quote
@@ -215,8 +240,8 @@ def _job_name(values: Mapping[str, Any], program: tuple[str, ...]) -> str:
     return job_name
 
 
-def _exp(values: Mapping[str, Any]) -> str:
-    exp = str(values.get("exp") or "default")
+def _exp(options: RunOptions) -> str:
+    exp = options.exp or "default"
     if not _EXP.match(exp):  # it becomes a folder of the run root
         raise UserError(
             "--exp",
@@ -227,8 +252,8 @@ def _exp(values: Mapping[str, Any]) -> str:
     return exp
 
 
-def _setup(values: Mapping[str, Any], profile: Profile) -> tuple[str, ...]:
-    return tuple(_text("--setup", line) for line in values.get("setup", ()) + profile.setup)
+def _setup(options: RunOptions, profile: Profile) -> tuple[str, ...]:
+    return tuple(_text("--setup", line) for line in options.setup + profile.setup)
 
 
 def _cpu_bind(
@@ -254,7 +279,7 @@ def _cpu_bind(
 
 def _run_roots(
     profile: Profile,
-    values: Mapping[str, Any],
+    options: RunOptions,
     account: str,
     environ: Mapping[str, str],
     project: str,
@@ -268,14 +293,14 @@ def _run_roots(
         "scratch": environ.get("SCRATCH", ""),
     }
     root = profile.scratch_run_root if fmt["scratch"] and profile.scratch_run_root else ""
-    run_root = str(values.get("run_root") or (root or profile.run_root).format(**fmt))
+    run_root = options.run_root or (root or profile.run_root).format(**fmt)
     ckpt_root = profile.checkpoint_root.format(**fmt) if profile.checkpoint_root else ""
     return run_root, ckpt_root
 
 
 def validate(
     profile: Profile,
-    values: Mapping[str, Any],
+    options: RunOptions,
     sources: Mapping[str, str],
     program: tuple[str, ...],
     environ: Mapping[str, str],
@@ -285,25 +310,25 @@ def validate(
     """Every check, in the order its error is reported; the first broken one raises."""
     program = _program(program)
     local = profile.kind == "local"
-    partition_name, part = _choose_partition(profile, values, local, in_allocation)
-    launcher = values.get("launcher", profile.launcher)
+    partition_name, part = _choose_partition(profile, options, local, in_allocation)
+    launcher = options.launcher or profile.launcher
     res = check_resources(
-        Request(profile, part, partition_name, values, sources, local, in_allocation)
+        Request(profile, part, partition_name, options, sources, local, in_allocation)
     )
-    account = _account(profile, values, local)
-    job_name = _job_name(values, program)
-    exp = _exp(values)
-    setup = _setup(values, profile)
-    exclusive = bool(values.get("exclusive", False))
+    account = _account(profile, options, local)
+    job_name = _job_name(options, program)
+    exp = _exp(options)
+    setup = _setup(options, profile)
+    exclusive = options.exclusive
     whole = bool(part and part.whole_node)
     cpu_bind = _cpu_bind(profile, launcher, whole or exclusive, res.tasks_per_node, local)
-    run_root, ckpt_root = _run_roots(profile, values, account, environ, project)
+    run_root, ckpt_root = _run_roots(profile, options, account, environ, project)
     limit = res.time_s or (part.default_time or part.max_time if part else None)
-    requeued = requeue.from_values(values, limit, local=local, in_allocation=in_allocation)
-    chain = check_chain(values, local=local, in_allocation=in_allocation)
-    watch_s = jobwatch.interval_from_values(values, res.gpus_per_node, local)
+    requeued = requeue.from_values(options, limit, local=local, in_allocation=in_allocation)
+    chain = check_chain(options, local=local, in_allocation=in_allocation)
+    watch_s = jobwatch.interval_from_values(options, res.gpus_per_node, local)
     world_size = res.nodes * res.tasks_per_node
-    profiled = profiling.from_values(values, world_size, local, environ)
+    profiled = profiling.from_values(options, world_size, local, environ)
     return JobSpec(
         cluster=profile.name,
         program=program,
@@ -316,20 +341,21 @@ def validate(
         time_s=res.time_s,
         partition=partition_name,
         account=account,
-        reservation=_text("--reservation", str(values.get("reservation") or ""), allow_blank=False),
+        slurm_flags=slurm_lines(options),
+        sbatch_spellings=_spellings(profile),
         exclusive=exclusive,
         job_name=job_name,
         launcher=launcher,
-        gpu_visibility=values.get("gpu_visibility", profile.gpu_visibility),
+        gpu_visibility=options.gpu_visibility or profile.gpu_visibility,
         exp=exp,
         project=project,
-        env=_env(values.get("env", ()), profile, environ),
+        env=_env(options.env, profile, environ),
         setup=setup,
-        sbatch_args=_sbatch_args(values.get("sbatch_arg", ())),
+        sbatch_args=_sbatch_args(options.sbatch_arg),
         run_root=run_root,
-        share=str(values.get("share") or profile.share),
+        share=options.share or profile.share,
         checkpoint_root=ckpt_root,
-        nccl_debug=bool(values.get("nccl_debug", False)),
+        nccl_debug=options.nccl_debug,
         profiling=profiled,
         watch_interval_s=watch_s,
         cpu_bind=cpu_bind,
