@@ -11,6 +11,7 @@ where a run starts).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,6 +183,21 @@ def cli_options(cli: Mapping[str, Any]) -> RunOptions:
     converted and checked as `run`'s are. None or () values are not given."""
     given = {k: v for k, v in cli.items() if v is not None and v != ()}
     return RunOptions(**{k: _convert(k.replace("_", "-"), v, "cli") for k, v in given.items()})
+
+
+def recorded_options(recorded: Mapping[str, Any]) -> RunOptions:
+    """The options a run.json keeps (as given, secrets masked), typed. A key this version
+    does not know, or a value it cannot read, is left out: an old record still reads."""
+    typed: dict[str, Any] = {}
+    for key, value in recorded.items():
+        opt = BY_NAME.get(key.replace("_", "-"))
+        if opt is None:
+            continue
+        if opt.kind == "flag" and value in ("true", "false"):
+            value = value == "true"
+        with contextlib.suppress(UserError):
+            typed[opt.dest] = _convert(opt.name, value, "cli")
+    return RunOptions(**typed)
 
 
 def named_cluster(
