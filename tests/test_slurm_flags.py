@@ -146,8 +146,7 @@ def test_a_profile_respells_a_line_for_its_site(tmp_path: Path) -> None:
     """A site that wants --gres=gpu:N where others take --gpus-per-node (Slurm's sbatch
     man page: both ask for GPUs; older sites configure only GRES)."""
     (tmp_path / "hpclaunch.toml").write_text(
-        '[clusters.lumi.sbatch_lines]\n"gpus-per-node" = "--gres=gpu:{}"\n'
-        'qos = "--qos={}"\n'
+        '[clusters.lumi.sbatch_lines]\n"gpus-per-node" = "--gres=gpu:{}"\nqos = "--qos={}"\n'
     )
     script = _script(tmp_path, {**LUMI, "gpus_per_node": "2", "qos": "standard"})
     assert "#SBATCH --gres=gpu:2\n" in script and "--gpus-per-node" not in script
