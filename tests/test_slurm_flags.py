@@ -129,10 +129,22 @@ def test_a_bad_value_from_the_project_file_or_the_api(tmp_path: Path) -> None:
 
 
 def test_a_row_is_refused_as_a_raw_sbatch_arg(tmp_path: Path) -> None:
-    for raw in ("--qos=high", "--constraint=a100", "--exclude=n1", "--nodelist=n1"):
+    for raw, flag in (("--qos=high", "--qos"), ("--constraint=a100", "--constraint"),
+                      ("--exclude=n1", "--exclude"), ("--nodelist=n1", "--nodelist"),
+                      ("-qhigh", "--qos"), ("-Ca100", "--constraint"), ("-xn1", "--exclude"),
+                      ("-wn1", "--nodelist")):  # fmt: skip
         with pytest.raises(UserError) as caught:
             _script(tmp_path, {**LUMI, "sbatch_arg": (raw,)})
-        assert caught.value.line().endswith(f"Use hpclaunch's {raw.split('=')[0]} instead")
+        assert caught.value.line().endswith(f"Use hpclaunch's {flag} instead")
+
+
+def test_the_short_flags_are_sbatchs(tmp_path: Path) -> None:
+    shorts = ("-q", "normal", "-C", "a100", "-x", "nid001", "-w", "nid002")
+    proc = _cli(tmp_path, "run", "--dry-run", "--cluster", "lumi", "-A", "project_465000000",
+                *shorts, "--", "true")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for line in ("--qos=normal", "--constraint=a100", "--exclude=nid001", "--nodelist=nid002"):
+        assert f"#SBATCH {line}\n" in proc.stdout
 
 
 def test_a_local_run_names_them_as_ignored(tmp_path: Path) -> None:

@@ -150,6 +150,7 @@ class RunOptions:
         "slurm",
         "Slurm quality of service (the site's QOS names: sacctmgr show qos).",
         "--qos normal",
+        short="-q",
         metavar="NAME",
         line="--qos={}",
         pattern="^[A-Za-z0-9_.-]+$",
@@ -160,6 +161,7 @@ class RunOptions:
         "Only nodes with these features (Slurm's --constraint: a feature, or features "
         "joined by & | , with [] and *N counts).",
         "--constraint a100",
+        short="-C",
         metavar="FEATURES",
         line="--constraint={}",
         pattern="^[A-Za-z0-9_.,&|*\\[\\]()!:-]+$",
@@ -169,6 +171,7 @@ class RunOptions:
         "slurm",
         "Never these nodes (a Slurm host list: node1,node2 or nid[001-004]).",
         "--exclude node1",
+        short="-x",
         metavar="HOSTS",
         line="--exclude={}",
         pattern="^[A-Za-z0-9_.,\\[\\]-]+$",
@@ -179,6 +182,7 @@ class RunOptions:
         "Only these nodes (a Slurm host list: node1,node2 or nid[001-004]); the job needs"
         " at least as many nodes as listed.",
         "--nodelist node2",
+        short="-w",
         metavar="HOSTS",
         line="--nodelist={}",
         pattern="^[A-Za-z0-9_.,\\[\\]-]+$",

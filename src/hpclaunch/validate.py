@@ -61,8 +61,10 @@ _MODELED = {
     "--requeue": "--requeue",
     "--no-requeue": "(no requeue unless --requeue)",
     "--signal": "--requeue with --requeue-signal and --signal-before",
-    # Every registry row with an #SBATCH line (--reservation, --qos, ...): its own flag.
+    # Every registry row with an #SBATCH line (--reservation, --qos, ...): its own flag,
+    # long and short (a row's short is sbatch's: -q, -C, -x, -w).
     **{opt.line.split("=")[0]: f"--{opt.name}" for opt in OPTIONS if opt.line},
+    **{opt.short: f"--{opt.name}" for opt in OPTIONS if opt.line and opt.short},
 }
 
 
