@@ -6,7 +6,7 @@ of staging capacity, containers and venvs. Writes nothing: --dry-run stops after
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,8 +24,8 @@ from . import (
 from .errors import UserError
 from .options import SLURM_FLAGS, RunOptions
 from .profiles import Profile, load_profile
-from .spec import ContainerJob, JobSpec, StageItem
-from .validate import validate
+from .spec import NO_PARTS, ContainerJob, JobSpec, Parts, StageItem
+from .validate import Checked, check
 
 
 @dataclass(frozen=True)
@@ -54,16 +54,15 @@ def prepare_spec(
         profile = _with_discovered(profile)
 
     allocation = profile.kind == "slurm" and discover.in_allocation(environ)
-    core = validate(profile, options, sources, program, environ, allocation, project.name(cwd))
+    checked = check(profile, options, sources, program, environ, allocation, project.name(cwd))
     after = tuple(dependencies.resolve(options.after, environ))
-    staged = _staging(core, profile, options, cwd, allocation)
-    job, venv, warnings = _container(core, staged.stage, profile, options, environ, cwd)
-    # The checked request plus each feature's typed part, put together once.
+    staged = _staging(checked, options, cwd, allocation)
+    job, venv, warnings = _container(checked, staged.stage, options, environ, cwd)
     limit = options.snapshot_limit
-    spec = replace(
-        core,
+    # The JobSpec, built once: the checked request and each feature's typed part.
+    parts = Parts(
         snapshot=profile.kind == "slurm" and not options.no_snapshot,
-        snapshot_limit_bytes=200 * 2**20 if limit is None else limit,  # bytes; 0: no limit
+        snapshot_limit_bytes=NO_PARTS.snapshot_limit_bytes if limit is None else limit,
         dependency=dependencies.sbatch_value(after),
         stage=staged.stage,
         stage_out=staged.stage_out,
@@ -71,6 +70,7 @@ def prepare_spec(
         container=job,
         venv=venv,
     )
+    spec = checked.spec(parts)
     if profile.kind == "local":
         warnings = [*_local_notes(sources), *warnings]
     # Which project file gave settings, and those ignored (unless the CLI said so already).
@@ -134,8 +134,7 @@ class _Staged:
 
 
 def _staging(
-    spec: JobSpec,
-    profile: Profile,
+    checked: Checked,
     options: RunOptions,
     cwd: Path,
     in_allocation: bool,
@@ -144,6 +143,7 @@ def _staging(
     happens when the run starts: launching.start)."""
     if not options.stage and not options.stage_out:
         return _Staged()
+    profile, res = checked.profile, checked.res
     if in_allocation:
         raise UserError(
             "--stage",
@@ -151,43 +151,43 @@ def _staging(
             "",
             "Submit the job from outside the allocation (hpclaunch run submits with sbatch)",
         )
-    items = stage.plan(options.stage, cwd, rundirs.absolute(spec.run_root, cwd))
-    part = profile.partition(spec.partition)
+    items = stage.plan(options.stage, cwd, rundirs.absolute(checked.run_root, cwd))
+    part = profile.partition(checked.partition)
     space = (part.local_disk_mb if part else None) or profile.node.local_disk_mb
     node_mem = (part.memory_mb if part and part.memory_mb else None) or profile.node.memory_mb
     ram: Optional[int] = None
     if profile.local_is_ram:
-        if spec.mem_mb:
-            ram = spec.mem_mb
-        elif spec.mem_per_gpu_mb and spec.gpus_per_node:
-            ram = spec.mem_per_gpu_mb * spec.gpus_per_node
+        if res.mem_mb:
+            ram = res.mem_mb
+        elif res.mem_per_gpu_mb and res.gpus_per_node:
+            ram = res.mem_per_gpu_mb * res.gpus_per_node
         else:
             ram = node_mem
-    where = f"nodes of {spec.partition}" if part else f"{profile.name} nodes"
+    where = f"nodes of {checked.partition}" if part else f"{profile.name} nodes"
     stage.check_capacity(items, space, ram, where)
     return _Staged(items, stage.parse_stage_out(options.stage_out, cwd), profile.local_dir)
 
 
 def _container(
-    spec: JobSpec,
+    checked: Checked,
     staged: tuple[StageItem, ...],
-    profile: Profile,
     options: RunOptions,
     environ: Mapping[str, str],
     cwd: Path,
 ) -> tuple[Optional[ContainerJob], str, list[str]]:
     """--container, --bind, --venv: the image, its binds and the venv, all checked."""
+    profile, res = checked.profile, checked.res
     venv = str(rundirs.absolute(options.venv, cwd)) if options.venv else ""
-    ckpt = spec.checkpoint_root
+    ckpt = checked.checkpoint_root
     own = [
-        ("run", str(rundirs.absolute(spec.run_root, cwd))),
+        ("run", str(rundirs.absolute(checked.run_root, cwd))),
         ("checkpoints", str(rundirs.absolute(ckpt, cwd)) if ckpt else ""),
         ("project", str(project.root(cwd))),
         ("cwd", str(cwd)),
         ("venv", venv),
     ]
     job = containers.resolve(
-        profile, options, environ, cwd, nodes=spec.nodes, gpus=spec.gpus_per_node, own=own
+        profile, options, environ, cwd, nodes=res.nodes, gpus=res.gpus_per_node, own=own
     )
     warnings: list[str] = []
     if job is not None:

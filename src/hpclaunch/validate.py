@@ -9,65 +9,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Optional
 
-from . import jobwatch, profiling, requeue
+from . import jobwatch, profiling, requeue, slurmflags
 from .dependencies import check_chain
 from .errors import UserError, show
-from .options import BY_NAME, OPTIONS, RunOptions, slurm_lines
+from .options import RunOptions, slurm_lines
 from .profiles import Partition, Profile
-from .resources import MAX_LOCAL_RANKS, Request, check_resources
+from .resources import MAX_LOCAL_RANKS, Request, Resources, check_resources
 from .secretnames import is_secret
 from .shell import check_name
-from .spec import JobSpec
+from .spec import NO_PARTS, JobSpec, Launcher, Parts, Profiling, Requeue
 from .topology import map_cpu_bind, mask_cpu_bind
 from .users import user_name
 
-__all__ = ["MAX_LOCAL_RANKS", "default_job_name", "validate"]
+__all__ = ["MAX_LOCAL_RANKS", "Checked", "check", "default_job_name", "validate"]
 _EXP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-# sbatch options hpclaunch models itself: passing them raw would contradict the plan.
-_MODELED = {
-    "-N": "-N/--nodes",
-    "--nodes": "-N/--nodes",
-    "-n": "--tasks-per-node",
-    "--ntasks": "--tasks-per-node",
-    "--ntasks-per-node": "--tasks-per-node",
-    "-c": "--cpus-per-task",
-    "--cpus-per-task": "--cpus-per-task",
-    "--gpus-per-node": "--gpus-per-node",
-    "-G": "--gpus-per-node",
-    "--gpus": "--gpus-per-node",
-    "--mem": "--mem",
-    "--mem-per-gpu": "--mem-per-gpu",
-    "-t": "-t/--time",
-    "--time": "-t/--time",
-    "-p": "-p/--partition",
-    "--partition": "-p/--partition",
-    "-A": "-A/--account",
-    "--account": "-A/--account",
-    "-J": "-J/--job-name",
-    "--job-name": "-J/--job-name",
-    "-o": "(hpclaunch's run directory)",
-    "--output": "(hpclaunch's run directory)",
-    "-e": "(hpclaunch's run directory)",
-    "--error": "(hpclaunch's run directory)",
-    "--exclusive": "--exclusive",
-    "--wrap": "(the program after --)",
-    "-D": "(the directory you run hpclaunch in)",
-    "--chdir": "(the directory you run hpclaunch in)",
-    "--open-mode": "(append, always)",
-    "--parsable": "(hpclaunch reads the job id itself)",
-    "--requeue": "--requeue",
-    "--no-requeue": "(no requeue unless --requeue)",
-    "--signal": "--requeue with --requeue-signal and --signal-before",
-    # Every registry row with an #SBATCH line (--reservation, --qos, ...): its own flag,
-    # long and short (a row's short is sbatch's: -q, -C, -x, -w).
-    **{opt.line.split("=")[0]: f"--{opt.name}" for opt in OPTIONS if opt.line},
-    **{opt.short: f"--{opt.name}" for opt in OPTIONS if opt.line and opt.short},
-}
-
-
 _INTERPRETER = re.compile(r"^(python[0-9.]*|torchrun|bash|sh|uv|apptainer|singularity)$")
 
 
@@ -134,54 +93,6 @@ def _env(
             raise UserError("--env", f"{name}'s value holds a NUL byte", "", "Remove it")
         pairs[name] = value
     return tuple(pairs.items())
-
-
-def _sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
-    for item in items:
-        _text("--sbatch-arg", item)
-        if not item.startswith("-"):
-            raise UserError(
-                "--sbatch-arg",
-                f"{show(item)} is not an option",
-                "",
-                "Write e.g. --sbatch-arg=--qos=high",
-            )
-        key = item.split("=", 1)[0]
-        if not key.startswith("--"):
-            key = key[:2]  # -N2, -t5: a short option with its value attached
-        if key in _MODELED:
-            raise UserError(
-                "--sbatch-arg",
-                f"{show(item)} is modelled by hpclaunch",
-                "",
-                f"hpclaunch sets it {_MODELED[key]}; drop it"
-                if _MODELED[key].startswith("(")
-                else f"Use hpclaunch's {_MODELED[key]} instead",
-            )
-    return items
-
-
-def _spellings(profile: Profile) -> tuple[tuple[str, str], ...]:
-    """A profile's [sbatch_lines]: a row's #SBATCH line respelled for the site, checked
-    (a row that has a line; one "{}" for the value; one word: sbatch splits on blanks)."""
-    for name, line in profile.sbatch_lines.items():
-        row = BY_NAME.get(name)
-        if row is None or not row.line:
-            have = ", ".join(o.name for o in OPTIONS if o.line)
-            raise UserError(
-                f"cluster profile {profile.name}: sbatch_lines.{name}",
-                "not an option with an #SBATCH line",
-                f"one of {have}",
-                "Fix the profile's [sbatch_lines]",
-            )
-        if line.count("{}") != 1 or not line.startswith("-") or any(c.isspace() for c in line):
-            raise UserError(
-                f"cluster profile {profile.name}: sbatch_lines.{name}",
-                f"{show(line)} is not one sbatch option holding one {{}}",
-                "e.g. --gres=gpu:{}",
-                "Fix the profile's [sbatch_lines]",
-            )
-    return tuple(sorted(profile.sbatch_lines.items()))
 
 
 def _partition(profile: Profile, name: str) -> Optional[Partition]:
@@ -300,6 +211,82 @@ def _run_roots(
     return run_root, ckpt_root
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A request checked against its profile, every check passed: what the features
+    (preparing.py: snapshot, --after, staging, container) build their parts on, and
+    what `spec` makes the JobSpec of, once, with those parts."""
+
+    profile: Profile
+    program: tuple[str, ...]
+    project: str
+    sources: tuple[tuple[str, str], ...]
+    partition: str
+    res: Resources
+    account: str
+    job_name: str
+    exp: str
+    setup: tuple[str, ...]
+    launcher: Launcher
+    cpu_bind: str
+    run_root: str
+    checkpoint_root: str
+    requeue: Optional[Requeue]
+    chain: int
+    watch_interval_s: float
+    profiling: Optional[Profiling]
+    env: tuple[tuple[str, str], ...]
+    sbatch_args: tuple[str, ...]
+    slurm_flags: tuple[tuple[str, str], ...]
+    sbatch_spellings: tuple[tuple[str, str], ...]
+    options: RunOptions
+
+    def spec(self, parts: Parts = NO_PARTS) -> JobSpec:
+        res, profile, options = self.res, self.profile, self.options
+        return JobSpec(
+            cluster=profile.name,
+            program=self.program,
+            nodes=res.nodes,
+            tasks_per_node=res.tasks_per_node,
+            gpus_per_node=res.gpus_per_node,
+            cpus_per_task=res.cpus_per_task,
+            mem_mb=res.mem_mb,
+            mem_per_gpu_mb=res.mem_per_gpu_mb,
+            time_s=res.time_s,
+            partition=self.partition,
+            account=self.account,
+            slurm_flags=self.slurm_flags,
+            sbatch_spellings=self.sbatch_spellings,
+            exclusive=options.exclusive,
+            job_name=self.job_name,
+            launcher=self.launcher,
+            gpu_visibility=options.gpu_visibility or profile.gpu_visibility,
+            exp=self.exp,
+            project=self.project,
+            env=self.env,
+            setup=self.setup,
+            sbatch_args=self.sbatch_args,
+            run_root=self.run_root,
+            share=options.share or profile.share,
+            checkpoint_root=self.checkpoint_root,
+            nccl_debug=options.nccl_debug,
+            profiling=self.profiling,
+            watch_interval_s=self.watch_interval_s,
+            cpu_bind=self.cpu_bind,
+            requeue=self.requeue,
+            chain=self.chain,
+            snapshot=parts.snapshot,
+            snapshot_limit_bytes=parts.snapshot_limit_bytes,
+            dependency=parts.dependency,
+            stage=parts.stage,
+            stage_out=parts.stage_out,
+            local_dir=parts.local_dir,
+            container=parts.container,
+            venv=parts.venv,
+            sources=self.sources,
+        )
+
+
 def validate(
     profile: Profile,
     options: RunOptions,
@@ -309,6 +296,19 @@ def validate(
     in_allocation: bool,
     project: str = "",
 ) -> JobSpec:
+    """The JobSpec of a request without the features' parts (check(), then spec())."""
+    return check(profile, options, sources, program, environ, in_allocation, project).spec()
+
+
+def check(
+    profile: Profile,
+    options: RunOptions,
+    sources: Mapping[str, str],
+    program: tuple[str, ...],
+    environ: Mapping[str, str],
+    in_allocation: bool,
+    project: str = "",
+) -> Checked:
     """Every check, in the order its error is reported; the first broken one raises."""
     program = _program(program)
     local = profile.kind == "local"
@@ -321,9 +321,8 @@ def validate(
     job_name = _job_name(options, program)
     exp = _exp(options)
     setup = _setup(options, profile)
-    exclusive = options.exclusive
     whole = bool(part and part.whole_node)
-    cpu_bind = _cpu_bind(profile, launcher, whole or exclusive, res.tasks_per_node, local)
+    cpu_bind = _cpu_bind(profile, launcher, whole or options.exclusive, res.tasks_per_node, local)
     run_root, ckpt_root = _run_roots(profile, options, account, environ, project)
     limit = res.time_s or (part.default_time or part.max_time if part else None)
     requeued = requeue.from_values(options, limit, local=local, in_allocation=in_allocation)
@@ -331,37 +330,28 @@ def validate(
     watch_s = jobwatch.interval_from_values(options, res.gpus_per_node, local)
     world_size = res.nodes * res.tasks_per_node
     profiled = profiling.from_values(options, world_size, local, environ)
-    return JobSpec(
-        cluster=profile.name,
+    return Checked(
+        profile=profile,
         program=program,
-        nodes=res.nodes,
-        tasks_per_node=res.tasks_per_node,
-        gpus_per_node=res.gpus_per_node,
-        cpus_per_task=res.cpus_per_task,
-        mem_mb=res.mem_mb,
-        mem_per_gpu_mb=res.mem_per_gpu_mb,
-        time_s=res.time_s,
-        partition=partition_name,
-        account=account,
-        slurm_flags=slurm_lines(options),
-        sbatch_spellings=_spellings(profile),
-        exclusive=exclusive,
-        job_name=job_name,
-        launcher=launcher,
-        gpu_visibility=options.gpu_visibility or profile.gpu_visibility,
-        exp=exp,
         project=project,
-        env=_env(options.env, profile, environ),
+        sources=tuple(sorted(sources.items())),
+        partition=partition_name,
+        res=res,
+        account=account,
+        job_name=job_name,
+        exp=exp,
         setup=setup,
-        sbatch_args=_sbatch_args(options.sbatch_arg),
-        run_root=run_root,
-        share=options.share or profile.share,
-        checkpoint_root=ckpt_root,
-        nccl_debug=options.nccl_debug,
-        profiling=profiled,
-        watch_interval_s=watch_s,
+        launcher=launcher,
         cpu_bind=cpu_bind,
+        run_root=run_root,
+        checkpoint_root=ckpt_root,
         requeue=requeued,
         chain=chain,
-        sources=tuple(sorted(sources.items())),
+        watch_interval_s=watch_s,
+        profiling=profiled,
+        env=_env(options.env, profile, environ),
+        sbatch_args=slurmflags.sbatch_args(options.sbatch_arg),
+        slurm_flags=slurm_lines(options),
+        sbatch_spellings=slurmflags.spellings(profile),
+        options=options,
     )
