@@ -128,6 +128,15 @@ def test_a_bad_value_from_the_project_file_or_the_api(tmp_path: Path) -> None:
         _script(tmp_path, {**LUMI, "nodelist": "n\n1"})
 
 
+def test_a_trailing_line_break_from_the_environment_is_refused(tmp_path: Path) -> None:
+    """SBATCH_RESERVATION is taken as it is (no CLI conversion): the row's pattern must
+    hold for the whole value, or the #SBATCH line would end early."""
+    env = {**_env(tmp_path), "SBATCH_RESERVATION": "AI_day\n"}
+    req = api.request(("python", "t.py"), LUMI, cwd=tmp_path, environ=env)
+    with pytest.raises(UserError, match=r"^--reservation: 'AI_day\\n' is not allowed"):
+        launching.plan(req)
+
+
 def test_a_row_is_refused_as_a_raw_sbatch_arg(tmp_path: Path) -> None:
     for raw, flag in (("--qos=high", "--qos"), ("--constraint=a100", "--constraint"),
                       ("--exclude=n1", "--exclude"), ("--nodelist=n1", "--nodelist"),

@@ -406,7 +406,7 @@ def slurm_lines(options: RunOptions) -> tuple[tuple[str, str], ...]:
         value = getattr(options, opt.dest)
         if not value:
             continue
-        if not re.match(opt.pattern, value):
+        if not re.fullmatch(opt.pattern, value):  # re.match would let "x\n" through
             raise UserError(
                 f"--{opt.name}",
                 f"{show(value)} is not allowed",
