@@ -3,7 +3,7 @@ recorded runs; `get()` finds one. The CLI is a thin layer over the same code.
 
 `run()` has one keyword argument per `hpclaunch run` option (options.OPTIONS), typed
 (ints as ints, lists as lists) and None by default, meaning "not given", so the layers
-of hpclaunch.toml and the cluster profile still apply. tests/test_api_signature.py keeps
+of hpclaunch.toml and the cluster profile still apply. tests/test_api.py keeps
 the signature equal to the registry. os.environ is read in one place, environ.py (light,
 so the laptop's forwarding path need not import this module): everything after it takes
 the request's environment.
