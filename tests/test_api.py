@@ -24,6 +24,7 @@ KIND_TYPES = {
     "int": "Optional[int]",
     "float": "Optional[float]",
     "str": "Optional[str]",
+    "sbatch": "Optional[str]",
     "time": "Optional[str]",
     "mem": "Optional[str]",
     "flag": "Optional[bool]",

@@ -204,7 +204,9 @@ def test_record_masks_secret_env_and_show_prints_it(tmp_path: Path, env: dict[st
 def test_public_api_is_curated_and_lazy() -> None:
     import hpclaunch
 
-    assert set(hpclaunch.__all__) >= {"execute", "RunRequest", "UserError", "JobSpec"}
+    assert set(hpclaunch.__all__) >= {"run", "runs", "get", "UserError", "JobSpec"}
+    # The 0.x wrappers are gone (execute() silently dropped reuse_code): run() replaces them.
+    assert not {"execute", "RunRequest"} & set(hpclaunch.__all__)
     for name in hpclaunch.__all__:
         assert getattr(hpclaunch, name) is not None
     probe = subprocess.run(

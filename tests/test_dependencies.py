@@ -12,6 +12,7 @@ import pytest
 from hpclaunch.dependencies import After, parse, sbatch_value
 from hpclaunch.errors import UserError
 from hpclaunch.monitor import JobStatus, chain_status
+from hpclaunch.options import RunOptions
 from hpclaunch.profiles import load_profile
 from hpclaunch.render import plan, preview
 from hpclaunch.rundirs import RunPaths
@@ -46,7 +47,9 @@ def test_sbatch_value_only_for_runs_still_active() -> None:
 
 def _spec(values: dict[str, Any], cluster: str = "slurm", step: bool = False) -> Any:
     sources = {k: "cli" for k in values}
-    return validate(load_profile(cluster), values, sources, ("python", "t.py"), ENV, step, "p")
+    return validate(
+        load_profile(cluster), RunOptions(**values), sources, ("python", "t.py"), ENV, step, "p"
+    )
 
 
 @pytest.mark.parametrize(

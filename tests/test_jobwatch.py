@@ -13,6 +13,7 @@ import pytest
 
 from hpclaunch import jobwatch, node
 from hpclaunch.errors import UserError
+from hpclaunch.options import RunOptions
 from hpclaunch.profiles import load_profile
 from hpclaunch.render import plan
 from hpclaunch.rundirs import RunPaths
@@ -31,7 +32,9 @@ def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _spec(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) -> JobSpec:
     given = {**(LUMI if cluster == "lumi" else {}), **values}
     sources = {k: "cli" for k in given}
-    return validate(load_profile(cluster), given, sources, ("python", "t.py"), ENV, step, "p")
+    return validate(
+        load_profile(cluster), RunOptions(**given), sources, ("python", "t.py"), ENV, step, "p"
+    )
 
 
 def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:

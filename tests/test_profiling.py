@@ -20,6 +20,7 @@ import pytest
 import hpclaunch
 from conftest import PROGRAMS, REPO
 from hpclaunch import node, preparing, render
+from hpclaunch.options import RunOptions
 from hpclaunch.rundirs import RunPaths
 
 PYSPY = REPO / ".venv" / "bin" / "py-spy"
@@ -86,7 +87,7 @@ def test_pyspy_missing_here_is_refused(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3"))
     values = {"profile_ranks": "0", "profiler": "py-spy"}
     with pytest.raises(hpclaunch.UserError) as caught:
-        profiling.from_values(values, 1, False, {"PATH": str(tmp_path)})
+        profiling.from_values(RunOptions(**values), 1, False, {"PATH": str(tmp_path)})
     assert str(caught.value).startswith("--profiler: py-spy is not installed here")
 
 

@@ -16,6 +16,7 @@ from hpclaunch import records, requeue
 from hpclaunch.attempts import Attempt, fold, summary
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
+from hpclaunch.options import RunOptions
 from hpclaunch.profiles import load_profile
 from hpclaunch.render import plan
 from hpclaunch.rundirs import RunPaths, attempt_numbers, rank_logs
@@ -34,7 +35,9 @@ def _spec(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) 
     base = {"partition": "small-g", "account": "project_465000000"} if cluster == "lumi" else {}
     given = {**base, **values}
     sources = {k: "cli" for k in given}
-    return validate(load_profile(cluster), given, sources, ("python", "t.py"), ENV, step, "p")
+    return validate(
+        load_profile(cluster), RunOptions(**given), sources, ("python", "t.py"), ENV, step, "p"
+    )
 
 
 def _error(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) -> str:

@@ -10,6 +10,7 @@ import pytest
 
 from hpclaunch import users
 from hpclaunch.errors import UserError
+from hpclaunch.options import RunOptions
 from hpclaunch.profiles import NodeShape, Profile, load_profile
 from hpclaunch.spec import JobSpec
 from hpclaunch.validate import MAX_LOCAL_RANKS, validate
@@ -30,7 +31,7 @@ def _check(
     environ: Mapping[str, str] = ENV,
 ) -> JobSpec:
     given = {key: "cli" for key in values} if sources is None else sources
-    return validate(profile, values, given, PROGRAM, environ, False, "proj")
+    return validate(profile, RunOptions(**values), given, PROGRAM, environ, False, "proj")
 
 
 def _error(profile: Profile, values: Mapping[str, Any], **kw: Any) -> str:
@@ -155,7 +156,7 @@ def test_each_check_names_its_field(values: dict[str, Any], field: str) -> None:
 
 def test_missing_program() -> None:
     with pytest.raises(UserError, match=r"^PROGRAM: missing"):
-        validate(_lumi(), {"account": "project_1"}, {}, (), ENV, False)
+        validate(_lumi(), RunOptions(account="project_1"), {}, (), ENV, False)
 
 
 # -- run roots and the user name -------------------------------------------------------

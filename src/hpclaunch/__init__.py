@@ -34,8 +34,6 @@ _EXPORTS = {
     "JobSpec": "spec",
     "Profile": "profiles",
     "load_profile": "profiles",
-    "RunRequest": "api",  # deprecated: use run()
-    "execute": "api",  # deprecated: use run()
 }
 
 __all__ = [
@@ -45,12 +43,10 @@ __all__ = [
     "RemoteRun",
     "Run",
     "RunRecord",
-    "RunRequest",
     "SlurmError",
     "State",
     "UserError",
     "__version__",
-    "execute",
     "get",
     "load_profile",
     "run",
@@ -58,7 +54,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .api import RunRequest, execute, get, run, runs
+    from .api import get, run, runs
     from .errors import HpclaunchError, SlurmError, UserError
     from .handle import Run
     from .profiles import Profile, load_profile

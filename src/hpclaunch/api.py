@@ -3,7 +3,7 @@ recorded runs; `get()` finds one. The CLI is a thin layer over the same code.
 
 `run()` has one keyword argument per `hpclaunch run` option (options.OPTIONS), typed
 (ints as ints, lists as lists) and None by default, meaning "not given", so the layers
-of hpclaunch.toml and the cluster profile still apply. tests/test_api_signature.py keeps
+of hpclaunch.toml and the cluster profile still apply. tests/test_api.py keeps
 the signature equal to the registry. os.environ is read in one place, environ.py (light,
 so the laptop's forwarding path need not import this module): everything after it takes
 the request's environment.
@@ -12,12 +12,9 @@ the request's environment.
 from __future__ import annotations
 
 import shlex
-import sys
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, TextIO, Union
+from typing import Any, Literal, Optional, Union
 
 from . import index, launching, records, states, tracking
 from .environ import environment
@@ -46,6 +43,10 @@ def run(
     partition: Optional[str] = None,
     account: Optional[str] = None,
     reservation: Optional[str] = None,
+    qos: Optional[str] = None,
+    constraint: Optional[str] = None,
+    exclude: Optional[str] = None,
+    nodelist: Optional[str] = None,
     exclusive: Optional[bool] = None,
     job_name: Optional[str] = None,
     launcher: Optional[Literal["srun", "torchrun"]] = None,
@@ -198,6 +199,7 @@ _TYPES: Mapping[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (int, float),
     "str": (str,),
+    "sbatch": (str,),
     "time": (str,),
     "mem": (str,),
     "flag": (bool,),
@@ -241,33 +243,3 @@ def _a(noun: str) -> str:
 
 def _example(opt: Option) -> str:
     return {"int": "2", "float": "2.0", "flag": "True", "list": '["..."]'}.get(opt.kind, '"..."')
-
-
-# ---- the 0.1 entry point, kept as a thin wrapper ---------------------------------------
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """Deprecated: use hpclaunch.run(). Options are the CLI's strings."""
-
-    options: Mapping[str, Any]
-    program: tuple[str, ...]
-    dry_run: bool = False
-    wait: bool = False
-    as_json: bool = False
-    cwd: Optional[Path] = None
-    environ: Optional[Mapping[str, str]] = None
-    reuse_code: Optional[Path] = None
-    out: TextIO = field(default_factory=lambda: sys.stdout)
-    err: TextIO = field(default_factory=lambda: sys.stderr)
-
-
-def execute(req: RunRequest) -> int:
-    """Deprecated: what `hpclaunch run` does, printing as it does; returns the exit code."""
-    warnings.warn("execute() is deprecated: use hpclaunch.run()", DeprecationWarning, 2)
-    from .reporting import run_and_report
-
-    launch = request(req.program, req.options, cwd=req.cwd, environ=req.environ)
-    return run_and_report(
-        launch, dry_run=req.dry_run, wait=req.wait, as_json=req.as_json, out=req.out, err=req.err
-    )

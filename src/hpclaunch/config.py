@@ -3,12 +3,15 @@
 built-in profile < user profile < project hpclaunch.toml ([run], [clusters.NAME]; which
 file, and whether it may be read: projectfile.py)
 < environment (HPCLAUNCH_CLUSTER, HPCLAUNCH_CONFIG, SBATCH_ACCOUNT/PARTITION/RESERVATION)
-< command line. Every value is converted to its type here; config only layers: it never
-asks Slurm, packs data or looks inside images (preparing.py does, where a run starts).
+< command line. Every value is converted to its type here, into one frozen RunOptions
+(options.py): past this module options are typed attributes, never string keys. config
+only layers: it never asks Slurm, packs data or looks inside images (preparing.py does,
+where a run starts).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +19,7 @@ from typing import Any, Optional
 
 from . import projectfile
 from .errors import UserError, show
-from .options import BY_NAME
+from .options import BY_NAME, RunOptions
 from .projectfile import PROJECT_FILE
 from .units import parse_memory, parse_size, parse_time
 
@@ -32,7 +35,7 @@ SBATCH_ENV = {
 class Layers:
     """Every option value the layers give, typed, and which layer gave it."""
 
-    values: dict[str, Any]  # option dest -> typed value
+    options: RunOptions
     sources: dict[str, str]  # option dest -> "cli", "project", "env:NAME"
     project_file: Optional[Path]
     project_run: dict[str, Any] = field(default_factory=dict)  # [run] as written
@@ -42,8 +45,8 @@ class Layers:
     @property
     def cluster(self) -> Optional[tuple[str, str]]:
         """(name, source) when a layer names the cluster; None: detect it."""
-        if self.sources.get("cluster") == "cli":
-            return str(self.values["cluster"]), "cli"
+        if self.sources.get("cluster") == "cli" and self.options.cluster is not None:
+            return self.options.cluster, "cli"
         return None
 
 
@@ -166,13 +169,35 @@ def layers(cli: Mapping[str, Any], cwd: Path, environ: Mapping[str, str]) -> Lay
         values[BY_NAME[name].dest] = _convert(name, raw, "cli")
         sources[BY_NAME[name].dest] = "cli"
     return Layers(
-        values,
+        RunOptions(**values),
         sources,
         found.path,
         dict(project_run),
         dict(project_clusters),
         found.warnings,
     )
+
+
+def cli_options(cli: Mapping[str, Any]) -> RunOptions:
+    """Options a command other than `run` takes from its own command line (no layers):
+    converted and checked as `run`'s are. None or () values are not given."""
+    given = {k: v for k, v in cli.items() if v is not None and v != ()}
+    return RunOptions(**{k: _convert(k.replace("_", "-"), v, "cli") for k, v in given.items()})
+
+
+def recorded_options(recorded: Mapping[str, Any]) -> RunOptions:
+    """The options a run.json keeps (as given, secrets masked), typed. A key this version
+    does not know, or a value it cannot read, is left out: an old record still reads."""
+    typed: dict[str, Any] = {}
+    for key, value in recorded.items():
+        opt = BY_NAME.get(key.replace("_", "-"))
+        if opt is None:
+            continue
+        if opt.kind == "flag" and value in ("true", "false"):
+            value = value == "true"
+        with contextlib.suppress(UserError):
+            typed[opt.dest] = _convert(opt.name, value, "cli")
+    return RunOptions(**typed)
 
 
 def named_cluster(

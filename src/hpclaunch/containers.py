@@ -25,6 +25,7 @@ from typing import Optional
 from . import rundirs
 from .errors import UserError, show
 from .node import SQUASHFS
+from .options import RunOptions
 from .profiles import ContainerSettings, Profile
 from .shell import Word
 from .spec import Bind, ContainerJob, StageItem
@@ -263,7 +264,7 @@ def squashfs_missing(image: Path, dsts: list[str]) -> list[str]:
 
 def resolve(
     profile: Profile,
-    values: Mapping[str, object],
+    options: RunOptions,
     environ: Mapping[str, str],
     cwd: Path,
     *,
@@ -273,10 +274,9 @@ def resolve(
 ) -> Optional[ContainerJob]:
     """--container and friends -> a checked ContainerJob (None without --container)."""
     settings = profile.container
-    runtime = str(values.get("container_runtime") or settings.runtime)
-    raw = values.get("bind") or ()
-    user_binds = tuple(str(b) for b in raw) if isinstance(raw, (list, tuple)) else ()
-    image_value = str(values.get("container") or "")
+    runtime = options.container_runtime or settings.runtime
+    user_binds = options.bind
+    image_value = options.container or ""
     if not image_value:
         if user_binds:
             raise UserError("--bind", "given without --container", "", "Add --container IMAGE")

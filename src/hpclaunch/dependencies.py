@@ -18,6 +18,7 @@ from typing import Any
 
 from . import states
 from .errors import UserError, show
+from .options import RunOptions
 from .refs import run_or_sweep
 
 CONDITIONS = {"ok": "afterok", "any": "afterany", "notok": "afternotok"}
@@ -60,15 +61,15 @@ def parse(item: str) -> tuple[str, str]:
     return item, "ok"
 
 
-def check_chain(values: Mapping[str, Any], *, local: bool, in_allocation: bool) -> int:
-    chain = int(values.get("chain", 1))
+def check_chain(options: RunOptions, *, local: bool, in_allocation: bool) -> int:
+    chain = 1 if options.chain is None else options.chain
     if not 1 <= chain <= MAX_CHAIN:
         raise UserError("--chain", str(chain), f"1 to {MAX_CHAIN}", "Give e.g. --chain 3")
-    for name, given in (("--chain", chain > 1), ("--after", bool(values.get("after")))):
+    for name, given in (("--chain", chain > 1), ("--after", bool(options.after))):
         if given and (local or in_allocation):
             where = "a local run" if local else "a step of the current allocation"
             raise UserError(name, f"not for {where}", "Slurm keeps the order", "Drop it")
-    if chain > 1 and values.get("requeue"):
+    if chain > 1 and options.requeue:
         raise UserError(
             "--chain",
             "with --requeue",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from . import records, states
+from . import config, records, states
 from .node import EVENTS, GPU_CSV, INPUT_BOUND, LOGS, METRICS, gpu_watch
 from .records import RunRecord
 
@@ -282,7 +282,7 @@ def why_none(run_dir: Path, record: RunRecord) -> str:
     missing = [s for s in said if s.startswith(NO_TOOL)]
     if spec.get("gpus_per_node") == 0:
         return "it asked for no GPUs (--gpus-per-node 0), so no GPU watch ran"
-    if record.options.get("no_watch") in (True, "true"):
+    if config.recorded_options(record.options).no_watch:
         return "it ran with --no-watch"
     if spec.get("watch_interval_s") == 0:
         return "it had no GPU watch (local runs and steps of an allocation have none)"

@@ -22,11 +22,9 @@ Why it starts the way it does (docs/watching.md says the same for users):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from . import node, shell
 from .errors import UserError, show
+from .options import RunOptions
 from .profiles import Profile
 from .rundirs import RunPaths
 from .spec import JobSpec
@@ -38,10 +36,10 @@ START_DELAY_S = 1  # after the ranks' srun started (whole seconds: `sleep` takes
 STOP_FILE = ".gpu-watch-stop-${SLURM_JOB_ID}"
 
 
-def interval_from_values(values: Mapping[str, Any], gpus_per_node: int, local: bool) -> float:
+def interval_from_values(options: RunOptions, gpus_per_node: int, local: bool) -> float:
     """Seconds between samples; 0.0 (no watch) for a job without GPUs, with --no-watch,
     or a local run (not yet: docs/watching.md)."""
-    given = values.get("watch_interval")
+    given = options.watch_interval
     if given is not None:
         low, high = INTERVAL_RANGE_S
         if not low <= float(given) <= high:
@@ -51,7 +49,7 @@ def interval_from_values(values: Mapping[str, Any], gpus_per_node: int, local: b
                 f"{low:g} to {high:g}",
                 "Give e.g. --watch-interval 5, or --no-watch for no GPU samples",
             )
-    if values.get("no_watch") or not gpus_per_node or local:
+    if options.no_watch or not gpus_per_node or local:
         return 0.0
     return float(given) if given is not None else DEFAULT_INTERVAL_S
 

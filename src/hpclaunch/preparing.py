@@ -6,7 +6,7 @@ of staging capacity, containers and venvs. Writes nothing: --dry-run stops after
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,9 +23,10 @@ from . import (
     venvs,
 )
 from .errors import UserError
+from .options import SLURM_FLAGS, RunOptions
 from .profiles import Profile, load_profile
-from .spec import JobSpec
-from .validate import validate
+from .spec import NO_PARTS, ContainerJob, JobSpec, Parts, StageItem
+from .validate import Checked, check
 
 
 @dataclass(frozen=True)
@@ -48,23 +49,30 @@ def prepare_spec(
     layers = config.layers(cli, cwd, environ)
     cluster, csource = layers.cluster or choose_cluster(layers.project_run, environ)
     sources = {**layers.sources, "cluster": csource}
-    values = layers.values
+    options = layers.options
     profile = load_profile(cluster, layers.project_clusters, environ)
     chosen = backends.chosen(profile, discover.in_allocation(environ))  # asked, never named
     if profile.discover and chosen.asks_sinfo:
         profile = _with_discovered(profile)
 
     allocation = chosen.step_of_allocation
-    spec = validate(profile, values, sources, program, environ, allocation, project.name(cwd))
-    spec = replace(
-        spec,
-        snapshot=chosen.snapshots_by_default and not values.get("no_snapshot"),
-        snapshot_limit_bytes=values.get("snapshot_limit", 200 * 2**20),  # bytes; 0: no limit
+    checked = check(profile, options, sources, program, environ, allocation, project.name(cwd))
+    after = tuple(dependencies.resolve(options.after, environ))
+    staged = _staging(checked, options, cwd, allocation)
+    job, venv, warnings = _container(checked, staged.stage, options, environ, cwd)
+    limit = options.snapshot_limit
+    # The JobSpec, built once: the checked request and each feature's typed part.
+    parts = Parts(
+        snapshot=chosen.snapshots_by_default and not options.no_snapshot,
+        snapshot_limit_bytes=NO_PARTS.snapshot_limit_bytes if limit is None else limit,
+        dependency=dependencies.sbatch_value(after),
+        stage=staged.stage,
+        stage_out=staged.stage_out,
+        local_dir=staged.local_dir,
+        container=job,
+        venv=venv,
     )
-    after = tuple(dependencies.resolve(values.get("after", ()), environ))
-    spec = replace(spec, dependency=dependencies.sbatch_value(after))
-    spec = _with_staging(spec, profile, values, cwd, allocation)
-    spec, warnings = _with_container(spec, profile, values, environ, cwd)
+    spec = checked.spec(parts)
     if chosen.runs_here:
         warnings = [*_local_notes(sources), *warnings]
     # Which project file gave settings, and those ignored (unless the CLI said so already).
@@ -85,8 +93,8 @@ def prepare_spec(
 
 
 # Options that only Slurm acts on: a local run names them once instead of dropping them.
-_SLURM_ONLY = ("mem", "mem_per_gpu", "partition", "account", "reservation", "exclusive",
-               "sbatch_arg")  # fmt: skip
+_SLURM_ONLY = ("mem", "mem_per_gpu", "partition", "account", "exclusive", "sbatch_arg",
+               *(opt.dest for opt in SLURM_FLAGS))  # fmt: skip
 
 
 def _local_notes(sources: Mapping[str, str]) -> list[str]:
@@ -118,17 +126,26 @@ def profile_for(cluster: Optional[str], cwd: Path, environ: Mapping[str, str]) -
     return load_profile(name, layers.project_clusters, environ)
 
 
-def _with_staging(
-    spec: JobSpec,
-    profile: Profile,
-    values: Mapping[str, Any],
+@dataclass(frozen=True)
+class _Staged:
+    """--stage / --stage-out's part of the JobSpec."""
+
+    stage: tuple[StageItem, ...] = ()
+    stage_out: tuple[tuple[str, str], ...] = ()
+    local_dir: str = ""
+
+
+def _staging(
+    checked: Checked,
+    options: RunOptions,
     cwd: Path,
     in_allocation: bool,
-) -> JobSpec:
+) -> _Staged:
     """--stage / --stage-out: planned and checked against the node-local space (packing
     happens when the run starts: launching.start)."""
-    if not values.get("stage") and not values.get("stage_out"):
-        return spec
+    if not options.stage and not options.stage_out:
+        return _Staged()
+    profile, res = checked.profile, checked.res
     if in_allocation:
         raise UserError(
             "--stage",
@@ -136,60 +153,56 @@ def _with_staging(
             "",
             "Submit the job from outside the allocation (hpclaunch run submits with sbatch)",
         )
-    items = stage.plan(values.get("stage", ()), cwd, rundirs.absolute(spec.run_root, cwd))
-    part = profile.partition(spec.partition)
+    items = stage.plan(options.stage, cwd, rundirs.absolute(checked.run_root, cwd))
+    part = profile.partition(checked.partition)
     space = (part.local_disk_mb if part else None) or profile.node.local_disk_mb
     node_mem = (part.memory_mb if part and part.memory_mb else None) or profile.node.memory_mb
     ram: Optional[int] = None
     if profile.local_is_ram:
-        if spec.mem_mb:
-            ram = spec.mem_mb
-        elif spec.mem_per_gpu_mb and spec.gpus_per_node:
-            ram = spec.mem_per_gpu_mb * spec.gpus_per_node
+        if res.mem_mb:
+            ram = res.mem_mb
+        elif res.mem_per_gpu_mb and res.gpus_per_node:
+            ram = res.mem_per_gpu_mb * res.gpus_per_node
         else:
             ram = node_mem
-    where = f"nodes of {spec.partition}" if part else f"{profile.name} nodes"
+    where = f"nodes of {checked.partition}" if part else f"{profile.name} nodes"
     stage.check_capacity(items, space, ram, where)
-    return replace(
-        spec,
-        stage=items,
-        stage_out=stage.parse_stage_out(values.get("stage_out", ()), cwd),
-        local_dir=profile.local_dir,
-    )
+    return _Staged(items, stage.parse_stage_out(options.stage_out, cwd), profile.local_dir)
 
 
-def _with_container(
-    spec: JobSpec,
-    profile: Profile,
-    values: Mapping[str, Any],
+def _container(
+    checked: Checked,
+    staged: tuple[StageItem, ...],
+    options: RunOptions,
     environ: Mapping[str, str],
     cwd: Path,
-) -> tuple[JobSpec, list[str]]:
+) -> tuple[Optional[ContainerJob], str, list[str]]:
     """--container, --bind, --venv: the image, its binds and the venv, all checked."""
-    venv = str(rundirs.absolute(str(values["venv"]), cwd)) if values.get("venv") else ""
-    ckpt = spec.checkpoint_root
+    profile, res = checked.profile, checked.res
+    venv = str(rundirs.absolute(options.venv, cwd)) if options.venv else ""
+    ckpt = checked.checkpoint_root
     own = [
-        ("run", str(rundirs.absolute(spec.run_root, cwd))),
+        ("run", str(rundirs.absolute(checked.run_root, cwd))),
         ("checkpoints", str(rundirs.absolute(ckpt, cwd)) if ckpt else ""),
         ("project", str(project.root(cwd))),
         ("cwd", str(cwd)),
         ("venv", venv),
     ]
     job = containers.resolve(
-        profile, values, environ, cwd, nodes=spec.nodes, gpus=spec.gpus_per_node, own=own
+        profile, options, environ, cwd, nodes=res.nodes, gpus=res.gpus_per_node, own=own
     )
     warnings: list[str] = []
     if job is not None:
-        warnings += containers.image_notes(str(values.get("container") or ""), job.image)
+        warnings += containers.image_notes(options.container or "", job.image)
     if venv:
         venv, warnings = venvs.check_venv(venv, job)
     if job is not None:
         job = containers.check_mount_points(job, profile.container)
-        job = containers.with_staged_images(job, spec.stage)
+        job = containers.with_staged_images(job, staged)
         line = venvs.shadow_warning(job, venv, profile.python, environ)
         if line:
             warnings.append(line)
-    return replace(spec, container=job, venv=venv), warnings
+    return job, venv, warnings
 
 
 def _with_discovered(profile: Profile) -> Profile:

@@ -178,6 +178,9 @@ class Profile(_Record):
     debug_env: dict[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
+    # A row's #SBATCH line as this site spells it (options.py: a row with a `line`), "{}"
+    # for the value: e.g. gpus-per-node = "--gres=gpu:{}" where --gpus-per-node is refused.
+    sbatch_lines: dict[str, str] = field(default_factory=dict)
     partitions: dict[str, Partition] = field(default_factory=dict)
     container: ContainerSettings = ContainerSettings()
     cluster_name: str = ""  # filled by discovery

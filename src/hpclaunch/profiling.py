@@ -12,11 +12,11 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from . import node
 from .errors import UserError, show
-from .options import BY_NAME
+from .options import BY_NAME, RunOptions
 from .profiles import Profile
 from .rundirs import RunPaths
 from .shell import Word
@@ -28,11 +28,11 @@ ON_PATH = ("nsys", "rocprof")
 
 
 def from_values(
-    values: Mapping[str, Any], world_size: int, local: bool, environ: Mapping[str, str]
+    options: RunOptions, world_size: int, local: bool, environ: Mapping[str, str]
 ) -> Optional[Profiling]:
     """The checked request, or None without one. Both options or neither; ranks within
     the job; the profiler present where that can be seen from here."""
-    text, tool = values.get("profile_ranks"), values.get("profiler")
+    text, tool = options.profile_ranks, options.profiler
     if text is None and tool is None:
         return None
     if tool is None:
@@ -49,7 +49,7 @@ def from_values(
     pyspy = ""
     if tool == "py-spy":
         pyspy = _pyspy(environ)
-    elif tool in ON_PATH and local and not values.get("container"):
+    elif tool in ON_PATH and local and not options.container:
         _on_path(str(tool), environ)
     return Profiling(ranks=ranks, tool=str(tool), pyspy=pyspy)
 

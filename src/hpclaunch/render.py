@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import containers, jobwatch, node, profiling, requeue, scriptend, shell, stagepack
 from .launchers import launcher_env, task_argv
+from .options import sbatch_line
 from .profiles import Profile
 from .resources import default_notes
 from .rundirs import RunPaths
@@ -35,6 +36,7 @@ class BatchPlan:
 
 
 def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
+    spellings = dict(spec.sbatch_spellings)  # the site's own #SBATCH spellings
     lines = [
         shell.sbatch_line("--job-name", spec.job_name),
         shell.sbatch_line("--nodes", str(spec.nodes)),
@@ -42,20 +44,18 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
     if spec.gpus_per_node:
-        lines.append(shell.sbatch_line("--gpus-per-node", str(spec.gpus_per_node)))
+        lines.append(sbatch_line("gpus-per-node", str(spec.gpus_per_node), spellings))
     if spec.mem_mb is not None:
         lines.append(shell.sbatch_line("--mem", format_memory(spec.mem_mb)))
     if spec.mem_per_gpu_mb is not None:
         lines.append(shell.sbatch_line("--mem-per-gpu", format_memory(spec.mem_per_gpu_mb)))
     if spec.time_s is not None:
         lines.append(shell.sbatch_line("--time", format_time(spec.time_s)))
-    for option, value in (
-        ("--partition", spec.partition),
-        ("--account", spec.account),
-        ("--reservation", spec.reservation),
-    ):
+    for option, value in (("--partition", spec.partition), ("--account", spec.account)):
         if value:
             lines.append(shell.sbatch_line(option, value))
+    # The plain Slurm flags, in the registry's order, as the site spells them.
+    lines += [sbatch_line(name, value, spellings) for name, value in spec.slurm_flags]
     if spec.exclusive:
         lines.append(shell.sbatch_line("--exclusive"))
     lines += [

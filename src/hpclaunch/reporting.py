@@ -12,7 +12,7 @@ import signal
 from dataclasses import replace
 from typing import Optional, TextIO
 
-from . import launching, records, states
+from . import config, launching, records, states
 from .records import RunRecord
 
 
@@ -121,8 +121,8 @@ def _attempts_note(record: RunRecord) -> str:
         return ""
     text = f"; {len(tried)} attempt{'s' if len(tried) > 1 else ''}"
     ended = tried[-1].describe(last=True)
-    given = str(record.options.get("max_requeues", 3))  # recorded as the user gave it
-    budget = int(given) if given.isdigit() else 3
+    given = config.recorded_options(record.options).max_requeues  # as the user gave it
+    budget = 3 if given is None or given < 0 else given
     if not ended and record.state == "TIMEOUT" and len(tried) > budget:
         ended = f"stopped at the time limit: the requeue budget (--max-requeues {budget}) is spent"
     return text + (f", the last {ended}" if ended else "")

@@ -26,13 +26,14 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from . import shell
 from .errors import UserError
 from .node import HPCLAUNCH_ATTEMPT, HPCLAUNCH_REQUEUE_SIGNAL
+from .options import RunOptions
 from .rundirs import ATTEMPT_PREFIX
 from .spec import Requeue
 from .units import format_time
@@ -58,13 +59,21 @@ HPCLAUNCH_DONE_FILE = "HPCLAUNCH_DONE_FILE"
 
 
 def from_values(
-    values: Mapping[str, Any], time_s: Optional[int], *, local: bool, in_allocation: bool
+    options: RunOptions, time_s: Optional[int], *, local: bool, in_allocation: bool
 ) -> Optional[Requeue]:
     """The --requeue settings, or None without --requeue; the others alone are refused."""
-    extras = [k for k in ("max_requeues", "requeue_signal", "signal_before") if k in values]
-    if not values.get("requeue"):
+    extras = [
+        name
+        for name, given in (
+            ("--max-requeues", options.max_requeues),
+            ("--requeue-signal", options.requeue_signal),
+            ("--signal-before", options.signal_before),
+        )
+        if given is not None
+    ]
+    if not options.requeue:
         if extras:
-            name = "--" + extras[0].replace("_", "-")
+            name = extras[0]
             raise UserError(name, "given without --requeue", "", "Add --requeue, or drop it")
         return None
     if local or in_allocation:
@@ -75,12 +84,12 @@ def from_values(
             "only a batch job has a time limit to outlive",
             "Submit it to a Slurm cluster (--cluster slurm), or drop --requeue",
         )
-    most = int(values.get("max_requeues", 3))
+    most = 3 if options.max_requeues is None else options.max_requeues
     if not 0 <= most <= MAX_REQUEUES:
         raise UserError(
             "--max-requeues", str(most), f"0 to {MAX_REQUEUES}", "Give e.g. --max-requeues 3"
         )
-    before = int(values.get("signal_before", 120))
+    before = 120 if options.signal_before is None else options.signal_before
     if before <= MARGIN_S:
         raise UserError(
             "--signal-before",
@@ -106,7 +115,7 @@ def from_values(
             "attempt as soon as it starts",
             f"Give at most {max(MARGIN_S + 1, time_s - 60)} s, or a longer -t",
         )
-    signal = str(values.get("requeue_signal", "USR2")).upper().removeprefix("SIG")
+    signal = options.requeue_signal or "USR2"
     return Requeue(max_requeues=most, signal=signal, before_s=before, margin_s=MARGIN_S)
 
 

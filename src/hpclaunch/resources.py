@@ -13,10 +13,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from .backends.kinds import runs_here
 from .errors import UserError
+from .options import RunOptions
 from .profiles import Partition, Profile
 from .spec import JobSpec
 from .units import format_memory, format_time, parse_memory
@@ -44,7 +45,7 @@ class Request:
     profile: Profile
     part: Optional[Partition]  # None: local, inside an allocation, or no partitions known
     partition_name: str
-    values: Mapping[str, Any]
+    options: RunOptions
     sources: Mapping[str, str]
     local: bool
     in_allocation: bool
@@ -60,7 +61,7 @@ class Request:
 
     @property
     def exclusive(self) -> bool:
-        return bool(self.values.get("exclusive", False))
+        return self.options.exclusive
 
 
 def check_resources(req: Request) -> Resources:
@@ -70,7 +71,7 @@ def check_resources(req: Request) -> Resources:
     nodes = _nodes(req)
     gpus = _gpus_per_node(req, node_gpus)
     tasks = positive(
-        "--tasks-per-node", req.values.get("tasks_per_node", gpus or 1), "tasks per node"
+        "--tasks-per-node", _given(req.options.tasks_per_node, gpus or 1), "tasks per node"
     )
     if req.local:
         _check_local_ranks(nodes, tasks, req.sources)
@@ -87,6 +88,10 @@ def check_resources(req: Request) -> Resources:
         mem_per_gpu_mb=mem_per_gpu,
         time_s=_time(req),
     )
+
+
+def _given(value: Optional[int], default: int) -> int:
+    return default if value is None else value
 
 
 def positive(field: str, value: int, what: str) -> int:
@@ -122,7 +127,7 @@ def _node_memory(req: Request) -> Optional[int]:
 
 
 def _nodes(req: Request) -> int:
-    nodes = positive("--nodes", req.values.get("nodes", 1), "nodes")
+    nodes = positive("--nodes", _given(req.options.nodes, 1), "nodes")
     part, name = req.part, req.partition_name
     if part and part.max_nodes and nodes > part.max_nodes:
         raise UserError(
@@ -160,7 +165,7 @@ def default_gpus(
 
 def _gpus_per_node(req: Request, node_gpus: int) -> int:
     default = default_gpus(req.profile, req.part, req.exclusive, node_gpus)
-    gpus: int = req.values.get("gpus_per_node", default)
+    gpus = _given(req.options.gpus_per_node, default)
     if gpus < 0:
         raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
     if gpus > node_gpus and not req.in_allocation:
@@ -200,7 +205,7 @@ def _cpus_per_task(req: Request, gpus: int, tasks: int) -> int:
     # One task per GPU: each gets its GPU's share of the cores (LUMI: 7).
     if req.profile.node.cpus_per_gpu and gpus and tasks == gpus:
         default = req.profile.node.cpus_per_gpu
-    return positive("--cpus-per-task", req.values.get("cpus_per_task", default), "CPUs per task")
+    return positive("--cpus-per-task", _given(req.options.cpus_per_task, default), "CPUs per task")
 
 
 def _check_cpus_per_node(
@@ -229,7 +234,7 @@ def _check_cpus_per_node(
 
 
 def _memory(req: Request, gpus: int) -> tuple[Optional[int], Optional[int]]:
-    mem, mem_per_gpu = req.values.get("mem"), req.values.get("mem_per_gpu")
+    mem, mem_per_gpu = req.options.mem, req.options.mem_per_gpu
     if mem is not None and mem_per_gpu is not None:
         raise UserError("--mem", "given together with --mem-per-gpu", "", "Give only one of them")
     profile = req.profile
@@ -254,7 +259,7 @@ def _memory(req: Request, gpus: int) -> tuple[Optional[int], Optional[int]]:
 
 
 def _time(req: Request) -> Optional[int]:
-    time_s: Optional[int] = req.values.get("time")
+    time_s = req.options.time
     part = req.part
     if part and part.max_time and time_s and time_s > part.max_time:
         raise UserError(

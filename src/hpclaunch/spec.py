@@ -91,6 +91,24 @@ class Profiling:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """What the features add to a checked request (preparing.py), each typed: the code
+    snapshot, --after's dependency, staging, the container and the venv."""
+
+    snapshot: bool = False
+    snapshot_limit_bytes: int = 200 * 2**20  # 0: no limit
+    dependency: str = ""
+    stage: tuple[StageItem, ...] = ()
+    stage_out: tuple[tuple[str, str], ...] = ()
+    local_dir: str = ""
+    container: Optional[ContainerJob] = None
+    venv: str = ""
+
+
+NO_PARTS = Parts()
+
+
+@dataclass(frozen=True)
 class JobSpec:
     cluster: str
     program: tuple[str, ...]
@@ -103,7 +121,11 @@ class JobSpec:
     time_s: Optional[int] = None
     partition: str = ""
     account: str = ""
-    reservation: str = ""
+    # Plain Slurm flags (options.py rows of kind "sbatch": --reservation, --qos, ...):
+    # (option name, checked value), each one #SBATCH line in the profile's spelling.
+    slurm_flags: tuple[tuple[str, str], ...] = ()
+    # The profile's [sbatch_lines]: option name -> its #SBATCH line on this site ("{}": value).
+    sbatch_spellings: tuple[tuple[str, str], ...] = ()
     exclusive: bool = False
     job_name: str = ""
     launcher: Launcher = "srun"

@@ -9,61 +9,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Optional
+from typing import Optional
 
-from . import backends, jobwatch, profiling, requeue
+from . import backends, jobwatch, profiling, requeue, slurmflags
 from .dependencies import check_chain
 from .errors import UserError, show
+from .options import RunOptions, slurm_lines
 from .profiles import Partition, Profile
-from .resources import MAX_LOCAL_RANKS, Request, check_resources
+from .resources import MAX_LOCAL_RANKS, Request, Resources, check_resources
 from .secretnames import is_secret
 from .shell import check_name
-from .spec import JobSpec
+from .spec import NO_PARTS, JobSpec, Launcher, Parts, Profiling, Requeue
 from .topology import map_cpu_bind, mask_cpu_bind
 from .users import user_name
 
-__all__ = ["MAX_LOCAL_RANKS", "default_job_name", "validate"]
+__all__ = ["MAX_LOCAL_RANKS", "Checked", "check", "default_job_name", "validate"]
 _EXP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-# sbatch options hpclaunch models itself: passing them raw would contradict the plan.
-_MODELED = {
-    "-N": "-N/--nodes",
-    "--nodes": "-N/--nodes",
-    "-n": "--tasks-per-node",
-    "--ntasks": "--tasks-per-node",
-    "--ntasks-per-node": "--tasks-per-node",
-    "-c": "--cpus-per-task",
-    "--cpus-per-task": "--cpus-per-task",
-    "--gpus-per-node": "--gpus-per-node",
-    "-G": "--gpus-per-node",
-    "--gpus": "--gpus-per-node",
-    "--mem": "--mem",
-    "--mem-per-gpu": "--mem-per-gpu",
-    "-t": "-t/--time",
-    "--time": "-t/--time",
-    "-p": "-p/--partition",
-    "--partition": "-p/--partition",
-    "-A": "-A/--account",
-    "--account": "-A/--account",
-    "--reservation": "--reservation",
-    "-J": "-J/--job-name",
-    "--job-name": "-J/--job-name",
-    "-o": "(hpclaunch's run directory)",
-    "--output": "(hpclaunch's run directory)",
-    "-e": "(hpclaunch's run directory)",
-    "--error": "(hpclaunch's run directory)",
-    "--exclusive": "--exclusive",
-    "--wrap": "(the program after --)",
-    "-D": "(the directory you run hpclaunch in)",
-    "--chdir": "(the directory you run hpclaunch in)",
-    "--open-mode": "(append, always)",
-    "--parsable": "(hpclaunch reads the job id itself)",
-    "--requeue": "--requeue",
-    "--no-requeue": "(no requeue unless --requeue)",
-    "--signal": "--requeue with --requeue-signal and --signal-before",
-}
-
-
 _INTERPRETER = re.compile(r"^(python[0-9.]*|torchrun|bash|sh|uv|apptainer|singularity)$")
 
 
@@ -132,31 +95,6 @@ def _env(
     return tuple(pairs.items())
 
 
-def _sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
-    for item in items:
-        _text("--sbatch-arg", item)
-        if not item.startswith("-"):
-            raise UserError(
-                "--sbatch-arg",
-                f"{show(item)} is not an option",
-                "",
-                "Write e.g. --sbatch-arg=--qos=high",
-            )
-        key = item.split("=", 1)[0]
-        if not key.startswith("--"):
-            key = key[:2]  # -N2, -t5: a short option with its value attached
-        if key in _MODELED:
-            raise UserError(
-                "--sbatch-arg",
-                f"{show(item)} is modelled by hpclaunch",
-                "",
-                f"hpclaunch sets it {_MODELED[key]}; drop it"
-                if _MODELED[key].startswith("(")
-                else f"Use hpclaunch's {_MODELED[key]} instead",
-            )
-    return items
-
-
 def _partition(profile: Profile, name: str) -> Optional[Partition]:
     if not profile.partitions:
         return None
@@ -172,19 +110,19 @@ def _partition(profile: Profile, name: str) -> Optional[Partition]:
 
 
 def _choose_partition(
-    profile: Profile, values: Mapping[str, Any], local: bool, in_allocation: bool
+    profile: Profile, options: RunOptions, local: bool, in_allocation: bool
 ) -> tuple[str, Optional[Partition]]:
     """The partition's name and facts; none locally, and inside an allocation the
     allocation already decided (its name is kept only when the user gave one)."""
-    name = _text("--partition", str(values.get("partition") or ""), allow_blank=False)
+    name = _text("--partition", options.partition or "", allow_blank=False)
     if local or in_allocation:
         return name, None
     name = name or profile.default_partition_name()
     return name, _partition(profile, name)
 
 
-def _account(profile: Profile, values: Mapping[str, Any], local: bool) -> str:
-    account = _text("--account", str(values.get("account") or ""), allow_blank=False)
+def _account(profile: Profile, options: RunOptions, local: bool) -> str:
+    account = _text("--account", options.account or "", allow_blank=False)
     if profile.account_required and not account and not local:
         raise UserError(
             "--account",
@@ -202,8 +140,8 @@ def _account(profile: Profile, values: Mapping[str, Any], local: bool) -> str:
     return account
 
 
-def _job_name(values: Mapping[str, Any], program: tuple[str, ...]) -> str:
-    job_name = _text("--job-name", str(values.get("job_name") or default_job_name(program)))
+def _job_name(options: RunOptions, program: tuple[str, ...]) -> str:
+    job_name = _text("--job-name", options.job_name or default_job_name(program))
     if len(job_name) > 200:
         raise UserError("--job-name", f"{len(job_name)} characters", "at most 200", "Shorten it")
     # sbatch reads #SBATCH lines raw and a name with blanks gets double quotes: a quote
@@ -215,8 +153,8 @@ def _job_name(values: Mapping[str, Any], program: tuple[str, ...]) -> str:
     return job_name
 
 
-def _exp(values: Mapping[str, Any]) -> str:
-    exp = str(values.get("exp") or "default")
+def _exp(options: RunOptions) -> str:
+    exp = options.exp or "default"
     if not _EXP.match(exp):  # it becomes a folder of the run root
         raise UserError(
             "--exp",
@@ -227,8 +165,8 @@ def _exp(values: Mapping[str, Any]) -> str:
     return exp
 
 
-def _setup(values: Mapping[str, Any], profile: Profile) -> tuple[str, ...]:
-    return tuple(_text("--setup", line) for line in values.get("setup", ()) + profile.setup)
+def _setup(options: RunOptions, profile: Profile) -> tuple[str, ...]:
+    return tuple(_text("--setup", line) for line in options.setup + profile.setup)
 
 
 def _cpu_bind(
@@ -254,7 +192,7 @@ def _cpu_bind(
 
 def _run_roots(
     profile: Profile,
-    values: Mapping[str, Any],
+    options: RunOptions,
     account: str,
     environ: Mapping[str, str],
     project: str,
@@ -268,72 +206,152 @@ def _run_roots(
         "scratch": environ.get("SCRATCH", ""),
     }
     root = profile.scratch_run_root if fmt["scratch"] and profile.scratch_run_root else ""
-    run_root = str(values.get("run_root") or (root or profile.run_root).format(**fmt))
+    run_root = options.run_root or (root or profile.run_root).format(**fmt)
     ckpt_root = profile.checkpoint_root.format(**fmt) if profile.checkpoint_root else ""
     return run_root, ckpt_root
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A request checked against its profile, every check passed: what the features
+    (preparing.py: snapshot, --after, staging, container) build their parts on, and
+    what `spec` makes the JobSpec of, once, with those parts."""
+
+    profile: Profile
+    program: tuple[str, ...]
+    project: str
+    sources: tuple[tuple[str, str], ...]
+    partition: str
+    res: Resources
+    account: str
+    job_name: str
+    exp: str
+    setup: tuple[str, ...]
+    launcher: Launcher
+    cpu_bind: str
+    run_root: str
+    checkpoint_root: str
+    requeue: Optional[Requeue]
+    chain: int
+    watch_interval_s: float
+    profiling: Optional[Profiling]
+    env: tuple[tuple[str, str], ...]
+    sbatch_args: tuple[str, ...]
+    slurm_flags: tuple[tuple[str, str], ...]
+    sbatch_spellings: tuple[tuple[str, str], ...]
+    options: RunOptions
+
+    def spec(self, parts: Parts = NO_PARTS) -> JobSpec:
+        res, profile, options = self.res, self.profile, self.options
+        return JobSpec(
+            cluster=profile.name,
+            program=self.program,
+            nodes=res.nodes,
+            tasks_per_node=res.tasks_per_node,
+            gpus_per_node=res.gpus_per_node,
+            cpus_per_task=res.cpus_per_task,
+            mem_mb=res.mem_mb,
+            mem_per_gpu_mb=res.mem_per_gpu_mb,
+            time_s=res.time_s,
+            partition=self.partition,
+            account=self.account,
+            slurm_flags=self.slurm_flags,
+            sbatch_spellings=self.sbatch_spellings,
+            exclusive=options.exclusive,
+            job_name=self.job_name,
+            launcher=self.launcher,
+            gpu_visibility=options.gpu_visibility or profile.gpu_visibility,
+            exp=self.exp,
+            project=self.project,
+            env=self.env,
+            setup=self.setup,
+            sbatch_args=self.sbatch_args,
+            run_root=self.run_root,
+            share=options.share or profile.share,
+            checkpoint_root=self.checkpoint_root,
+            nccl_debug=options.nccl_debug,
+            profiling=self.profiling,
+            watch_interval_s=self.watch_interval_s,
+            cpu_bind=self.cpu_bind,
+            requeue=self.requeue,
+            chain=self.chain,
+            snapshot=parts.snapshot,
+            snapshot_limit_bytes=parts.snapshot_limit_bytes,
+            dependency=parts.dependency,
+            stage=parts.stage,
+            stage_out=parts.stage_out,
+            local_dir=parts.local_dir,
+            container=parts.container,
+            venv=parts.venv,
+            sources=self.sources,
+        )
+
+
 def validate(
     profile: Profile,
-    values: Mapping[str, Any],
+    options: RunOptions,
     sources: Mapping[str, str],
     program: tuple[str, ...],
     environ: Mapping[str, str],
     in_allocation: bool,
     project: str = "",
 ) -> JobSpec:
+    """The JobSpec of a request without the features' parts (check(), then spec())."""
+    return check(profile, options, sources, program, environ, in_allocation, project).spec()
+
+
+def check(
+    profile: Profile,
+    options: RunOptions,
+    sources: Mapping[str, str],
+    program: tuple[str, ...],
+    environ: Mapping[str, str],
+    in_allocation: bool,
+    project: str = "",
+) -> Checked:
     """Every check, in the order its error is reported; the first broken one raises."""
     program = _program(program)
     local = backends.chosen(profile, in_allocation).runs_here  # asked, never named
-    partition_name, part = _choose_partition(profile, values, local, in_allocation)
-    launcher = values.get("launcher", profile.launcher)
+    partition_name, part = _choose_partition(profile, options, local, in_allocation)
+    launcher = options.launcher or profile.launcher
     res = check_resources(
-        Request(profile, part, partition_name, values, sources, local, in_allocation)
+        Request(profile, part, partition_name, options, sources, local, in_allocation)
     )
-    account = _account(profile, values, local)
-    job_name = _job_name(values, program)
-    exp = _exp(values)
-    setup = _setup(values, profile)
-    exclusive = bool(values.get("exclusive", False))
+    account = _account(profile, options, local)
+    job_name = _job_name(options, program)
+    exp = _exp(options)
+    setup = _setup(options, profile)
     whole = bool(part and part.whole_node)
-    cpu_bind = _cpu_bind(profile, launcher, whole or exclusive, res.tasks_per_node, local)
-    run_root, ckpt_root = _run_roots(profile, values, account, environ, project)
+    cpu_bind = _cpu_bind(profile, launcher, whole or options.exclusive, res.tasks_per_node, local)
+    run_root, ckpt_root = _run_roots(profile, options, account, environ, project)
     limit = res.time_s or (part.default_time or part.max_time if part else None)
-    requeued = requeue.from_values(values, limit, local=local, in_allocation=in_allocation)
-    chain = check_chain(values, local=local, in_allocation=in_allocation)
-    watch_s = jobwatch.interval_from_values(values, res.gpus_per_node, local)
+    requeued = requeue.from_values(options, limit, local=local, in_allocation=in_allocation)
+    chain = check_chain(options, local=local, in_allocation=in_allocation)
+    watch_s = jobwatch.interval_from_values(options, res.gpus_per_node, local)
     world_size = res.nodes * res.tasks_per_node
-    profiled = profiling.from_values(values, world_size, local, environ)
-    return JobSpec(
-        cluster=profile.name,
+    profiled = profiling.from_values(options, world_size, local, environ)
+    return Checked(
+        profile=profile,
         program=program,
-        nodes=res.nodes,
-        tasks_per_node=res.tasks_per_node,
-        gpus_per_node=res.gpus_per_node,
-        cpus_per_task=res.cpus_per_task,
-        mem_mb=res.mem_mb,
-        mem_per_gpu_mb=res.mem_per_gpu_mb,
-        time_s=res.time_s,
-        partition=partition_name,
-        account=account,
-        reservation=_text("--reservation", str(values.get("reservation") or ""), allow_blank=False),
-        exclusive=exclusive,
-        job_name=job_name,
-        launcher=launcher,
-        gpu_visibility=values.get("gpu_visibility", profile.gpu_visibility),
-        exp=exp,
         project=project,
-        env=_env(values.get("env", ()), profile, environ),
+        sources=tuple(sorted(sources.items())),
+        partition=partition_name,
+        res=res,
+        account=account,
+        job_name=job_name,
+        exp=exp,
         setup=setup,
-        sbatch_args=_sbatch_args(values.get("sbatch_arg", ())),
-        run_root=run_root,
-        share=str(values.get("share") or profile.share),
-        checkpoint_root=ckpt_root,
-        nccl_debug=bool(values.get("nccl_debug", False)),
-        profiling=profiled,
-        watch_interval_s=watch_s,
+        launcher=launcher,
         cpu_bind=cpu_bind,
+        run_root=run_root,
+        checkpoint_root=ckpt_root,
         requeue=requeued,
         chain=chain,
-        sources=tuple(sorted(sources.items())),
+        watch_interval_s=watch_s,
+        profiling=profiled,
+        env=_env(options.env, profile, environ),
+        sbatch_args=slurmflags.sbatch_args(options.sbatch_arg),
+        slurm_flags=slurm_lines(options),
+        sbatch_spellings=slurmflags.spellings(profile),
+        options=options,
     )

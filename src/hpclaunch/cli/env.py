@@ -56,7 +56,7 @@ def create_cmd(
     bind: tuple[str, ...],
     as_json: bool,
 ) -> int:
-    from .. import containers, preparing, project, rundirs, venvs
+    from .. import config, containers, preparing, project, rundirs, venvs
     from ..errors import UserError
 
     cwd = Path.cwd()
@@ -75,8 +75,10 @@ def create_cmd(
         ("project", str(project.root(cwd))),
         ("cwd", str(cwd)),
     ]
-    values = {"container": container, "container_runtime": container_runtime, "bind": bind}
-    job = containers.resolve(profile, values, environ, cwd, nodes=1, gpus=0, own=own)
+    given = {"container": container, "container_runtime": container_runtime, "bind": bind}
+    job = containers.resolve(
+        profile, config.cli_options(given), environ, cwd, nodes=1, gpus=0, own=own
+    )
     if job is not None:
         for line in containers.image_notes(str(container or ""), job.image):
             warning = line if line.startswith("hpclaunch:") else f"hpclaunch: warning: {line}"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import (
+    config,
     discover,
     filemodes,
     index,
@@ -185,7 +186,8 @@ def site_limits(req: launching.Request) -> arrays.SiteLimits:
     max_array, max_jobs = arrays.limits_from_config(discover.slurm_config() or {})
     user = users.user_name(req.environ)
     answer = slurmcmd.query(arrays.sacctmgr_argv(user), timeout=10)
-    account, partition = req.options.get("account"), req.options.get("partition")
+    given = config.cli_options(req.options)  # typed, as `run` reads them (checked by plan)
+    account, partition = given.account, given.partition
     max_submit = (
         arrays.parse_max_submit(answer, user, account, partition) if answer is not None else None
     )
