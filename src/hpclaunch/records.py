@@ -201,6 +201,19 @@ def event_lines(run_dir: Path) -> Iterator[dict[str, Any]]:
             yield event
 
 
+# A sweep point's array script notes its own start and end, per attempt ("job": "123_4").
+JOB_START, JOB_END = "point_start", "point_end"
+
+
+def job_event(run_dir: Path, kind: str, job: str) -> Optional[dict[str, Any]]:
+    """The last `kind` event (JOB_START, JOB_END) of the attempt that ran as `job`."""
+    found = None
+    for event in event_lines(run_dir):
+        if event.get("event") == kind and event.get("job") == job:
+            found = event
+    return found
+
+
 def read_events(run_dir: Path) -> RankEvents:
     """Fold events.jsonl; lines that are cut short or foreign are skipped. Of a requeued
     run, the ranks' and the staging's events count for the last attempt only."""

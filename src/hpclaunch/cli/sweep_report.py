@@ -10,8 +10,9 @@ from typing import Any, Optional
 
 from ..errors import UserError
 from ..launching import Request
-from ..sweeps import ops, pointstate, submit, track
+from ..sweeps import ops, submit, track
 from ..sweeps.plans import SweepOptions, SweepPlan
+from ..tracking import is_open
 
 
 def submit_and_report(
@@ -87,7 +88,7 @@ def print_status(
     if sweep.data.get("kind") == "optuna":
         from ..sweeps import trials
 
-        open_ = {int(r.extra.get("point", -1)) for r in sweep.points if pointstate.is_open(r)}
+        open_ = {int(r.extra.get("point", -1)) for r in sweep.points if is_open(r)}
         trials.fail_stale(folder, sweep.sweep_id, lambda idx: {i for i in idx if i in open_})
         metric = metric or options.get("metric")
         direction = direction or options.get("direction")

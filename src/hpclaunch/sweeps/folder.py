@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .. import __version__, codeplan, discover, launching, node, profiling, records, render, rundirs
+from .. import __version__, codeplan, launching, node, profiling, records, render, rundirs
 from ..secretnames import masked
 from . import record, script
 from .plans import SweepPlan
@@ -39,7 +39,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "sweep_id": paths.run_id,
         "exp": spec.exp,
         "cluster": spec.cluster,
-        "backend": "local" if sp.local else "slurm",
+        "backend": sp.backend.name,
         "sweep_dir": str(paths.run_dir),
         "submitted_at": time.time(),
         **records.as_recorded(req, sp.masked_secrets()),
@@ -48,7 +48,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "code": code,
         "hpclaunch_version": __version__,
         "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
-        "sacct_mode": _sacct_mode(),
+        **sp.backend.site_facts(),  # which sacct answers here: no call spent finding out
         "wandb_sweep": sp.wandb_sweep,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
@@ -59,15 +59,6 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     }
     record.write(paths.run_dir, data)
     return data
-
-
-def _sacct_mode() -> Optional[str]:
-    """Which sacct answers here, from the (cached) `scontrol show config`: the job
-    completion file (-c) where there is no accounting database, else the database (-X)."""
-    config = discover.slurm_config()
-    if not config or "AccountingStorageType" not in config:
-        return None
-    return "-c" if config["AccountingStorageType"].endswith("/none") else "-X"
 
 
 def _write_points(sp: SweepPlan) -> None:
@@ -119,7 +110,9 @@ def point_record(sp: SweepPlan, point: Point, backend: str, job: Optional[str]) 
 
 def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[str]) -> None:
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    facts = sp.backend.site_facts()
     for point in sp.points:
         entry = point_record(sp, point, data["backend"], task_of.get(point.index))
+        entry.update(facts)
         path = script.point_paths(sp.paths, str(point.index)).record
         record.write_new(path, json.dumps(entry, indent=2, sort_keys=True) + "\n")

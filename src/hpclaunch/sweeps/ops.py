@@ -10,9 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from .. import discover, index, records, slurmcmd
+from .. import discover, index, records
+from ..backends import Backend, for_record
 from ..errors import UserError, show
-from . import arrays, pointstate, record, track
+from ..tracking import is_open
+from . import arrays, record, track
 
 # Waiting: ask again after 1, 2, 4, 8 s, then every 10 s (one squeue, rarely one sacct).
 WAIT_INTERVALS_S = (1.0, 2.0, 4.0, 8.0, 10.0)
@@ -125,50 +127,47 @@ def wait(sweep_dir: Path, out: TextIO, is_tty: bool, timeout: Optional[float] = 
         shown.end()
 
 
+def backend_of(sweep: track.Sweep) -> Backend:
+    """The backend that runs the sweep's points (sweep.json records its name)."""
+    return for_record(str(sweep.data.get("backend") or ""))
+
+
 def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
-    """scancel the open points (all, or those): one call. Returns what was cancelled."""
+    """End the open points (all, or those): one call where the backend allows. Returns
+    what was cancelled."""
     sweep = track.refresh(sweep_dir)
     chosen = set(points) if points is not None else None
     open_ = [
         r
         for r in sweep.points
-        if pointstate.is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
+        if is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
     ]
-    if sweep.data.get("backend") == "local":
-        from ..backends.local import cancel_recorded
-
-        for rec in open_:
-            cancel_recorded(rec.launcher_pid, rec.launcher_started, rec.pgids)
-        return [rec.run_id for rec in open_]
-    if chosen is None:
-        targets = sorted({str(r.job_id).partition("_")[0] for r in open_ if r.job_id})
-    else:
-        targets = [str(r.job_id) for r in open_ if r.job_id]
-    if targets:
-        slurmcmd.run(["scancel", *targets])
-    return targets
+    return backend_of(sweep).cancel_records(open_, whole=chosen is None)
 
 
 def throttle(sweep_dir: Path, parallel: int) -> list[tuple[str, int]]:
-    """At most `parallel` points at once from now on, shared between the open arrays."""
+    """At most `parallel` points at once from now on, shared between the open arrays
+    (a sweep that runs here reads it from sweep.json before it starts each point)."""
     if parallel < 1:
         raise UserError("P", f"{parallel} is below 1", "at least 1", "")
     sweep = track.refresh(sweep_dir)
-    open_arrays: dict[str, int] = {}
-    for rec in sweep.points:
-        if pointstate.is_open(rec) and rec.job_id:
-            array_id = str(rec.job_id).partition("_")[0]
-            open_arrays[array_id] = open_arrays.get(array_id, 0) + 1
-    ids = sorted(open_arrays, key=int)
-    shares = arrays.share_throttle(parallel, [open_arrays[i] for i in ids])
-    done = []
-    for array_id, share in zip(ids, shares):
-        value = share or parallel
-        slurmcmd.run(["scontrol", "update", f"JobId={array_id}", f"ArrayTaskThrottle={value}"])
-        done.append((array_id, value))
     opts = dict(sweep.data.get("sweep") or {})
     opts["max_parallel"] = parallel
     record.update(sweep_dir, sweep=opts)
+    queued = {str(a["job_id"]) for a in sweep.data.get("arrays") or []}
+    open_arrays: dict[str, int] = {}
+    for rec in sweep.points:
+        array_id = str(rec.job_id or "").partition("_")[0]
+        if is_open(rec) and array_id in queued:
+            open_arrays[array_id] = open_arrays.get(array_id, 0) + 1
+    ids = sorted(open_arrays, key=lambda i: (len(i), i))
+    shares = arrays.share_throttle(parallel, [open_arrays[i] for i in ids])
+    backend = backend_of(sweep)
+    done = []
+    for array_id, share in zip(ids, shares):
+        value = share or parallel
+        backend.throttle(array_id, value)
+        done.append((array_id, value))
     return done
 
 
@@ -184,7 +183,7 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
     )
     if not wanted:
         raise UserError("sweep retry", "every point completed", "", "Nothing to retry")
-    busy = [i for i in wanted if pointstate.is_open(by_index[i])]
+    busy = [i for i in wanted if is_open(by_index[i])]
     if busy:
         raise UserError(
             "sweep retry",
@@ -199,8 +198,6 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
         trials.fail_stale(sweep_dir, sweep.sweep_id, lambda idx: {i for i in idx if i not in again})
     for i in wanted:
         record.keep_attempt(by_index[i].path, int(by_index[i].extra.get("attempts", 1)))
-    if sweep.data.get("backend") == "local":
-        return wanted
     return _resubmit(sweep, wanted, by_index, environ)
 
 
@@ -210,13 +207,13 @@ def _resubmit(
     by_index: Mapping[int, records.RunRecord],
     environ: Mapping[str, str],
 ) -> list[str]:
-    from ..backends.slurm import sbatch_env
-    from .submit import array_entries, submit_parts
+    from .submit import array_entries, array_launch
 
     max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
     parts = arrays.split(wanted, max_array, parallel)
-    job_ids = submit_parts(sweep.sweep_dir / "job.sh", parts, sbatch_env(environ))
+    launch = array_launch(sweep.sweep_dir / "job.sh", parts, environ)
+    job_ids = backend_of(sweep).start_array(launch)
     attempt = 1 + max((int(a.get("attempt", 1)) for a in sweep.data.get("arrays") or []), default=1)
     for part, job_id in zip(parts, job_ids):
         for point in part.points():

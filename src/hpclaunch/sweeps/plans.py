@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import launching, rundirs
+from ..backends import Backend, pick
 from ..secretnames import secret_values
 from . import arrays, script
 from .points import Point
@@ -47,8 +48,14 @@ class SweepPlan:
         return self.planned.paths
 
     @property
+    def backend(self) -> Backend:
+        """The backend that runs the points (a sweep is its own jobs, never steps)."""
+        return pick(self.planned.prepared.profile.kind, in_allocation=False)
+
+    @property
     def local(self) -> bool:
-        return self.planned.prepared.profile.kind == "local"
+        """The points run here, in the foreground of `hpclaunch sweep`."""
+        return self.backend.foreground
 
     def masked_secrets(self) -> list[tuple[str, str]]:
         """The secret values recorded as $NAME: the run's and the W&B key's."""

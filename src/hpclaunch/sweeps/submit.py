@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -24,6 +24,9 @@ from .. import (
     slurmcmd,
     users,
 )
+from ..backends import pick
+from ..backends.base import ArrayLaunch
+from ..backends.base import ArrayPart as ArrayJob
 from ..errors import HpclaunchError, UserError
 from ..secretnames import mask_text as masked
 from . import arrays, folder, record, script
@@ -110,7 +113,7 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     template = render.plan(spec, planned.prepared.profile, point, planned.code.cwd).script
     parts: list[arrays.ArrayPart] = []
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
-    if planned.prepared.profile.kind != "local":
+    if not pick(planned.prepared.profile.kind, in_allocation=False).foreground:
         limits = site_limits(req)
         arrays.check_fits(len(points), limits, queued_jobs(limits, users.user_name(req.environ)))
         parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
@@ -149,7 +152,7 @@ def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planne
             "the W&B agent starts each point's run, and a requeued task would ask it anew",
             "Drop --requeue (or use --grid/--optuna, whose points resume)",
         )
-    if planned.prepared.profile.kind == "local":
+    if pick(planned.prepared.profile.kind, in_allocation=False).foreground:
         raise UserError(
             "--wandb-sweep",
             "needs Slurm (each point is an array task)",
@@ -250,7 +253,7 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
                 from . import trials
 
                 trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
-        job_ids = [] if sp.local else _submit_parts(req, sp)
+        job_ids = [] if sp.local else sp.backend.start_array(_launch(req, sp))
     except BaseException:
         rundirs.remove(paths)
         raise
@@ -263,6 +266,12 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
             f"the run index could not be written ({exc.strerror or exc}). Cancel them "
             f"with scancel {jobs}, free space there, and submit again"
         ) from None
+
+
+def _launch(req: launching.Request, sp: SweepPlan) -> ArrayLaunch:
+    # The W&B API key joins the plan's secrets: the job's environment, never a file.
+    secret = (*sp.planned.plan.secret_env, *sp.secret_env)
+    return array_launch(sp.paths.job_sh, sp.parts, req.environ, secret)
 
 
 def _record_accepted(
@@ -292,30 +301,15 @@ def _record_accepted(
     return data
 
 
-def _submit_parts(req: launching.Request, sp: SweepPlan) -> list[str]:
-    from ..backends.slurm import sbatch_env
-
-    # The W&B API key joins the plan's secrets: the job's environment, never a file.
-    env = sbatch_env(req.environ, (*sp.planned.plan.secret_env, *sp.secret_env))
-    return submit_parts(sp.paths.job_sh, sp.parts, env)
-
-
-def submit_parts(job_sh: Path, parts: Sequence[arrays.ArrayPart], env: dict[str, str]) -> list[str]:
-    """One sbatch per part (a first submission or a retry); a part Slurm refuses
-    cancels the parts already queued."""
-    job_ids: list[str] = []
-    try:
-        for part in parts:
-            out = slurmcmd.run(script.sbatch_argv(job_sh, part.spec(), part.offset), env=env)
-            job_id = out.strip().split(";")[0]
-            if not job_id.isdigit():
-                raise HpclaunchError(f"sbatch printed no job id: {out.strip()!r}")
-            job_ids.append(job_id)
-    except BaseException:
-        if job_ids:
-            slurmcmd.query(["scancel", *job_ids])
-        raise
-    return job_ids
+def array_launch(
+    job_sh: Path,
+    parts: Sequence[arrays.ArrayPart],
+    environ: Mapping[str, str],
+    secret_env: Sequence[tuple[str, str]] = (),
+) -> ArrayLaunch:
+    """What the backend needs to queue these parts of the sweep's array script."""
+    planned = [ArrayJob(p.offset, p.spec()) for p in parts]
+    return ArrayLaunch(job_sh, planned, environ, tuple(secret_env))
 
 
 def array_entries(
