@@ -89,6 +89,10 @@ class Backend(ABC):
         """Take what a record kept (site facts, a job's other ids) before `status`."""
         return None
 
+    def running_jobs(self) -> list[str]:
+        """The jobs this backend started in this process that have not ended."""
+        return []
+
     def settle(self, record: RunRecord) -> dict[str, object]:
         """The end of an open recorded job whose supervisor is gone, as record changes
         (empty: nothing to settle; the scheduler's `status` answers)."""

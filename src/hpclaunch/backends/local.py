@@ -122,6 +122,14 @@ class LocalBackend(Backend):
             "local_dir": job.local_dir,
         }
 
+    def site_facts(self) -> dict[str, object]:
+        """Who supervises the jobs started from here: this process (pid, start time)."""
+        me = os.getpid()
+        return {"launcher_pid": me, "launcher_started": process_start(me)}
+
+    def running_jobs(self) -> list[str]:
+        return [job_id for job_id, job in self._jobs.items() if job.code is None]
+
     def settle(self, record: RunRecord) -> dict[str, object]:
         return settled(record)
 

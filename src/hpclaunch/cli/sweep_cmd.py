@@ -224,8 +224,12 @@ def throttle_cmd(sweep: str, parallel: int) -> int:
     from ..sweeps import ops
     from .common import environ
 
-    for array_id, value in ops.throttle(ops.find(sweep, environ()), parallel):
+    folder = ops.find(sweep, environ())
+    done = ops.throttle(folder, parallel)
+    for array_id, value in done:
         print(f"array {array_id}: at most {value} at once")
+    if not done:
+        print(f"sweep {folder.name}: at most {parallel} points at once from now on")
     return 0
 
 

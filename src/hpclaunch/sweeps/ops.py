@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -15,6 +16,7 @@ from ..backends import Backend, for_record
 from ..errors import UserError, show
 from ..tracking import is_open
 from . import arrays, record, track
+from .local import LocalSweep
 
 # Waiting: ask again after 1, 2, 4, 8 s, then every 10 s (one squeue, rarely one sacct).
 WAIT_INTERVALS_S = (1.0, 2.0, 4.0, 8.0, 10.0)
@@ -171,9 +173,19 @@ def throttle(sweep_dir: Path, parallel: int) -> list[tuple[str, int]]:
     return done
 
 
-def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str, str]) -> Any:
+@dataclass(frozen=True)
+class Retried:
+    """What `retry` did: the arrays queued, or (a sweep that runs here) what to run."""
+
+    points: list[int]
+    job_ids: list[str] = field(default_factory=list)
+    here: Optional[LocalSweep] = None
+
+
+def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str, str]) -> Retried:
     """Resubmit those points (None: every point not COMPLETED) as arrays of just them,
-    into the same sweep; their earlier attempts stay under attempts/<n>/."""
+    into the same sweep; their earlier attempts stay under attempts/<n>/. A sweep whose
+    points run here gets them back as pending, for the caller to run (local.run_points)."""
     sweep = track.refresh(sweep_dir)
     by_index = {int(r.extra.get("point", 0)): r for r in sweep.points}
     wanted = (
@@ -198,7 +210,42 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
         trials.fail_stale(sweep_dir, sweep.sweep_id, lambda idx: {i for i in idx if i not in again})
     for i in wanted:
         record.keep_attempt(by_index[i].path, int(by_index[i].extra.get("attempts", 1)))
-    return _resubmit(sweep, wanted, by_index, environ)
+    backend = backend_of(sweep)
+    if backend.foreground:
+        return Retried(wanted, here=_again_here(sweep, wanted, by_index, environ))
+    return Retried(wanted, _resubmit(sweep, wanted, by_index, environ))
+
+
+def _again_here(
+    sweep: track.Sweep,
+    wanted: list[int],
+    by_index: Mapping[int, records.RunRecord],
+    environ: Mapping[str, str],
+) -> LocalSweep:
+    from .submit import local_sweep, replanned
+
+    # Planned again for its spec and profile; its folder, id and code are the sweep's own.
+    code = Path(str((sweep.data.get("code") or {}).get("cwd") or sweep.data["cwd"]))
+    here = replace(
+        local_sweep(environ, replanned(sweep.data, environ)),
+        sweep_dir=sweep.sweep_dir,
+        sweep_id=sweep.sweep_id,
+        cwd=code,
+    )
+    for i in wanted:
+        rec = by_index[i]
+        records.update(
+            rec.path,
+            job_id=None,
+            state="PENDING",
+            exit_code=None,
+            reason="",
+            ended_at=None,
+            cancel_requested=False,
+            attempts=int(rec.extra.get("attempts", 1)) + 1,
+            **here.backend.site_facts(),
+        )
+    return here
 
 
 def _resubmit(

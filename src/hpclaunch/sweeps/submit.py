@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import (
     discover,
@@ -32,6 +32,9 @@ from ..secretnames import mask_text as masked
 from . import arrays, folder, record, script
 from .plans import SweepOptions, SweepPlan
 from .points import Point, build_points, check_placeholders
+
+if TYPE_CHECKING:
+    from .local import LocalSweep
 
 MAX_POINTS = 1_000_000  # beyond any site's queue; refused instantly, before building
 TRIAL_MODULE = "hpclaunch.sweeps.pointcmd"
@@ -284,7 +287,7 @@ def _record_accepted(
     spec = sp.planned.spec
     if job_ids:
         data = record.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
-        folder.write_point_records(sp, data, job_ids)
+    folder.write_point_records(sp, data, job_ids)
     index.add(
         {
             "run_id": paths.run_id,
@@ -299,6 +302,36 @@ def _record_accepted(
         req.environ,
     )
     return data
+
+
+def local_sweep(environ: Mapping[str, str], sp: SweepPlan) -> LocalSweep:
+    """What a foreground backend's runner needs to run the points here."""
+    from .local import LocalSweep
+
+    planned = sp.planned
+    return LocalSweep(
+        sp.backend, planned.spec, planned.prepared.profile, planned.code.cwd, sp.paths.run_dir,
+        sp.paths.run_id, sp.points, environ, sp.space, sp.options.metric,
+    )  # fmt: skip
+
+
+def replanned(data: Mapping[str, Any], environ: Mapping[str, str]) -> SweepPlan:
+    """A recorded sweep planned again from its record (sweep retry of a sweep that runs
+    here): the same options, program and cluster, the recorded points."""
+    options = dict(data.get("options") or {})
+    options["cluster"] = data.get("cluster") or options.get("cluster")
+    req = launching.Request(
+        options, tuple(data.get("command") or ()), Path(str(data["cwd"])), environ
+    )
+    recorded = dict(data.get("sweep") or {})
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
+    opts = SweepOptions(**given)
+    sp = plan(req, opts)
+    points = [
+        Point(int(p["index"]), dict(p.get("params") or {}), tuple(p.get("args") or ()))
+        for p in data["points"]
+    ]
+    return replace(sp, points=points)
 
 
 def array_launch(
