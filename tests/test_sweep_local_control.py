@@ -128,3 +128,26 @@ def test_a_local_sweep_throttled_one_point_cancelled_then_retried(tmp_path: Path
     assert [p["state"] for p in status["points"]] == ["COMPLETED"] * 5
     assert [p["attempts"] for p in status["points"]] == [1, 1, 2, 1, 2]
     assert (sweep_dir / "points/2/attempts/1/logs").is_dir()  # the first attempt kept
+
+
+def test_a_run_and_a_sweep_point_get_the_same_record_and_files(tmp_path: Path) -> None:
+    """One run-folder writer and one run.json writer serve runs and points: every field
+    of a RunRecord is in both records, and both folders hold spec.json beside job.sh."""
+    from dataclasses import fields
+
+    from hpclaunch.records import RunRecord
+
+    proc = _hpclaunch(tmp_path, "run", "--json", "--", sys.executable, "-c", "pass")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(json.loads(proc.stdout.splitlines()[0])["run_dir"])
+    proc = _hpclaunch(tmp_path, "sweep", "--json", "--grid", "k=1", "--",
+                      sys.executable, "-c", "pass")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sweep_dir = Path(json.loads(proc.stdout.splitlines()[0])["sweep_dir"])
+    wanted = {f.name for f in fields(RunRecord)} - {"extra", "events"}
+    for folder in (run_dir, sweep_dir / "points" / "0"):
+        stored = json.loads((folder / "run.json").read_text())
+        assert wanted <= set(stored), sorted(wanted - set(stored))
+    for folder in (run_dir, sweep_dir):
+        assert (folder / "spec.json").is_file() and (folder / "job.sh").is_file()
+        assert list((folder / "__pycache__").glob("hpclaunch_bootstrap.*.pyc"))

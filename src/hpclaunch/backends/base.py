@@ -110,8 +110,10 @@ class Backend(ABC):
     def cancel_recorded(self, record: RunRecord, job_ids: Sequence[str] = ()) -> bool:
         """End a recorded run or sweep point, whichever process supervises it (default:
         its jobs, or `job_ids`); True when something was asked to end."""
-        ids = list(job_ids) or [*record.job_ids[1:], str(record.job_id or "")]
-        ids = [j for j in ids if j]
+        job = str(record.job_id or "")
+        chain = len(record.job_ids) > 1 and "_" not in job  # a point's are its attempts
+        ids = list(job_ids) or ([*record.job_ids[1:], job] if chain else [job])
+        ids = list(dict.fromkeys(j for j in ids if j))
         self.cancel_many(ids)
         return bool(ids)
 

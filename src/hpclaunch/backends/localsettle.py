@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from .. import records, states
 from ..records import RunRecord
-from ..rundirs import RECORD
 from .watchdog import LAUNCHER_GONE, launcher_alive, launcher_gone
 
 CANCEL_REQUESTED = "cancel_requested"  # in a point's run.json: its runner ends it
@@ -48,26 +47,21 @@ def cancel_point(record: RunRecord) -> bool:
     """One point of a local sweep: a pending one is CANCELLED in its record (its runner
     will not start it), a running one is marked and its task groups are ended."""
     cancelled = states.State.CANCELLED
-    with records._locked(record.path):
-        data = records.read_raw(record.path)
+
+    def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
         state = str(data.get("state") or "")
         if state in ("CREATED", "PENDING"):
-            data.update(
-                state=cancelled.value,
-                exit_code=states.exit_code_for(cancelled),
-                reason=NOT_STARTED,
-            )
-        elif states.is_active(states.parse(state)):
-            data[CANCEL_REQUESTED] = True
-        else:
-            return False
-        records.write_json(record.path / RECORD, data)
-    now = records.load(record.path)
-    if now.state == cancelled.value:
-        return True
-    if not launcher_alive(now.launcher_pid, now.launcher_started):
-        return _end_groups(now.pgids) or True
-    _end_groups(now.pgids)  # none yet: the runner sees the mark once it records them
+            code = states.exit_code_for(cancelled)
+            return {"state": cancelled.value, "exit_code": code, "reason": NOT_STARTED}
+        if states.is_active(states.parse(state)):
+            return {CANCEL_REQUESTED: True}
+        return None
+
+    changes = records.update_with(record.path, decide)
+    if changes is None:
+        return False
+    if CANCEL_REQUESTED in changes:  # no groups yet: the runner sees the mark once it has them
+        _end_groups(records.load(record.path).pgids)
     return True
 
 

@@ -102,6 +102,7 @@ class SlurmBackend(Backend):
     def __init__(self) -> None:
         self._chains: dict[str, list[str]] = {}
         self._calls: list[str] = []
+        self._records: dict[str, RunRecord] = {}  # array task -> its record (learn)
 
     def start(self, launch: Launch) -> str:
         if launch.spec.chain > 1:
@@ -142,10 +143,19 @@ class SlurmBackend(Backend):
         if _Memory.sacct_mode is None and mode in _SACCT_MODES:
             _Memory.sacct_mode = str(mode)
         job = str(record.job_id or "")
-        if "_" in job and job not in _Memory.own_ids:
-            own = record.extra.get("slurm_job_id") or own_start_id(record.path, job)
+        if "_" in job:  # its own job id is looked up only if squeue no longer lists it
+            self._records[job] = record
+
+    def _own_id(self, task: str) -> str:
+        """An array task's own job id: seen by this process, kept in its record, or noted
+        by its point when it started; "" when it never started (or is unknown)."""
+        own = _Memory.own_ids.get(task)
+        if own is None and task in self._records:
+            record = self._records[task]
+            own = str(record.extra.get("slurm_job_id") or own_start_id(record.path, task))
             if own:
-                _Memory.own_ids[job] = str(own)
+                _Memory.own_ids[task] = own
+        return own or ""
 
     def commands_run(self) -> list[str]:
         return list(self._calls)
@@ -162,7 +172,7 @@ class SlurmBackend(Backend):
             found.update(self._accounted(rest))
         rest = [j for j in ids if j not in found]
         if rest:
-            found.update(_cancelled_while_pending(rest, found))
+            found.update(self._cancelled_while_pending(rest, found))
             found.update(self._controller([j for j in rest if "_" not in j and j not in found]))
         return found
 
@@ -206,7 +216,7 @@ class SlurmBackend(Backend):
         known: dict[str, list[TaskKey]] = {}
         for task in tasks:
             array_id, _, index = task.partition("_")
-            own = _Memory.own_ids.get(task) or array_id
+            own = self._own_id(task) or array_id
             known.setdefault(own, []).append((array_id, int(index) if index.isdigit() else -1))
         asked = {j.partition("_")[0] for j in ids} | set(known)
         mode = _Memory.sacct_mode
@@ -220,6 +230,18 @@ class SlurmBackend(Backend):
             _Memory.sacct_mode = each
             return _sacct_answers(out, ids, known)
         return {}
+
+    def _cancelled_while_pending(
+        self, rest: Sequence[str], found: Mapping[str, JobStatus]
+    ) -> dict[str, JobStatus]:
+        """scancel of one pending task takes it out of its array's record: no job record,
+        no accounting line is left, while its siblings are still listed."""
+        listed = {j.partition("_")[0] for j in found if "_" in j}
+        out: dict[str, JobStatus] = {}
+        for task in rest:
+            if "_" in task and task.partition("_")[0] in listed and not self._own_id(task):
+                out[task] = JobStatus(states.State.CANCELLED.value, "cancelled while pending", None)
+        return out
 
     def _controller(self, ids: list[str]) -> dict[str, JobStatus]:
         """Jobs that ended moments ago and accounting has not written yet: slurmctld
@@ -256,19 +278,6 @@ def _sacct_answers(
         if job in wanted and "_" not in job and state and job not in known:
             found[job] = JobStatus(state.split()[0], "", code or None)
     return found
-
-
-def _cancelled_while_pending(
-    rest: Sequence[str], found: Mapping[str, JobStatus]
-) -> dict[str, JobStatus]:
-    """scancel of one pending task takes it out of its array's record: no job record, no
-    accounting line is left, while its siblings are still listed."""
-    listed = {j.partition("_")[0] for j in found if "_" in j}
-    out: dict[str, JobStatus] = {}
-    for task in rest:
-        if "_" in task and task.partition("_")[0] in listed and task not in _Memory.own_ids:
-            out[task] = JobStatus(states.State.CANCELLED.value, "cancelled while pending", None)
-    return out
 
 
 def parse_plain_squeue(text: str) -> list[tuple[str, str, str]]:

@@ -26,7 +26,7 @@ from .. import records, render, states
 from ..backends.base import Backend, Launch
 from ..backends.localsettle import CANCEL_REQUESTED
 from ..backends.watchdog import process_start
-from ..rundirs import RECORD, RunPaths
+from ..rundirs import RunPaths
 from ..spec import JobSpec
 from . import record, script
 from .points import Point
@@ -115,18 +115,17 @@ def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
 def _claim(folder: Path, cancelled_because: str = "") -> bool:
     """Take a pending point (RUNNING, under its record's lock): False when a cancel came
     first. With `cancelled_because`: record it as never started instead."""
-    with records._locked(folder):
-        data = records.read_raw(folder)
+    cancelled = states.State.CANCELLED
+
+    def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
         if data.get("state") not in ("PENDING", "CREATED"):
-            return False
-        cancelled = states.State.CANCELLED
+            return None
         if cancelled_because:
-            data.update(state=cancelled.value, reason=cancelled_because)
-            data["exit_code"] = states.exit_code_for(cancelled)
-        else:
-            data.update(state="RUNNING", started_at=time.time(), **_runner())
-        records.write_json(folder / RECORD, data)
-    return not cancelled_because
+            code = states.exit_code_for(cancelled)
+            return {"state": cancelled.value, "exit_code": code, "reason": cancelled_because}
+        return {"state": "RUNNING", "started_at": time.time(), **_runner()}
+
+    return records.update_with(folder, decide) is not None and not cancelled_because
 
 
 def _runner() -> dict[str, Any]:
