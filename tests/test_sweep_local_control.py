@@ -151,3 +151,28 @@ def test_a_run_and_a_sweep_point_get_the_same_record_and_files(tmp_path: Path) -
     for folder in (run_dir, sweep_dir):
         assert (folder / "spec.json").is_file() and (folder / "job.sh").is_file()
         assert list((folder / "__pycache__").glob("hpclaunch_bootstrap.*.pyc"))
+
+
+def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> None:
+    """What `cancel SWEEP:I` uses: the recorded point's backend ends it, whichever process
+    runs it; the sweep's runner goes on with the other points."""
+    from hpclaunch import records
+    from hpclaunch.backends import for_record
+
+    out = tmp_path / "out"
+    out.mkdir()
+    # Point 2 sleeps 300 s; the others are quick, two at a time.
+    runner = _start(tmp_path, "--grid", "k=0,1,2,3", "--max-parallel", "2", "--",
+                    sys.executable, POINT, str(out), "--sleep-if", "{k}")  # fmt: skip
+    try:
+        sweep_dir = _sweep_dir(tmp_path)
+        _started(sweep_dir, 2)
+        point = records.load(sweep_dir / "points" / "2")
+        assert for_record(point.backend).cancel_recorded(point)
+        runner.wait(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 121, runner.stdout + runner.stderr
+    states = [p["state"] for p in _status(tmp_path)["points"]]
+    assert states == ["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED"]
