@@ -260,11 +260,10 @@ def _write_run_files(
     code: dict[str, Any],
 ) -> None:
     runfolder.write_files(paths, spec, batch.script)
-    recorded = "local" if backend.name == "local" else "slurm"  # a step: Slurm's job
     created = records.new_record(
         spec,
         paths,
-        recorded,
+        backend.name,  # a step of an allocation records "slurm" (step.py)
         **records.as_recorded(req, spec.masked_secrets()),
         job_id=None,
         state="CREATED",

@@ -56,6 +56,11 @@ def submit_argv(argv: list[str], env: dict[str, str]) -> str:
     return job_id
 
 
+def array_argv(job_sh: Path, array: str, offset: int) -> list[str]:
+    """One part of a sweep: its tasks run the points offset + SLURM_ARRAY_TASK_ID."""
+    return ["sbatch", "--parsable", f"--array={array}", str(job_sh), str(offset)]
+
+
 def submit_chain(launch: Launch) -> list[str]:
     """--chain K: K jobs of one script, member i after member i-1 ended (any state),
     told its place as $1. A refused member cancels those already queued: all or none."""
@@ -118,8 +123,7 @@ class SlurmBackend(Backend):
         job_ids: list[str] = []
         try:
             for part in launch.parts:
-                argv = ["sbatch", "--parsable", f"--array={part.array}", str(launch.job_sh)]
-                job_ids.append(submit_argv([*argv, str(part.offset)], env))
+                job_ids.append(submit_argv(array_argv(launch.job_sh, part.array, part.offset), env))
         except BaseException:
             if job_ids:
                 slurmcmd.query(["scancel", *job_ids])

@@ -1,10 +1,10 @@
-"""A sweep of P points as Slurm job arrays: how to split it, whether it fits, its status.
+"""A sweep of P points as Slurm job arrays: how to split it, whether it fits.
 
 A sweep is ONE `sbatch --array` job, split only where the site forces it: every task id
 must be < MaxArraySize (slurm.conf(5)). The job script computes `point = offset +
 SLURM_ARRAY_TASK_ID`. Pure: the caller runs the Slurm commands named by the constants
-below (one squeue + one sacct per refresh, whatever the number of arrays) and passes
-their text in, so tests feed recorded output.
+below and passes their text in, so tests feed recorded output. What Slurm says of the
+tasks (squeue -r, sacct) is parsed in backends/slurmtasks.py, re-exported here.
 """
 
 from __future__ import annotations
