@@ -1,7 +1,9 @@
 """The seam between the orchestrator and every way of running a planned job.
 
-A backend knows how to start a planned run, ask about many of its jobs in one call,
-wait for one, and cancel one; the orchestrator (launching.py) owns everything else
+A backend knows how to start a planned run (or a sweep's array parts: start_array),
+ask about many of its jobs in one call (plain job ids and array-task ids "123_4"
+alike), wait for one, and cancel one (or one recorded by another process:
+cancel_recorded); the orchestrator (launching.py) owns everything else
 (run folder, record, index, announcement, final state), written once for all of them.
 `wait` and `logs` have one implementation here, built on `status`, because every
 backend's ranks write the same log files into the run folder; backends whose jobs run
