@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import testbed
-from conftest import PROGRAMS, Hpc
+from conftest import PROGRAMS, VENV_BIN, Hpc
 from sweeptools import most_at_once
 
 pytestmark = pytest.mark.testbed
@@ -341,3 +341,51 @@ def test_max_job_count_checked_by_a_counter_only_for_large_sweeps(hpc: Hpc) -> N
     never = hpc.run("sweep", "--dry-run", "--repeat", "10000", "--", "true", timeout=240)
     assert never.returncode == 2
     assert "do not fit the cluster's job table (MaxJobCount 10000)" in never.stderr
+
+
+_COUNTED_REFRESH = """
+import json, sys
+from pathlib import Path
+from hpclaunch import records, slurmcmd, tracking
+ran = []
+for name in ("run", "query"):
+    def counted(argv, *args, _real=getattr(slurmcmd, name), **kwargs):
+        ran.append(argv[0])
+        return _real(argv, *args, **kwargs)
+    setattr(slurmcmd, name, counted)
+found = tracking.refresh([records.load(Path(p)) for p in sys.argv[1:]])
+print(json.dumps({"calls": ran, "found": [[r.state, r.exit_code] for r in found]}))
+"""
+
+
+def _stale(run_dir: Path) -> None:
+    """A record as a process that never looked again left it: PENDING (root rewrites it
+    in place, so the test user keeps owning it)."""
+    path = run_dir / "run.json"
+    data = json.loads(path.read_text())
+    data.update(state="PENDING", exit_code=None)
+    path.write_text(json.dumps(data))
+
+
+def test_one_refresh_serves_runs_and_points_alike(hpc: Hpc) -> None:
+    """Plain runs and sweep points that ended while nobody looked: one squeue -r and one
+    sacct (the mode the points' records name) bring them all up to date."""
+    plain = []
+    for _ in range(2):
+        proc = hpc.run("run", "--json", "--wait", "--", "true")
+        assert proc.returncode == 0, proc.stderr
+        plain.append(Path(json.loads(proc.stdout.splitlines()[0])["run_dir"]))
+    program = ("python3", POINT, str(hpc.folder("out")), "--fail-point", "1:3")
+    line = _sweep(hpc, "--grid", "k=0,1,2", "--wait", "--", *program, rc=3)
+    points = [Path(line["sweep_dir"]) / "points" / str(i) for i in range(3)]
+    for folder in [*plain, *points]:
+        _stale(folder)
+    proc = hpc.cmd([str(VENV_BIN / "python"), "-c", _COUNTED_REFRESH, *map(str, [*plain, *points])])
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert sorted(answer["calls"]) == ["sacct", "squeue"], answer  # one each, nothing more
+    assert answer["found"] == [["COMPLETED", 0]] * 2 + [
+        ["COMPLETED", 0],
+        ["FAILED", 3],
+        ["COMPLETED", 0],
+    ]

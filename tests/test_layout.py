@@ -173,18 +173,6 @@ BACKEND_NAMES = frozenset({"local", "slurm", "step"})
 # `profile.kind`, `backend.name`, `spec.cluster`, `data.get("backend")`, `data["kind"]`.
 _NAMING_ATTRS = frozenset({"backend", "kind", "name", "cluster"})
 _NAMING_VARS = frozenset({"backend", "kind", "cluster", "profile_kind", "backend_name"})
-# Files other developers of issue 26 own, not yet rewritten to ask their backend: the
-# lead empties this list at merge (each entry: module -> its checks, as they read now).
-BACKEND_NAME_ALLOWED = {
-    "hpclaunch.cli.control": 1,
-    "hpclaunch.cli.sweep_report": 1,
-    "hpclaunch.sweeps.ops": 2,
-    "hpclaunch.sweeps.plans": 1,
-    "hpclaunch.sweeps.pointstate": 1,
-    "hpclaunch.sweeps.submit": 2,
-    "hpclaunch.sweeps.track": 1,
-    "hpclaunch.tracking": 3,
-}
 
 
 def _names_backend(node: ast.expr) -> bool:
@@ -252,7 +240,7 @@ def test_nothing_outside_backends_asks_which_backend_it_is() -> None:
         if name.startswith("hpclaunch.backends"):
             continue
         lines = backend_name_checks(path.read_text(encoding="utf-8"))
-        if len(lines) > BACKEND_NAME_ALLOWED.get(name, 0):
+        if lines:
             found[name] = lines
     assert found == {}, "ask the chosen backend (backends/__init__.py), not its name"
 

@@ -392,7 +392,7 @@ def test_parse_10000_tasks() -> None:
 
 
 def test_sdiag_counts_live_jobs() -> None:
-    from hpclaunch.sweeps.submit import live_jobs
+    from hpclaunch.sweeps.limits import live_jobs
 
     recorded = (DATA / "sdiag.txt").read_text()  # the testbed's sdiag, as hpcuser
     assert live_jobs(recorded) == 0
@@ -406,7 +406,7 @@ def test_sdiag_counts_live_jobs() -> None:
 
 def test_max_job_count_is_asked_only_for_large_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     from hpclaunch import slurmcmd
-    from hpclaunch.sweeps import submit
+    from hpclaunch.sweeps import limits as limits_
 
     asked: list[list[str]] = []
     answer: dict[str, Optional[str]] = {"sdiag": "Jobs pending: 4000\nJobs running: 1500\n"}
@@ -417,14 +417,14 @@ def test_max_job_count_is_asked_only_for_large_sweeps(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(slurmcmd, "query", query)
     limits = SiteLimits(1001, 10000, None)
-    assert submit.queued_jobs(limits, "alice", 1000) == (None, "")  # small: nothing asked
+    assert limits_.queued_jobs(limits, "alice", 1000) == (None, "")  # small: nothing asked
     assert asked == []
-    assert submit.queued_jobs(limits, "alice", 6000) == (5500, "")
+    assert limits_.queued_jobs(limits, "alice", 6000) == (5500, "")
     assert asked == [["sdiag"]]  # one counter; never `squeue -t all` (every user's jobs)
     with pytest.raises(UserError, match="5500 jobs held by all users"):
         check_fits(6000, limits, 5500)
     answer["sdiag"] = None  # sdiag refused or missing: said, not guessed
-    held, note = submit.queued_jobs(limits, "alice", 6000)
+    held, note = limits_.queued_jobs(limits, "alice", 6000)
     assert held is None
     assert note == (
         "hpclaunch: note: cannot tell how many of MaxJobCount 10000 jobs the cluster holds "
@@ -435,5 +435,5 @@ def test_max_job_count_is_asked_only_for_large_sweeps(monkeypatch: pytest.Monkey
     with pytest.raises(UserError, match=r"job table \(MaxJobCount 10000\)"):
         check_fits(10000, limits, None)
     asked.clear()  # MaxSubmitJobs: the user's own jobs, as before
-    assert submit.queued_jobs(SiteLimits(1001, 10000, 50), "alice", 10) == (3, "")
+    assert limits_.queued_jobs(SiteLimits(1001, 10000, 50), "alice", 10) == (3, "")
     assert asked == [["squeue", "-h", "-r", "-o", "%i", "-u", "alice"]]

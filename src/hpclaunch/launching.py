@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -20,16 +19,15 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from . import (
-    __version__,
     codeplan,
     filemodes,
     index,
     node,
-    profiling,
     project,
     records,
     render,
     rundirs,
+    runfolder,
     secretnames,
 )
 from .backends import pick
@@ -257,49 +255,20 @@ def _write_run_files(
     req: Request,
     code: dict[str, Any],
 ) -> None:
-    # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
-    paths.job_sh.write_bytes(batch.script.encode("utf-8", "surrogateescape"))
-    staging = bool(spec.stage or spec.stage_out)
-    if staging:
-        records.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
-    for source in node.shipped(staging, bool(spec.watch_interval_s)):
-        shutil.copyfile(node.path(source), paths.run_dir / node.RUN_DIR_NAME[source])
-    _precompile(paths.run_dir / node.RUN_DIR_NAME[node.BOOTSTRAP])
-    profiling.ship(spec, paths)
-    records.write_json(paths.run_dir / "spec.json", spec.to_record())
-    records.create(
-        paths.run_dir,
-        {
-            **records.as_recorded(req, spec.masked_secrets()),
-            "run_id": paths.run_id,
-            "exp": spec.exp,
-            "cluster": spec.cluster,
-            "backend": backend.name,
-            "run_dir": str(paths.run_dir),
-            "checkpoint_dir": str(paths.checkpoint_dir),
-            "job_id": None,
-            "submitted_at": time.time(),
-            "state": "CREATED",
-            "exit_code": None,
-            "cwd": str(req.cwd),
-            "code": code,
-            "hpclaunch_version": __version__,
-            "nodes": spec.nodes,
-            "tasks_per_node": spec.tasks_per_node,
-            "launcher": spec.launcher,
-            "job_name": spec.job_name,
-            "git": project.git_state(req.cwd),
-        },
+    runfolder.write_files(paths, spec, batch.script)
+    created = records.new_record(
+        spec,
+        paths,
+        backend.name,  # a step of an allocation records "slurm" (step.py)
+        **records.as_recorded(req, spec.masked_secrets()),
+        job_id=None,
+        state="CREATED",
+        exit_code=None,
+        cwd=str(req.cwd),
+        code=code,
+        git=project.git_state(req.cwd),
     )
-
-
-def _precompile(module: Path) -> None:
-    """The bootstrap's bytecode, made once here: ranks whose Python is this one load it
-    instead of compiling (others compile once, on the first rank)."""
-    import py_compile
-
-    with contextlib.suppress(py_compile.PyCompileError, OSError):  # else ranks compile it
-        py_compile.compile(str(module), doraise=True)
+    records.write_new(created)
 
 
 def finish(

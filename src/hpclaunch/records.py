@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -201,6 +202,19 @@ def event_lines(run_dir: Path) -> Iterator[dict[str, Any]]:
             yield event
 
 
+# A sweep point's array script notes its own start and end, per attempt ("job": "123_4").
+JOB_START, JOB_END = "point_start", "point_end"
+
+
+def job_event(run_dir: Path, kind: str, job: str) -> Optional[dict[str, Any]]:
+    """The last `kind` event (JOB_START, JOB_END) of the attempt that ran as `job`."""
+    found = None
+    for event in event_lines(run_dir):
+        if event.get("event") == kind and event.get("job") == job:
+            found = event
+    return found
+
+
 def read_events(run_dir: Path) -> RankEvents:
     """Fold events.jsonl; lines that are cut short or foreign are skipped. Of a requeued
     run, the ranks' and the staging's events count for the last attempt only."""
@@ -269,6 +283,43 @@ def create(run_dir: Path, data: dict[str, Any]) -> None:
     write_json(run_dir / RECORD, data)
 
 
+def new_record(spec: Any, paths: Any, backend: str, **facts: Any) -> RunRecord:
+    """A new run's record, a run's or a sweep point's: what every record says of its job
+    (`spec` a JobSpec, `paths` its RunPaths), and `facts` (state, command, job ids,
+    a point's sweep_id/point/params, ...)."""
+    from . import __version__
+
+    data: dict[str, Any] = {
+        "run_id": paths.run_id,
+        "run_dir": str(paths.run_dir),
+        "checkpoint_dir": str(paths.checkpoint_dir),
+        "exp": spec.exp,
+        "cluster": spec.cluster,
+        "backend": backend,
+        "submitted_at": time.time(),
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.tasks_per_node,
+        "launcher": spec.launcher,
+        "job_name": spec.job_name,
+        "hpclaunch_version": __version__,
+        **facts,
+    }
+    return from_dict(data, Path(paths.run_dir))
+
+
+def write_new(record: RunRecord, *, fresh_folder: bool = False) -> None:
+    """The one writer of a new run.json (a run, a sweep point). `fresh_folder`: a folder
+    made moments ago that nobody reads yet, written plainly (no rename, no fsync: a sweep
+    writes thousands; its sweep.json, written last, is the commit point)."""
+    data = record.to_dict()
+    if not fresh_folder:
+        write_json(record.path / RECORD, data)
+        return
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    with open(record.path / RECORD, "w", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.write(text)
+
+
 def update(run_dir: Path, **changes: Any) -> dict[str, Any]:
     """Change some keys of run.json; returns the whole stored record."""
     with _locked(run_dir):
@@ -276,6 +327,21 @@ def update(run_dir: Path, **changes: Any) -> dict[str, Any]:
         data.update(changes)
         write_json(run_dir / RECORD, data)
     return data
+
+
+def update_with(
+    run_dir: Path, decide: Callable[[dict[str, Any]], Optional[dict[str, Any]]]
+) -> Optional[dict[str, Any]]:
+    """Change run.json as `decide` says from what is stored now, under the lock (a
+    claim or a cancel that must not cross another process's); None: left unchanged."""
+    with _locked(run_dir):
+        data = read_raw(run_dir)
+        changes = decide(data)
+        if changes is None:
+            return None
+        data.update(changes)
+        write_json(run_dir / RECORD, data)
+    return changes
 
 
 def as_recorded(req: Any, secrets: list[tuple[str, str]]) -> dict[str, Any]:

@@ -1,5 +1,11 @@
-"""Bring recorded runs up to date: the state of any number of runs from one status call
-per backend (for Slurm one squeue and one sacct), the final exit code once a job ended.
+"""Bring recorded runs and sweep points up to date: the state of any number of them from
+one status call per backend (for Slurm one squeue -r and at most one sacct, plain jobs
+and array tasks alike), the final exit code once a job ended.
+
+A sweep point's array script notes its own end (records.JOB_END): a point that ended 0
+is COMPLETED without asking anyone; what a refresh learns is written into run.json, so
+a job Slurm purged long ago (MinJobAge) still reads right and a finished one asks
+nothing at all.
 """
 
 from __future__ import annotations
@@ -7,89 +13,90 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import records, states
 from .backends import for_record
-from .backends.watchdog import LAUNCHER_GONE, launcher_gone
 from .errors import HpclaunchError
 from .monitor import JobStatus, chain_status, job_exit_code
 from .records import RunRecord
 from .rundirs import rank_logs
 
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
 _OPEN = {"CREATED"}  # recorded before the backend answered: ask it
+# Worth a write to run.json: what a later refresh could not learn again. A pending
+# reason alone only changes what is shown, so a refresh of 1,000 held points writes nothing.
+_DURABLE = ("state", "exit_code", "slurm_job_id", "ended_at")
 
 
-def needs_asking(record: RunRecord) -> bool:
-    if record.backend != "slurm" or not record.job_id or record.step or _is_point(record):
-        return False
-    return _is_open(record)
-
-
-def _is_open(record: RunRecord) -> bool:
+def is_open(record: RunRecord) -> bool:
+    """Not ended yet: created, pending, running (the one definition for runs and points)."""
     return record.state in _OPEN or states.is_active(states.parse(record.state))
 
 
-def _local_truth(record: RunRecord) -> RunRecord:
-    """A local run recorded as running whose launcher is gone (SIGKILLed, the machine
-    rebooted) did not run on: its watchdog ended the ranks. Say so in the record."""
-    pid = record.launcher_pid
-    if record.backend != "local" or not _is_open(record) or pid is None:
+def needs_asking(record: RunRecord) -> bool:
+    return bool(record.job_id) and not record.step and is_open(record)
+
+
+class _Backends:
+    """One backend per recorded name for a whole refresh (one memory, one count)."""
+
+    def __init__(self, given: Optional[Backend]) -> None:
+        self._given = given
+        self._made: dict[str, Backend] = {}
+
+    def of(self, record: RunRecord) -> Backend:
+        if self._given is not None and self._given.name == record.backend:
+            return self._given
+        if record.backend not in self._made:
+            self._made[record.backend] = for_record(record.backend)
+        return self._made[record.backend]
+
+
+def refresh(
+    runs: Sequence[RunRecord],
+    *,
+    asked: Optional[list[str]] = None,
+    backend: Optional[Backend] = None,
+) -> list[RunRecord]:
+    """The same runs (sweep points among them), those that may have changed asked about
+    in one status call per backend; the scheduler commands run go to `asked`."""
+    backends = _Backends(backend)
+    runs = [_settled(r, backends.of(r)) for r in runs]
+    learnt: dict[int, RunRecord] = {}
+    asking: dict[str, list[RunRecord]] = {}
+    for rec in runs:
+        if not needs_asking(rec):
+            continue
+        end = records.job_event(rec.path, records.JOB_END, str(rec.job_id))
+        if end is not None and end.get("exit_code") == 0:
+            learnt[id(rec)] = _write(rec, _ended(rec, end))
+        else:  # a failed end may be a scancel or the time limit: the scheduler names which
+            asking.setdefault(rec.backend, []).append(rec)
+    for group in asking.values():
+        chosen = backends.of(group[0])
+        for rec in group:
+            chosen.learn(rec)
+        try:
+            found = chosen.status([job for rec in group for job in _job_ids(rec)])
+        except HpclaunchError:
+            continue  # the scheduler does not answer: show what was recorded
+        finally:
+            if asked is not None:
+                asked.extend(chosen.commands_run())
+        for rec in group:
+            learnt[id(rec)] = _updated(rec, _status(rec, found), chosen)
+    return [learnt.get(id(r), r) for r in runs]
+
+
+def _settled(record: RunRecord, backend: Backend) -> RunRecord:
+    """A record whose supervisor is gone (a local run's launcher SIGKILLed) as it ended."""
+    if not is_open(record):
         return record
-    gone = launcher_gone(pid, record.launcher_started)
-    if gone is None:
-        return record
-    ended = _ranks_ended(record)
-    if ended is not None:  # its end was not recorded (a full disk): the ranks tell it
-        return _stored(record, ended)
-    reason = f"hpclaunch (pid {pid}) ended before the run; its ranks were ended"
-    if gone != "ended":
-        reason += f" ({gone})"
-    changes: dict[str, object] = {
-        "state": states.State.CANCELLED.value,
-        "exit_code": states.exit_code_for(states.State.CANCELLED),
-        "reason": reason,
-    }
-    return _stored(record, changes)
-
-
-def _ranks_ended(record: RunRecord) -> Optional[dict[str, object]]:
-    """A local run whose every rank exited 0, the end its launcher could not write (a
-    full disk): COMPLETED. Ranks that failed or were killed could also have been ended by
-    the watchdog, whose own event may not be written yet: those stay CANCELLED."""
-    found = record.events
-    size = record.world_size
-    if not size or len(found.returncodes) < size or found.attempts:
-        return None
-    if any(found.returncodes.values()):
-        return None
-    if any(e.get("event") == LAUNCHER_GONE for e in records.event_lines(record.path)):
-        return None
-    return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": found.last_end}
-
-
-def _is_point(record: RunRecord) -> bool:
-    return "sweep_id" in record.extra
-
-
-def refresh(runs: Sequence[RunRecord]) -> list[RunRecord]:
-    """The same runs, those that may have changed asked about in one call."""
-    runs = [_local_truth(r) for r in runs]
-    if any(_is_point(r) and r.backend == "slurm" for r in runs):
-        # A sweep's points (SWEEP:I): their own end events, one squeue -r, one sacct.
-        from .sweeps.pointstate import Asked, refresh_points
-
-        changed = refresh_points(runs, Asked())
-        runs = [changed.get(r.path, r) for r in runs]
-    asking = [r for r in runs if needs_asking(r)]
-    if not asking:
-        return list(runs)
-    try:
-        found = for_record("slurm").status([job for r in asking for job in _job_ids(r)])
-    except HpclaunchError:
-        return list(runs)  # Slurm does not answer: show what was recorded
-    asked = {id(r) for r in asking}
-    return [_updated(r, _status(r, found)) if id(r) in asked else r for r in runs]
+    changes = backend.settle(record)
+    return _stored(record, changes) if changes else record
 
 
 def _job_ids(record: RunRecord) -> list[str]:
@@ -98,33 +105,63 @@ def _job_ids(record: RunRecord) -> list[str]:
 
 
 def _status(record: RunRecord, found: Mapping[str, JobStatus]) -> Optional[JobStatus]:
-    if len(record.job_ids) > 1:
+    if len(record.job_ids) > 1 and "_" not in str(record.job_id):
         ran = [a.number for a in record.events.attempts]
         return chain_status(record.job_ids, found, ran)
     return found.get(str(record.job_id))
 
 
-def _updated(record: RunRecord, status: Optional[JobStatus]) -> RunRecord:
-    if status is None:
-        return record
+def _ended(record: RunRecord, end: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's own end event (a sweep point's array script: its job.sh ended with rc)."""
+    rc = end.get("exit_code")
+    if rc == 0:
+        return {"state": "COMPLETED", "exit_code": 0, "ended_at": end.get("time")}
+    given = f"{rc}:0" if isinstance(rc, int) else None
+    code = job_exit_code("FAILED", rank_logs(record.path), given)
+    return {"state": "FAILED", "exit_code": code, "ended_at": end.get("time")}
+
+
+def _updated(record: RunRecord, status: Optional[JobStatus], backend: Backend) -> RunRecord:
+    end = records.job_event(record.path, records.JOB_END, str(record.job_id))
+    if status is None:  # the scheduler forgot it: the job's own word, if it left one
+        return _write(record, _ended(record, end)) if end is not None else record
     state = states.parse(status.state)
-    changes: dict[str, object] = {"state": state.value, "reason": status.reason}
+    changes: dict[str, Any] = {"state": state.value, "reason": status.reason}
+    changes.update(backend.record_extra(str(record.job_id)))
     if not states.is_active(state) and state != states.State.UNKNOWN:
-        changes["exit_code"] = job_exit_code(state.value, rank_logs(record.path), status.exit_code)
+        if end is not None and states.exit_code_for(state) is None:
+            # COMPLETED/FAILED: the job's own exit code is the precise one; CANCELLED,
+            # TIMEOUT, NODE_FAIL, ... say why its job.sh ended and win over it.
+            changes.update(_ended(record, end))
+        else:
+            logs = rank_logs(record.path)
+            changes["exit_code"] = job_exit_code(state.value, logs, status.exit_code)
     if state == states.State.CANCELLED and record.extra.get("after"):
         changes["reason"] = why_never_started(record) or status.reason
-    if all(getattr(record, k) == v for k, v in changes.items()):
+    return _write(record, changes)
+
+
+def _value(record: RunRecord, key: str) -> Any:
+    return getattr(record, key) if hasattr(record, key) else record.extra.get(key)
+
+
+def _write(record: RunRecord, changes: dict[str, Any]) -> RunRecord:
+    """Write what a later refresh could not learn again; the rest is only shown."""
+    if all(_value(record, k) == v for k, v in changes.items()):
         return record
+    if not any(_value(record, k) != changes[k] for k in _DURABLE if k in changes):
+        return replace(record, reason=str(changes.get("reason", record.reason)))
     return _stored(record, changes)
 
 
-def _stored(record: RunRecord, changes: dict[str, object]) -> RunRecord:
+def _stored(record: RunRecord, changes: Mapping[str, object]) -> RunRecord:
     """The record with the changes, written back; on a full disk (or a file system that
     fails now) shown as changed and written by a later refresh."""
     try:
         records.update(record.path, **changes)
     except OSError:
-        return replace(record, **changes)  # type: ignore[arg-type]  # RunRecord fields
+        known = {k: v for k, v in changes.items() if hasattr(record, k)}
+        return replace(record, **known)  # type: ignore[arg-type]  # RunRecord fields
     return records.load(record.path)
 
 

@@ -1,7 +1,9 @@
 """The seam between the orchestrator and every way of running a planned job.
 
-A backend knows how to start a planned run, ask about many of its jobs in one call,
-wait for one, and cancel one; the orchestrator (launching.py) owns everything else
+A backend knows how to start a planned run (or a sweep's array parts: start_array),
+ask about many of its jobs in one call (plain job ids and array-task ids "123_4"
+alike), wait for one, and cancel one (or one recorded by another process:
+cancel_recorded); the orchestrator (launching.py) owns everything else
 (run folder, record, index, announcement, final state), written once for all of them.
 `wait` and `logs` have one implementation here, built on `status`, because every
 backend's ranks write the same log files into the run folder; backends whose jobs run
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from ..errors import HpclaunchError
 from ..monitor import JobStatus, chain_status, wait_and_stream
+from ..records import RunRecord
 from ..render import BatchPlan
 from ..rundirs import RunPaths
 from ..spec import JobSpec
@@ -42,6 +46,25 @@ class Launch:
     environ: Mapping[str, str]  # the requester's environment (never os.environ itself)
 
 
+@dataclass(frozen=True)
+class ArrayPart:
+    """One array job of a sweep: its tasks run the points offset + SLURM_ARRAY_TASK_ID."""
+
+    offset: int
+    array: str  # the task ids as Slurm's --array value ("0-999%3", "3,7,10-12%2")
+
+
+@dataclass(frozen=True)
+class ArrayLaunch:
+    """Everything a backend needs to start a sweep's points as job arrays: the array
+    script (planned once, a point's number filled in per task) and its parts."""
+
+    job_sh: Path
+    parts: Sequence[ArrayPart]
+    environ: Mapping[str, str]  # the requester's environment
+    secret_env: tuple[tuple[str, str], ...] = ()  # the job's environment only, never a file
+
+
 class Backend(ABC):
     """start -> job id; status of many ids at once; wait; cancel; logs."""
 
@@ -60,19 +83,69 @@ class Backend(ABC):
         request and how --dry-run shows it. Secret values appear only as $NAME."""
         raise NotImplementedError(f"{type(self).__name__} has no dry-run")
 
-    def cancel_recorded(self, record: RunRecord) -> None:
-        """Cancel a recorded run that another process started: its jobs, the later
-        members of a --chain first (so none starts meanwhile); an error only when none
-        could be cancelled."""
-        cancel_all(self, [*record.job_ids[1:], *([record.job_id] if record.job_id else [])])
-
     @abstractmethod
     def start(self, launch: Launch) -> str:
         """Start the run's job; return its job id. Nothing may be left running on error."""
 
+    def start_array(self, launch: ArrayLaunch) -> list[str]:
+        """Queue a sweep's array parts; their job ids, in order ("123": tasks "123_4").
+        All or none: a part refused cancels those already queued."""
+        raise HpclaunchError(f"the {self.kind} backend runs no job arrays")
+
     def record_extra(self, job_id: str) -> dict[str, object]:
-        """What the run record should also keep about a job this backend started."""
+        """What the run record should also keep about a job this backend started (or,
+        after `status`, learnt: an array task's own job id)."""
         return {}
+
+    def site_facts(self) -> dict[str, object]:
+        """What a record keeps about the site, for a later process's `learn`."""
+        return {}
+
+    def learn(self, record: RunRecord) -> None:
+        """Take what a record kept (site facts, a job's other ids) before `status`."""
+        return None
+
+    def running_jobs(self) -> list[str]:
+        """The jobs this backend started in this process that have not ended."""
+        return []
+
+    def settle(self, record: RunRecord) -> dict[str, object]:
+        """The end of an open recorded job whose supervisor is gone, as record changes
+        (empty: nothing to settle; the scheduler's `status` answers)."""
+        return {}
+
+    def commands_run(self) -> list[str]:
+        """The scheduler commands this backend ran so far (for counting)."""
+        return []
+
+    def cancel_many(self, job_ids: Sequence[str]) -> None:
+        """End several jobs (one call where the scheduler allows)."""
+        for job_id in job_ids:
+            self.cancel(job_id)
+
+    def cancel_recorded(self, record: RunRecord, job_ids: Sequence[str] = ()) -> bool:
+        """End a recorded run or sweep point, whichever process supervises it (default:
+        its jobs, or `job_ids`); True when something was asked to end."""
+        job = str(record.job_id or "")
+        chain = len(record.job_ids) > 1 and "_" not in job  # a point's are its attempts
+        ids = list(job_ids) or ([*record.job_ids[1:], job] if chain else [job])
+        ids = list(dict.fromkeys(j for j in ids if j))
+        cancel_all(self, ids)  # the later members of a chain first; fails only if none ends
+        return bool(ids)
+
+    def cancel_records(self, recs: Sequence[RunRecord], whole: bool) -> list[str]:
+        """End these recorded jobs (a sweep's points); `whole`: every open point of the
+        sweep, so whole arrays ("123" for tasks "123_4"). One call; what was cancelled."""
+        if whole:
+            ids = sorted({str(r.job_id).partition("_")[0] for r in recs if r.job_id})
+        else:
+            ids = [str(r.job_id) for r in recs if r.job_id]
+        self.cancel_many(ids)
+        return ids
+
+    def throttle(self, job_id: str, parallel: int) -> None:
+        """At most `parallel` tasks of array `job_id` at once from now on."""
+        raise HpclaunchError(f"the {self.kind} backend runs no job arrays")
 
     @abstractmethod
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:

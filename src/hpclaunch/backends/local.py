@@ -9,7 +9,6 @@ on a cluster (it is the same code, node/stage_guard.py, run in-process).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,14 +21,16 @@ from .. import node, render, shell
 from ..errors import HpclaunchError
 from ..monitor import JobStatus
 from ..node import stage_guard
+from ..records import RunRecord
 from ..rundirs import RunPaths
 from ..spec import JobSpec
 from ..users import with_user
 from .base import Backend, Launch
 from .localplan import local_dry_run, local_plan, local_values
+from .localsettle import cancel_point, cancel_recorded, settled
 from .localtasks import LocalPlan, LocalTasks, local_job_id
 from .requests import DryRun
-from .watchdog import Watchdog, launcher_alive, process_start
+from .watchdog import Watchdog, process_start
 
 if TYPE_CHECKING:
     from ..records import RunRecord
@@ -90,14 +91,12 @@ class LocalBackend(Backend):
         what only the start knows (job id, free port, node-local folder) as <...>."""
         return local_dry_run(launch)
 
-    def cancel_recorded(self, record: RunRecord) -> None:
-        """Through the launcher that supervises the run (it records the end)."""
-        cancel_recorded(record.launcher_pid, record.launcher_started, record.pgids)
-
     def record_extra(self, job_id: str) -> dict[str, object]:
         """Who supervises the run (so that another process can tell whether it still
         runs, and cancel it) and the task process groups."""
-        job = self._jobs[job_id]
+        job = self._jobs.get(job_id)
+        if job is None:
+            return {}
         me = os.getpid()
         return {
             "launcher_pid": me,
@@ -105,6 +104,36 @@ class LocalBackend(Backend):
             "pgids": job.tasks.pgids,
             "local_dir": job.local_dir,
         }
+
+    def site_facts(self) -> dict[str, object]:
+        """Who supervises the jobs started from here: this process (pid, start time)."""
+        me = os.getpid()
+        return {"launcher_pid": me, "launcher_started": process_start(me)}
+
+    def running_jobs(self) -> list[str]:
+        return [job_id for job_id, job in self._jobs.items() if job.code is None]
+
+    def settle(self, record: RunRecord) -> dict[str, object]:
+        return settled(record)
+
+    def cancel_recorded(self, record: RunRecord, job_ids: Sequence[str] = ()) -> bool:
+        """A job of this process: cancel it here. Another's: a sweep point is marked and
+        its task groups ended (its sweep's runner goes on with the others, and starts no
+        point so marked); a run's launcher is told to end it (it records the end)."""
+        job = str(record.job_id or "")
+        if job in self._jobs:
+            self.cancel(job)
+            return True
+        if "sweep_id" in record.extra:
+            return cancel_point(record)
+        return cancel_recorded(record.launcher_pid, record.launcher_started, record.pgids)
+
+    def cancel_records(self, recs: Sequence[RunRecord], whole: bool) -> list[str]:
+        return [rec.run_id for rec in recs if self.cancel_recorded(rec)]
+
+    def throttle(self, job_id: str, parallel: int) -> None:
+        """Nothing to tell: a local sweep's runner reads --max-parallel from sweep.json
+        before it starts each point."""
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         found: dict[str, JobStatus] = {}
@@ -222,18 +251,4 @@ def run_setup(
     return env
 
 
-def cancel_recorded(pid: Optional[int], started: Optional[float], pgids: Sequence[int]) -> bool:
-    """Cancel a local run another process supervises: SIGTERM its launcher, which ends
-    the tasks and records the end; when the launcher is gone, end the task groups."""
-    if launcher_alive(pid, started):
-        assert pid is not None
-        os.kill(pid, signal.SIGTERM)
-        return True
-    ended = False
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-            ended = True
-        except OSError:
-            pass
-    return ended
+__all__ = ["OWNER", "LocalBackend", "cancel_recorded", "make_local_dir", "run_setup"]

@@ -72,13 +72,14 @@ def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> 
     array on Slurm; a local sweep's process records each one CANCELLED."""
     from ..errors import UserError
     from ..requeue import CANCELLED_FILE
-    from ..sweeps import ops, pointstate, track
+    from ..sweeps import ops, track
+    from ..tracking import is_open
 
     sweep = track.refresh(folder)
     chosen = [
         r
         for r in sweep.points
-        if pointstate.is_open(r) and (points is None or int(r.extra.get("point", -1)) in points)
+        if is_open(r) and (points is None or int(r.extra.get("point", -1)) in points)
     ]
     if not chosen:
         counts = " ".join(f"{n} {s}" for s, n in sorted(sweep.counts().items()))

@@ -243,8 +243,12 @@ def throttle_cmd(sweep: str, parallel: int) -> int:
     from ..sweeps import ops
     from .common import find_sweep_dir
 
-    for array_id, value in ops.throttle(find_sweep_dir(sweep), parallel):
+    folder = find_sweep_dir(sweep)
+    done = ops.throttle(folder, parallel)
+    for array_id, value in done:
         print(f"array {array_id}: at most {value} at once")
+    if not done:
+        print(f"sweep {folder.name}: at most {parallel} points at once from now on")
     return 0
 
 

@@ -8,11 +8,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from ..errors import UserError
 from ..launching import Request
 from ..refs import sweep_dir
-from ..sweeps import ops, pointstate, submit, track
+from ..sweeps import ops, submit, track
 from ..sweeps.plans import SweepOptions, SweepPlan
+from ..tracking import is_open
 
 
 def submit_and_report(
@@ -45,9 +45,10 @@ def submit_and_report(
         print(f"sweep {sp.paths.run_id}  {where}  {len(sp.points)} points  {sp.paths.run_dir}")
     sys.stdout.flush()
     if sp.local:
-        from ..sweeps.local import run_local
+        from ..sweeps.local import run_points
 
-        return run_local(req, sp, data, sys.stderr if as_json else sys.stdout)
+        ls = submit.local_sweep(req.environ, sp)
+        return run_points(ls, range(len(sp.points)), sys.stderr if as_json else sys.stdout)
     if not wait:
         return 0
     try:
@@ -88,7 +89,7 @@ def print_status(
     if sweep.data.get("kind") == "optuna":
         from ..sweeps import trials
 
-        open_ = {int(r.extra.get("point", -1)) for r in sweep.points if pointstate.is_open(r)}
+        open_ = {int(r.extra.get("point", -1)) for r in sweep.points if is_open(r)}
         trials.fail_stale(folder, sweep.sweep_id, lambda idx: {i for i in idx if i in open_})
         metric = metric or options.get("metric")
         direction = direction or options.get("direction")
@@ -166,13 +167,12 @@ def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
     folder = sweep_dir(ref, env)
     data = record.load(folder)
     chosen = ops.parse_points(points, len(data["points"])) if points and not failed else None
-    if data.get("backend") == "local":
-        raise UserError(
-            "sweep retry",
-            "a local sweep's points are not resubmitted",
-            "",
-            "Run the sweep again with the points that failed",
-        )
     done = ops.retry(folder, chosen, env)
-    print(f"sweep {data['sweep_id']}: resubmitted as arrays {','.join(done)}")
+    if done.here is not None:  # the points run here, in the foreground, as at submission
+        from ..sweeps.local import run_points
+
+        print(f"sweep {data['sweep_id']}: points {' '.join(map(str, done.points))} again, here")
+        sys.stdout.flush()
+        return run_points(done.here, done.points, sys.stdout)
+    print(f"sweep {data['sweep_id']}: resubmitted as arrays {','.join(done.job_ids)}")
     return 0

@@ -5,13 +5,11 @@ a sweep writes thousands of them, and sweep.json is the commit point."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .. import __version__, codeplan, discover, launching, node, profiling, records, render, rundirs
+from .. import __version__, codeplan, launching, node, records, render, rundirs, runfolder
 from ..secretnames import masked
 from . import record, script
 from .plans import SweepPlan
@@ -19,16 +17,10 @@ from .points import Point
 
 
 def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
-    from ..launching import _precompile
-
     paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
     code = codeplan.write_code(planned.code, paths, rundirs.absolute(spec.run_root, req.cwd))
-    paths.job_sh.write_bytes(sp.array_script.encode("utf-8", "surrogateescape"))
-    for source in node.shipped(bool(spec.stage or spec.stage_out), bool(spec.watch_interval_s)):
-        shutil.copyfile(node.path(source), paths.shipped(source))
-    _precompile(paths.shipped(node.BOOTSTRAP))
-    profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every point looks
-    records.write_json(paths.run_dir / "spec.json", spec.to_record())
+    # The array script, the shipped files once for every point, spec.json: as for a run.
+    runfolder.write_files(paths, spec, sp.array_script, stage_json=False)
     if spec.stage:  # before the points' stage.json, which lists the parts packed
         from .. import stage, stagecache
 
@@ -39,7 +31,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "sweep_id": paths.run_id,
         "exp": spec.exp,
         "cluster": spec.cluster,
-        "backend": "local" if sp.local else "slurm",
+        "backend": sp.backend.name,
         "sweep_dir": str(paths.run_dir),
         "submitted_at": time.time(),
         **records.as_recorded(req, sp.masked_secrets()),
@@ -48,7 +40,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "code": code,
         "hpclaunch_version": __version__,
         "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
-        "sacct_mode": _sacct_mode(),
+        **sp.backend.site_facts(),  # which sacct answers here: no call spent finding out
         "wandb_sweep": sp.wandb_sweep,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
@@ -59,15 +51,6 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     }
     record.write(paths.run_dir, data)
     return data
-
-
-def _sacct_mode() -> Optional[str]:
-    """Which sacct answers here, from the (cached) `scontrol show config`: the job
-    completion file (-c) where there is no accounting database, else the database (-X)."""
-    config = discover.slurm_config()
-    if not config or "AccountingStorageType" not in config:
-        return None
-    return "-c" if config["AccountingStorageType"].endswith("/none") else "-X"
 
 
 def _write_points(sp: SweepPlan) -> None:
@@ -89,37 +72,33 @@ def _write_points(sp: SweepPlan) -> None:
             records.write_json(paths.run_dir / node.STAGE_JSON, stage_json)
 
 
-def point_record(sp: SweepPlan, point: Point, backend: str, job: Optional[str]) -> dict[str, Any]:
+def point_record(
+    sp: SweepPlan, point: Point, backend: str, job: Optional[str], **facts: Any
+) -> records.RunRecord:
     """A point's run.json: a run record like any other (status/logs/show SWEEP:I)."""
     spec, paths = sp.planned.spec, script.point_paths(sp.paths, str(point.index))
-    return {
-        "run_id": f"{sp.paths.run_id}:{point.index}",
-        "sweep_id": sp.paths.run_id,
-        "point": point.index,
-        "exp": spec.exp,
-        "cluster": spec.cluster,
-        "backend": backend,
-        "run_dir": str(paths.run_dir),
-        "checkpoint_dir": str(paths.checkpoint_dir),
-        "job_id": job,
-        "job_ids": [job] if job else [],
-        "submitted_at": time.time(),
-        "attempts": 1,
-        "state": "PENDING",
-        "exit_code": None,
-        "command": masked([*spec.program, *point.args], sp.masked_secrets()),
-        "params": dict(point.params),
-        "nodes": spec.nodes,
-        "tasks_per_node": spec.tasks_per_node,
-        "launcher": spec.launcher,
-        "job_name": spec.job_name,
-        "hpclaunch_version": __version__,
-    }
+    return records.new_record(
+        spec,
+        paths,
+        backend,
+        sweep_id=sp.paths.run_id,
+        point=point.index,
+        job_id=job,
+        job_ids=[job] if job else [],
+        attempts=1,
+        state="PENDING",
+        exit_code=None,
+        command=masked([*spec.program, *point.args], sp.masked_secrets()),
+        params=dict(point.params),
+        **facts,
+    )
 
 
 def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[str]) -> None:
+    """Every point's run.json, with its array task's id ("123_4") once queued, and what
+    the backend keeps of the site (which sacct answers; who runs local points)."""
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    facts = sp.backend.site_facts()
     for point in sp.points:
-        entry = point_record(sp, point, data["backend"], task_of.get(point.index))
-        path = script.point_paths(sp.paths, str(point.index)).record
-        record.write_new(path, json.dumps(entry, indent=2, sort_keys=True) + "\n")
+        entry = point_record(sp, point, data["backend"], task_of.get(point.index), **facts)
+        records.write_new(entry, fresh_folder=True)

@@ -1,7 +1,14 @@
-"""A sweep on --cluster local: the same points, folders and variables, run here,
---max-parallel points at a time (default 1), each through the local backend as one run.
-An Optuna point asks for its trial before it starts and tells the result after, in this
-process (the journal is the same file a Slurm sweep uses).
+"""A sweep whose backend runs in the foreground (--cluster local): the same points,
+folders and variables, each started and waited for through the backend as one run, in
+the foreground of `hpclaunch sweep` (or `sweep retry`).
+
+The runner learns of `sweep cancel` and `sweep throttle` from the records, which another
+process changes: before it starts a point it claims the point's run.json under its lock
+(a point cancelled meanwhile is not started) and reads --max-parallel from sweep.json
+again. Its pid and start time are in every point's record, so a cancel reaches a running
+point's task groups (backends/localsettle.py) and a refresh after the runner died says
+so. An Optuna point asks for its trial before it starts and tells the result after, in
+this process (the journal is the same file a Slurm sweep uses).
 """
 
 from __future__ import annotations
@@ -9,128 +16,168 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, TextIO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, TextIO
 
-from .. import records, render
-from ..backends.base import Launch
-from ..backends.local import LocalBackend
-from ..launching import Request
-from ..requeue import CANCELLED_FILE
+from .. import records, render, states
+from ..backends.base import Backend, Launch
+from ..backends.localsettle import CANCEL_REQUESTED
+from ..backends.watchdog import process_start
+from ..rundirs import RunPaths
+from ..spec import JobSpec
 from . import record, script
-from .folder import point_record
-from .plans import SweepPlan
 from .points import Point
 
+_POLL_S = 0.5  # how often the runner looks again for a throttle while points run
 
-def run_local(req: Request, sp: SweepPlan, data: dict[str, Any], out: TextIO) -> int:
-    """Run every point; the exit code is 0 when all completed, else the lowest-index
-    failed point's code."""
-    _write_local_records(sp, data)
-    parallel = sp.options.max_parallel or 1
-    backend = LocalBackend()
+
+@dataclass(frozen=True)
+class LocalSweep:
+    """What the runner needs of a sweep: the spec and profile planned once, where the
+    points' tasks start, the points, and the requester's environment."""
+
+    backend: Backend
+    spec: JobSpec
+    profile: Any
+    cwd: Path  # the job's cwd: the code snapshot
+    sweep_dir: Path
+    sweep_id: str
+    points: Sequence[Point]  # every point of the sweep, by index
+    environ: Mapping[str, str]
+    space: tuple[Any, ...] = ()
+    metric: Optional[str] = None
+
+    def point_dir(self, index: int) -> Path:
+        return record.point_dir(self.sweep_dir, index)
+
+
+def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
+    """Run those points, at most sweep.json's --max-parallel at a time (read again before
+    each start); 0 when all completed, else the lowest-index failed point's code."""
     lock = threading.Lock()
     running: set[int] = set()
     codes: dict[int, int] = {}
-    pending = list(sp.points)
-    futures: dict[Future[int], int] = {}
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
+    pending = list(indices)
+    futures: dict[Future[Optional[int]], int] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(pending))) as pool:
         try:
             while pending or futures:
-                while pending and len(futures) < parallel:
-                    point = pending.pop(0)
-                    futures[pool.submit(_run_point, req, sp, point, backend, running, lock)] = (
-                        point.index
-                    )
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                while pending and len(futures) < _parallel(ls):
+                    index = pending.pop(0)
+                    job = pool.submit(_run_point, ls, ls.points[index], running, lock)
+                    futures[job] = index
+                done, _ = wait(futures, timeout=_POLL_S, return_when=FIRST_COMPLETED)
                 for fut in done:
                     index = futures.pop(fut)
-                    codes[index] = fut.result()
-                    _say(out, sp, index)
+                    code = fut.result()
+                    if code is not None:
+                        codes[index] = code
+                        _say(out, ls, index)
         except BaseException:
-            for job in list(backend._jobs):
-                backend.cancel(job)
-            for point in pending:  # never started: their records say so, not PENDING
-                records.update(
-                    script.point_paths(sp.paths, str(point.index)).run_dir,
-                    state="CANCELLED",
-                    exit_code=121,
-                    reason="the local sweep was interrupted",
-                )
+            _interrupted(ls, pending)
             raise
+    for index in indices:  # cancelled before they started: their records say so
+        if index not in codes:
+            rec = records.load(ls.point_dir(index))
+            codes[index] = rec.exit_code if rec.exit_code is not None else 1
+            _say(out, ls, index)
     failed = sorted(i for i, c in codes.items() if c != 0)
     return codes[failed[0]] if failed else 0
 
 
-def _say(out: TextIO, sp: SweepPlan, index: int) -> None:
-    rec = records.load(record.point_dir(sp.paths.run_dir, index))
+def _parallel(ls: LocalSweep) -> int:
+    try:
+        given = (record.load(ls.sweep_dir).get("sweep") or {}).get("max_parallel")
+    except record.DamagedSweep:
+        given = None
+    return int(given) if isinstance(given, int) and given > 0 else 1
+
+
+def _interrupted(ls: LocalSweep, pending: Sequence[int]) -> None:
+    """Ctrl-C: the running points' jobs end (the backend's), those never started say so."""
+    for job in ls.backend.running_jobs():
+        ls.backend.cancel(job)
+    for index in pending:
+        _claim(ls.point_dir(index), "the local sweep was interrupted")
+
+
+def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
+    rec = records.load(ls.point_dir(index))
     params = record.params_of(rec.path, rec.extra.get("params") or {})
     text = " ".join(f"{k}={v}" for k, v in params.items())
     out.write(f"point {index}: {rec.state} (exit {rec.exit_code}) {text}\n")
     out.flush()
 
 
+def _claim(folder: Path, cancelled_because: str = "") -> bool:
+    """Take a pending point (RUNNING, under its record's lock): False when a cancel came
+    first. With `cancelled_because`: record it as never started instead."""
+    cancelled = states.State.CANCELLED
+
+    def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
+        if data.get("state") not in ("PENDING", "CREATED"):
+            return None
+        if cancelled_because:
+            code = states.exit_code_for(cancelled)
+            return {"state": cancelled.value, "exit_code": code, "reason": cancelled_because}
+        return {"state": "RUNNING", "started_at": time.time(), **_runner()}
+
+    return records.update_with(folder, decide) is not None and not cancelled_because
+
+
+def _runner() -> dict[str, Any]:
+    me = os.getpid()
+    return {"launcher_pid": me, "launcher_started": process_start(me)}
+
+
 def _run_point(
-    req: Request,
-    sp: SweepPlan,
-    point: Point,
-    backend: LocalBackend,
-    running: set[int],
-    lock: threading.Lock,
-) -> int:
-    spec, profile = sp.planned.spec, sp.planned.prepared.profile
-    paths = script.point_paths(sp.paths, str(point.index))
-    cancel_asked = paths.run_dir / CANCELLED_FILE  # `cancel SWEEP:I`, `sweep cancel`
-    if cancel_asked.exists():  # cancelled before it started: it never does
-        records.update(paths.run_dir, state="CANCELLED", exit_code=121, ended_at=time.time())
-        return 121
-    if sp.space:
-        point = _ask(sp, point, running, lock)
-    env = dict(req.environ)
-    env.update(script.point_env(sp.paths.run_id, len(sp.points), point))
+    ls: LocalSweep, point: Point, running: set[int], lock: threading.Lock
+) -> Optional[int]:
+    """One point through the backend; None when it was cancelled before it started."""
+    paths = _point_paths(ls, point.index)
+    if not _claim(paths.run_dir):
+        return None
+    if ls.space:
+        point = _ask(ls, point, running, lock)
+    env = dict(ls.environ)
+    env.update(script.point_env(ls.sweep_id, len(ls.points), point))
     env[script.HPCLAUNCH_POINT] = str(point.index)
-    plan = render.plan(spec, profile, paths, sp.planned.code.cwd)
+    plan = render.plan(ls.spec, ls.profile, paths, ls.cwd)
     with lock:
         running.add(point.index)
     try:
-        job_id = backend.start(Launch(spec, plan, paths, sp.planned.code.cwd, env))
-        # Its ranks' process groups (not this process: it runs the other points too), so
-        # that another hpclaunch can end this point alone.
-        pgids = backend.record_extra(job_id)["pgids"]
-        records.update(
-            paths.run_dir,
-            job_id=job_id,
-            job_ids=[job_id],
-            state="RUNNING",
-            started_at=time.time(),
-            pgids=pgids,
+        job_id = ls.backend.start(Launch(ls.spec, plan, paths, ls.cwd, env))
+        now = records.update(
+            paths.run_dir, job_id=job_id, job_ids=[job_id], **ls.backend.record_extra(job_id)
         )
-        if cancel_asked.exists():  # asked while it started, before its groups were known
-            backend.cancel(job_id)
+        if now.get(CANCEL_REQUESTED):  # a cancel came before the task groups were known
+            ls.backend.cancel(job_id)
         with open(os.devnull, "w") as sink:  # each point's output is in its own logs/
-            code, state = backend.wait(job_id, paths, sink, sink)
-        if code != 0 and cancel_asked.exists():  # its ranks were ended from outside
-            code, state = 121, "CANCELLED"
+            code, state = ls.backend.wait(job_id, paths, sink, sink)
     finally:
         with lock:
             running.discard(point.index)
+    if records.read_raw(paths.run_dir).get(CANCEL_REQUESTED):
+        cancelled = states.State.CANCELLED
+        code, state = states.exit_code_for(cancelled) or 1, cancelled.value
     records.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time())
-    if sp.space:
+    if ls.space:
         from . import trials
 
-        trials.tell(
-            sp.paths.run_dir,
-            sp.paths.run_id,
-            point.index,
-            code,
-            record.result(paths.run_dir),
-            str(sp.options.metric),
-        )
+        result = record.result(paths.run_dir)
+        trials.tell(ls.sweep_dir, ls.sweep_id, point.index, code, result, str(ls.metric))
     return code
 
 
-def _ask(sp: SweepPlan, point: Point, running: set[int], lock: threading.Lock) -> Point:
+def _point_paths(ls: LocalSweep, index: int) -> RunPaths:
+    rec = records.load(ls.point_dir(index))
+    return RunPaths(rec.run_id, rec.path, Path(rec.checkpoint_dir), shipped_dir=ls.sweep_dir)
+
+
+def _ask(ls: LocalSweep, point: Point, running: set[int], lock: threading.Lock) -> Point:
     from . import trials
 
     def alive(indices: Sequence[int]) -> set[int]:
@@ -138,19 +185,13 @@ def _ask(sp: SweepPlan, point: Point, running: set[int], lock: threading.Lock) -
             return {i for i in indices if i in running}
 
     _, params = trials.ask(
-        sp.paths.run_dir, sp.paths.run_id, sp.space, point.index, f"local_{point.index}", alive
+        ls.sweep_dir, ls.sweep_id, ls.space, point.index, f"local_{point.index}", alive
     )
     asked = Point(point.index, {k: v for k, v in params.items() if v is not None})
-    folder = record.point_dir(sp.paths.run_dir, point.index)
+    folder = ls.point_dir(point.index)
     records.write_json(folder / record.PARAMS_JSON, dict(asked.params))
     records.update(folder, params=dict(asked.params))
     return asked
 
 
-def _write_local_records(sp: SweepPlan, data: dict[str, Any]) -> None:
-    for point in sp.points:
-        folder = script.point_paths(sp.paths, str(point.index)).run_dir
-        records.create(folder, point_record(sp, point, "local", None))
-
-
-__all__ = ["run_local"]
+__all__ = ["LocalSweep", "run_points"]

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
-from .. import discover, records, slurmcmd, waiting
+from .. import discover, records, waiting
+from ..backends import for_record
 from ..errors import UserError, show
-from . import arrays, pointstate, record, track
+from ..tracking import is_open
+from . import arrays, record, track
+from .local import LocalSweep
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
 
 
 def parse_points(text: str, total: int) -> list[int]:
@@ -95,58 +102,63 @@ def wait(
     return exit_code(now[0])
 
 
+def backend_of(sweep: track.Sweep) -> Backend:
+    """The backend that runs the sweep's points (sweep.json records its name)."""
+    return for_record(str(sweep.data.get("backend") or ""))
+
+
 def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
-    """scancel the open points (all, or those): one call. Returns what was cancelled."""
+    """End the open points (all, or those): one call where the backend allows. Returns
+    what was cancelled."""
     sweep = track.refresh(sweep_dir)
     chosen = set(points) if points is not None else None
     open_ = [
         r
         for r in sweep.points
-        if pointstate.is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
+        if is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
     ]
-    if sweep.data.get("backend") == "local":
-        from ..backends.local import cancel_recorded
-        from ..requeue import CANCELLED_FILE
-
-        for rec in open_:  # the sweep's process records CANCELLED, never starts a pending one
-            (rec.path / CANCELLED_FILE).touch()
-            cancel_recorded(rec.launcher_pid, rec.launcher_started, rec.pgids)
-        return [rec.run_id for rec in open_]
-    if chosen is None:
-        targets = sorted({str(r.job_id).partition("_")[0] for r in open_ if r.job_id})
-    else:
-        targets = [str(r.job_id) for r in open_ if r.job_id]
-    if targets:
-        slurmcmd.run(["scancel", *targets])
-    return targets
+    return backend_of(sweep).cancel_records(open_, whole=chosen is None)
 
 
 def throttle(sweep_dir: Path, parallel: int) -> list[tuple[str, int]]:
-    """At most `parallel` points at once from now on, shared between the open arrays."""
+    """At most `parallel` points at once from now on, shared between the open arrays
+    (a sweep that runs here reads it from sweep.json before it starts each point)."""
     if parallel < 1:
         raise UserError("P", f"{parallel} is below 1", "at least 1", "")
     sweep = track.refresh(sweep_dir)
-    open_arrays: dict[str, int] = {}
-    for rec in sweep.points:
-        if pointstate.is_open(rec) and rec.job_id:
-            array_id = str(rec.job_id).partition("_")[0]
-            open_arrays[array_id] = open_arrays.get(array_id, 0) + 1
-    ids = sorted(open_arrays, key=int)
-    shares = arrays.share_throttle(parallel, [open_arrays[i] for i in ids])
-    done = []
-    for array_id, share in zip(ids, shares):
-        value = share or parallel
-        slurmcmd.run(["scontrol", "update", f"JobId={array_id}", f"ArrayTaskThrottle={value}"])
-        done.append((array_id, value))
     opts = dict(sweep.data.get("sweep") or {})
     opts["max_parallel"] = parallel
     record.update(sweep_dir, sweep=opts)
+    queued = {str(a["job_id"]) for a in sweep.data.get("arrays") or []}
+    open_arrays: dict[str, int] = {}
+    for rec in sweep.points:
+        array_id = str(rec.job_id or "").partition("_")[0]
+        if is_open(rec) and array_id in queued:
+            open_arrays[array_id] = open_arrays.get(array_id, 0) + 1
+    ids = sorted(open_arrays, key=lambda i: (len(i), i))
+    shares = arrays.share_throttle(parallel, [open_arrays[i] for i in ids])
+    backend = backend_of(sweep)
+    done = []
+    for array_id, share in zip(ids, shares):
+        value = share or parallel
+        backend.throttle(array_id, value)
+        done.append((array_id, value))
     return done
 
 
-def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str, str]) -> Any:
+@dataclass(frozen=True)
+class Retried:
+    """What `retry` did: the arrays queued, or (a sweep that runs here) what to run."""
+
+    points: list[int]
+    job_ids: list[str] = field(default_factory=list)
+    here: Optional[LocalSweep] = None
+
+
+def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str, str]) -> Retried:
     """Resubmit those points (None: every point not COMPLETED) as arrays of just them,
-    into the same sweep; their earlier attempts stay under attempts/<n>/."""
+    into the same sweep; their earlier attempts stay under attempts/<n>/. A sweep whose
+    points run here gets them back as pending, for the caller to run (local.run_points)."""
     sweep = track.refresh(sweep_dir)
     by_index = {int(r.extra.get("point", 0)): r for r in sweep.points}
     wanted = (
@@ -156,7 +168,7 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
     )
     if not wanted:
         raise UserError("sweep retry", "every point completed", "", "Nothing to retry")
-    busy = [i for i in wanted if pointstate.is_open(by_index[i])]
+    busy = [i for i in wanted if is_open(by_index[i])]
     if busy:
         raise UserError(
             "sweep retry",
@@ -171,9 +183,42 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
         trials.fail_stale(sweep_dir, sweep.sweep_id, lambda idx: {i for i in idx if i not in again})
     for i in wanted:
         record.keep_attempt(by_index[i].path, int(by_index[i].extra.get("attempts", 1)))
-    if sweep.data.get("backend") == "local":
-        return wanted
-    return _resubmit(sweep, wanted, by_index, environ)
+    backend = backend_of(sweep)
+    if backend.foreground:
+        return Retried(wanted, here=_again_here(sweep, wanted, by_index, environ))
+    return Retried(wanted, _resubmit(sweep, wanted, by_index, environ))
+
+
+def _again_here(
+    sweep: track.Sweep,
+    wanted: list[int],
+    by_index: Mapping[int, records.RunRecord],
+    environ: Mapping[str, str],
+) -> LocalSweep:
+    from .submit import local_sweep, replanned
+
+    # Planned again for its spec and profile; its folder, id and code are the sweep's own.
+    code = Path(str((sweep.data.get("code") or {}).get("cwd") or sweep.data["cwd"]))
+    here = replace(
+        local_sweep(environ, replanned(sweep.data, environ)),
+        sweep_dir=sweep.sweep_dir,
+        sweep_id=sweep.sweep_id,
+        cwd=code,
+    )
+    for i in wanted:
+        rec = by_index[i]
+        records.update(
+            rec.path,
+            job_id=None,
+            state="PENDING",
+            exit_code=None,
+            reason="",
+            ended_at=None,
+            cancel_requested=False,
+            attempts=int(rec.extra.get("attempts", 1)) + 1,
+            **here.backend.site_facts(),
+        )
+    return here
 
 
 def _resubmit(
@@ -182,13 +227,13 @@ def _resubmit(
     by_index: Mapping[int, records.RunRecord],
     environ: Mapping[str, str],
 ) -> list[str]:
-    from ..backends.slurm import sbatch_env
-    from .submit import array_entries, submit_parts
+    from .submit import array_entries, array_launch
 
     max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
     parts = arrays.split(wanted, max_array, parallel)
-    job_ids = submit_parts(sweep.sweep_dir / "job.sh", parts, sbatch_env(environ))
+    launch = array_launch(sweep.sweep_dir / "job.sh", parts, environ)
+    job_ids = backend_of(sweep).start_array(launch)
     attempt = 1 + max((int(a.get("attempt", 1)) for a in sweep.data.get("arrays") or []), default=1)
     for part, job_id in zip(parts, job_ids):
         for point in part.points():

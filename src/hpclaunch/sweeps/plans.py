@@ -4,12 +4,16 @@ sweep modules share; submit.py makes them, folder.py writes them, local.py runs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import launching, rundirs
+from ..backends import pick
 from ..secretnames import secret_values
 from . import arrays, script
 from .points import Point
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,14 @@ class SweepPlan:
         return self.planned.paths
 
     @property
+    def backend(self) -> Backend:
+        """The backend that runs the points (a sweep is its own jobs, never steps)."""
+        return pick(self.planned.prepared.profile, in_allocation=False)
+
+    @property
     def local(self) -> bool:
-        return self.planned.prepared.profile.kind == "local"
+        """The points run here, in the foreground of `hpclaunch sweep`."""
+        return self.backend.foreground
 
     def masked_secrets(self) -> list[tuple[str, str]]:
         """The secret values recorded as $NAME: the run's and the W&B key's."""

@@ -32,7 +32,7 @@ POINTS = "points"
 PARAMS_ENV = "params.env"  # sourced by the array script before the point's job.sh
 PARAMS_JSON = "params.json"  # an Optuna point's parameters, written when it asks
 ATTEMPTS = "attempts"
-POINT_START, POINT_END = "point_start", "point_end"  # appended by the array script
+POINT_START, POINT_END = records.JOB_START, records.JOB_END  # appended by the array script
 
 
 class DamagedSweep(HpclaunchError):
@@ -90,19 +90,11 @@ def point_events(folder: Path) -> Iterator[dict[str, Any]]:
 
 def point_end(folder: Path, job: str) -> Optional[dict[str, Any]]:
     """The point_end event of the attempt that ran as array task `job` ("123_4")."""
-    return _last(folder, POINT_END, job)
+    return records.job_event(folder, POINT_END, job)
 
 
 def point_started(folder: Path, job: str) -> Optional[dict[str, Any]]:
-    return _last(folder, POINT_START, job)
-
-
-def _last(folder: Path, kind: str, job: str) -> Optional[dict[str, Any]]:
-    found = None
-    for event in point_events(folder):
-        if event.get("event") == kind and event.get("job") == job:
-            found = event
-    return found
+    return records.job_event(folder, POINT_START, job)
 
 
 def result(folder: Path) -> Optional[dict[str, Any]]:

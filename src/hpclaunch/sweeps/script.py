@@ -168,7 +168,10 @@ def point_script(template: str, token: str, index: int) -> str:
 
 
 def sbatch_argv(script: Path, array_spec: str, offset: int) -> list[str]:
-    return ["sbatch", "--parsable", f"--array={array_spec}", str(script), str(offset)]
+    """What --dry-run shows: the backend's own line (backends/slurm.array_argv)."""
+    from ..backends.slurm import array_argv
+
+    return array_argv(script, array_spec, offset)
 
 
 def preview_table(points: Sequence[Point], limit: int = 10) -> list[str]:

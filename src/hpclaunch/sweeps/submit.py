@@ -9,27 +9,31 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import (
-    config,
-    discover,
     filemodes,
     index,
     launching,
     render,
     rundirs,
-    slurmcmd,
     users,
 )
+from ..backends import pick
+from ..backends.base import ArrayLaunch
+from ..backends.base import ArrayPart as ArrayJob
 from ..errors import HpclaunchError, UserError
 from ..secretnames import mask_text as masked
 from . import arrays, folder, record, script
+from .limits import queued_jobs, site_limits
 from .plans import SweepOptions, SweepPlan
 from .points import Point, build_points, check_placeholders
+
+if TYPE_CHECKING:
+    from .local import LocalSweep
 
 MAX_POINTS = 1_000_000  # beyond any site's queue; refused instantly, before building
 TRIAL_MODULE = "hpclaunch.sweeps.pointcmd"
@@ -111,7 +115,7 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     template = render.plan(spec, planned.prepared.profile, point, planned.code.cwd).script
     parts: list[arrays.ArrayPart] = []
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
-    if planned.prepared.profile.kind != "local":
+    if not pick(planned.prepared.profile, in_allocation=False).foreground:
         limits = site_limits(req)
         held, note = queued_jobs(limits, users.user_name(req.environ), len(points))
         arrays.check_fits(len(points), limits, held)
@@ -153,7 +157,7 @@ def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planne
             "the W&B agent starts each point's run, and a requeued task would ask it anew",
             "Drop --requeue (or use --grid/--optuna, whose points resume)",
         )
-    if planned.prepared.profile.kind == "local":
+    if pick(planned.prepared.profile, in_allocation=False).foreground:
         raise UserError(
             "--wandb-sweep",
             "needs Slurm (each point is an array task)",
@@ -178,57 +182,6 @@ class _Wandb:
     secret: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     agent: tuple[str, ...] = ()
-
-
-def site_limits(req: launching.Request) -> arrays.SiteLimits:
-    """MaxArraySize and MaxJobCount (the cached `scontrol show config`), MaxSubmitJobs
-    where an accounting database answers sacctmgr."""
-    max_array, max_jobs = arrays.limits_from_config(discover.slurm_config() or {})
-    user = users.user_name(req.environ)
-    answer = slurmcmd.query(arrays.sacctmgr_argv(user), timeout=10)
-    given = config.cli_options(req.options)  # typed, as `run` reads them (checked by plan)
-    account, partition = given.account, given.partition
-    max_submit = (
-        arrays.parse_max_submit(answer, user, account, partition) if answer is not None else None
-    )
-    return arrays.SiteLimits(max_array, max_jobs, max_submit)
-
-
-# A sweep below this share of MaxJobCount is not checked against others' jobs (a call on
-# every sweep; sbatch refuses the rare one that does not fit, naming MaxJobCount).
-LARGE_SHARE = 0.5
-
-
-def queued_jobs(limits: arrays.SiteLimits, user: str, points: int) -> tuple[Optional[int], str]:
-    """Jobs counted against the limit that applies (array tasks one by one), and a note
-    for stderr when they cannot be known. MaxSubmitJobs: the user's own (one squeue -u).
-    MaxJobCount: asked only for a sweep large against it, as one counter (sdiag's pending
-    and running jobs), never a listing of every user's jobs; None when not asked or not
-    answered."""
-    if limits.max_submit_jobs is not None:
-        out = slurmcmd.query([*arrays.SQUEUE_COUNT_ARGV, "-u", user], timeout=30)
-        return (len(out.splitlines()) if out else 0), ""
-    if points < LARGE_SHARE * limits.max_job_count:
-        return None, ""
-    held = live_jobs(slurmcmd.query(["sdiag"], timeout=30) or "")
-    if held is None:
-        return None, (
-            f"hpclaunch: note: cannot tell how many of MaxJobCount {limits.max_job_count} "
-            f"jobs the cluster holds now (sdiag did not answer): {points} points are "
-            "submitted unchecked; sbatch refuses them if the job table is full"
-        )
-    return held, ""
-
-
-def live_jobs(sdiag: str) -> Optional[int]:
-    """`Jobs pending:` + `Jobs running:` of sdiag's output (array tasks one by one); None
-    when either is missing."""
-    found: dict[str, int] = {}
-    for line in sdiag.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("Jobs pending", "Jobs running") and value.strip().isdigit():
-            found.setdefault(key.strip(), int(value.strip()))
-    return sum(found.values()) if len(found) == 2 else None
 
 
 def check_trial_python(trial_cmd: Sequence[str]) -> None:
@@ -284,7 +237,7 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
                 from . import trials
 
                 trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
-        job_ids = [] if sp.local else _submit_parts(req, sp)
+        job_ids = [] if sp.local else sp.backend.start_array(_launch(req, sp))
     except BaseException:
         rundirs.remove(paths)
         raise
@@ -299,6 +252,12 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         ) from None
 
 
+def _launch(req: launching.Request, sp: SweepPlan) -> ArrayLaunch:
+    # The W&B API key joins the plan's secrets: the job's environment, never a file.
+    secret = (*sp.planned.plan.secret_env, *sp.secret_env)
+    return array_launch(sp.paths.job_sh, sp.parts, req.environ, secret)
+
+
 def _record_accepted(
     req: launching.Request,
     sp: SweepPlan,
@@ -309,7 +268,7 @@ def _record_accepted(
     spec = sp.planned.spec
     if job_ids:
         data = record.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
-        folder.write_point_records(sp, data, job_ids)
+    folder.write_point_records(sp, data, job_ids)
     index.add(
         {
             "run_id": paths.run_id,
@@ -326,30 +285,45 @@ def _record_accepted(
     return data
 
 
-def _submit_parts(req: launching.Request, sp: SweepPlan) -> list[str]:
-    from ..backends.slurm import sbatch_env
+def local_sweep(environ: Mapping[str, str], sp: SweepPlan) -> LocalSweep:
+    """What a foreground backend's runner needs to run the points here."""
+    from .local import LocalSweep
 
-    # The W&B API key joins the plan's secrets: the job's environment, never a file.
-    env = sbatch_env(req.environ, (*sp.planned.plan.secret_env, *sp.secret_env))
-    return submit_parts(sp.paths.job_sh, sp.parts, env)
+    planned = sp.planned
+    return LocalSweep(
+        sp.backend, planned.spec, planned.prepared.profile, planned.code.cwd, sp.paths.run_dir,
+        sp.paths.run_id, sp.points, environ, sp.space, sp.options.metric,
+    )  # fmt: skip
 
 
-def submit_parts(job_sh: Path, parts: Sequence[arrays.ArrayPart], env: dict[str, str]) -> list[str]:
-    """One sbatch per part (a first submission or a retry); a part Slurm refuses
-    cancels the parts already queued."""
-    job_ids: list[str] = []
-    try:
-        for part in parts:
-            out = slurmcmd.run(script.sbatch_argv(job_sh, part.spec(), part.offset), env=env)
-            job_id = out.strip().split(";")[0]
-            if not job_id.isdigit():
-                raise HpclaunchError(f"sbatch printed no job id: {out.strip()!r}")
-            job_ids.append(job_id)
-    except BaseException:
-        if job_ids:
-            slurmcmd.query(["scancel", *job_ids])
-        raise
-    return job_ids
+def replanned(data: Mapping[str, Any], environ: Mapping[str, str]) -> SweepPlan:
+    """A recorded sweep planned again from its record (sweep retry of a sweep that runs
+    here): the same options, program and cluster, the recorded points."""
+    options = dict(data.get("options") or {})
+    options["cluster"] = data.get("cluster") or options.get("cluster")
+    req = launching.Request(
+        options, tuple(data.get("command") or ()), Path(str(data["cwd"])), environ
+    )
+    recorded = dict(data.get("sweep") or {})
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
+    opts = SweepOptions(**given)
+    sp = plan(req, opts)
+    points = [
+        Point(int(p["index"]), dict(p.get("params") or {}), tuple(p.get("args") or ()))
+        for p in data["points"]
+    ]
+    return replace(sp, points=points)
+
+
+def array_launch(
+    job_sh: Path,
+    parts: Sequence[arrays.ArrayPart],
+    environ: Mapping[str, str],
+    secret_env: Sequence[tuple[str, str]] = (),
+) -> ArrayLaunch:
+    """What the backend needs to queue these parts of the sweep's array script."""
+    planned = [ArrayJob(p.offset, p.spec()) for p in parts]
+    return ArrayLaunch(job_sh, planned, environ, tuple(secret_env))
 
 
 def array_entries(

@@ -1,6 +1,6 @@
 """A sweep as of now: its record and its points' records, brought up to date together
-(pointstate.py: the points' own events, one squeue, at most one sacct; local points from
-their launcher's liveness), and what the status table shows of them.
+(tracking.refresh, as any run: the points' own events, one squeue -r, at most one sacct;
+local points from their runner's liveness), and what the status table shows of them.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from .. import records, tracking
 from ..records import RunRecord
-from . import pointstate, record
-from .pointstate import is_open
+from ..tracking import is_open
+from . import record
 
 
 @dataclass
@@ -75,19 +75,13 @@ def refresh_open(sweep: Sweep) -> Sweep:
 
 
 def _bring_up_to_date(sweeps: Sequence[Sweep]) -> None:
-    every = [r for s in sweeps for r in s.points]
-    local = [r for r in every if r.backend == "local"]
-    learnt: dict[Path, Any] = {}
-    if local:
-        learnt.update({r.path: r for r in tracking.refresh(local)})
-    hint = next((s.data.get("sacct_mode") for s in sweeps if s.data.get("sacct_mode")), None)
-    asked = pointstate.Asked(sacct_mode=hint)
-    learnt.update(pointstate.refresh_points(every, asked))
+    """Every point of these sweeps in one tracking.refresh (one squeue, at most one sacct)."""
+    asked: list[str] = []
+    learnt = tracking.refresh([r for s in sweeps for r in s.points], asked=asked)
+    at = 0
     for sweep in sweeps:
-        sweep.asked = tuple(asked.commands)
-        if asked.sacct_mode and sweep.data.get("sacct_mode") != asked.sacct_mode:
-            sweep.data = record.update(sweep.sweep_dir, sacct_mode=asked.sacct_mode)
-        sweep.points = [learnt.get(r.path, r) for r in sweep.points]
+        sweep.asked = tuple(asked)
+        sweep.points, at = learnt[at : at + len(sweep.points)], at + len(sweep.points)
 
 
 def point_row(sweep: Sweep, rec: RunRecord) -> dict[str, Any]:
