@@ -75,9 +75,13 @@ def _write_points(sp: SweepPlan) -> None:
     """A folder per point: job.sh (the template, numbered), params.env, logs/."""
     spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
     stage_json = render.stage_json(spec, script.point_paths(sp.paths, sp.token))
+    (sp.paths.run_dir / record.POINTS).mkdir(exist_ok=True)
     for point in sp.points:
         paths = script.point_paths(sp.paths, str(point.index))
-        (paths.run_dir / "logs").mkdir(parents=True)
+        # Three mkdirs a point: logs/ with parents=True first fails (no point folder
+        # yet) and costs a fourth plus a Python exception, a 1,000-point sweep's 1,000.
+        paths.run_dir.mkdir()
+        paths.logs.mkdir()
         paths.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         text = script.point_script(sp.point_template, sp.token, point.index)
         record.write_new(paths.job_sh, text)
