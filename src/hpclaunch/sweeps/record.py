@@ -73,9 +73,10 @@ def update(sweep_dir: Path, **changes: Any) -> dict[str, Any]:
     return data
 
 
-def write_new(path: Path, text: str) -> None:
+def write_new(path: str | os.PathLike[str], text: str) -> None:
     """A file in a folder made moments ago that nobody reads yet: no rename, no fsync
-    (a sweep writes thousands of them; sweep.json, written last, is the commit point)."""
+    (a sweep writes thousands of them; sweep.json, written last, is the commit point).
+    A plain string path is fine: a Path per file was a tenth of a 1,000-point sweep."""
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write(text)
 
