@@ -94,10 +94,10 @@ def _write_points(sp: SweepPlan) -> None:
         else:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/checkpoints
             os.makedirs(checkpoints.replace(sp.token, index), exist_ok=True)
         text = script.point_script(sp.point_template, sp.token, point.index)
-        record.write_new(Path(folder, "job.sh"), text)
+        record.write_new(f"{folder}/job.sh", text)
         if not sp.space:  # an Optuna point writes its own when it asks
             env_text = script.params_env(sweep_id, total, point)
-            record.write_new(Path(folder, record.PARAMS_ENV), env_text)
+            record.write_new(f"{folder}/{record.PARAMS_ENV}", env_text)
         if spec.stage or spec.stage_out:
             stage_json["run_dir"] = folder
             records.write_json(Path(folder, node.STAGE_JSON), stage_json)
