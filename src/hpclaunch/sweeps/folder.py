@@ -137,5 +137,5 @@ def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[s
         entry = point_record(sp, point, data["backend"], task_of.get(point.index))
         # One line, no indent: json's C encoder (indent= falls back to the pure-Python
         # one, about a third of a 1,000-point submission); the folder is in the record.
-        path = Path(entry["run_dir"], rundirs.RECORD)
+        path = f"{entry['run_dir']}/{rundirs.RECORD}"
         record.write_new(path, json.dumps(entry, sort_keys=True) + "\n")
