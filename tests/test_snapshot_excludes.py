@@ -155,6 +155,30 @@ def test_run_folders_and_stage_caches_of_any_run_root_are_left_out(
     assert after == before
 
 
+def test_git_is_not_asked_to_walk_earlier_run_folders(
+    proj: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Performance (issue 26): a ./runs that is neither ignored nor the run root may hold
+    75,000 files of earlier runs; git prunes run folders and stage caches (pathspecs)
+    instead of listing their files for gone() to drop one by one."""
+    earlier_runs(proj / "runs")
+    earlier_runs(proj / "src" / "deeper" / "runs")
+    (proj / "runs" / "notes.md").write_text("kept\n")  # beside the run folders: copied
+    listed: list[str] = []
+    real = snapshot._ls_files
+
+    def spy(root: Path, args: list[str]) -> list[str]:
+        names = real(root, args)
+        listed.extend(names)
+        return names
+
+    monkeypatch.setattr(snapshot, "_ls_files", spy)
+    found = snapshot.plan(proj, [tmp_path / "scratch" / "runs"])
+    assert "runs/notes.md" in found.files and "train.py" in found.files
+    output = re.compile(rf"(^|/)({re.escape(stage.CACHE)}|{snapshot.RUN_ID.pattern})/")
+    assert [n for n in listed if output.search(n)] == []
+
+
 def test_a_nested_repository_holding_the_run_root(proj: Path, tmp_path: Path) -> None:
     lib = proj / "lib"
     (lib / "pkg").mkdir(parents=True)

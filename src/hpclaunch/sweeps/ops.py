@@ -183,6 +183,7 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
         trials.fail_stale(sweep_dir, sweep.sweep_id, lambda idx: {i for i in idx if i not in again})
     for i in wanted:
         record.keep_attempt(by_index[i].path, int(by_index[i].extra.get("attempts", 1)))
+    record.update(sweep_dir, **{record.ENDED_TALLY: None})  # re-opened: `runs` asks again
     backend = backend_of(sweep)
     if backend.foreground:
         return Retried(wanted, here=_again_here(sweep, wanted, by_index, environ))

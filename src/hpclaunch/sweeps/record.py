@@ -34,6 +34,10 @@ PARAMS_JSON = "params.json"  # an Optuna point's parameters, written when it ask
 ATTEMPTS = "attempts"
 POINT_START, POINT_END = records.JOB_START, records.JOB_END  # appended by the array script
 
+# sweep.json's key: an ended sweep's counts, exit code and arrays, kept by `runs`
+# (cli/records_cmds) so that listings read no point of it again; a retry clears it.
+ENDED_TALLY = "ended_tally"
+
 
 class DamagedSweep(HpclaunchError):
     """sweep.json exists but is not a sweep record."""
@@ -74,9 +78,10 @@ def update(sweep_dir: Path, **changes: Any) -> dict[str, Any]:
     return data
 
 
-def write_new(path: Path, text: str) -> None:
+def write_new(path: str | os.PathLike[str], text: str) -> None:
     """A file in a folder made moments ago that nobody reads yet: no rename, no fsync
-    (a sweep writes thousands of them; sweep.json, written last, is the commit point)."""
+    (a sweep writes thousands of them; sweep.json, written last, is the commit point).
+    A plain string path is fine: a Path per file was a tenth of a 1,000-point sweep."""
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write(text)
 
