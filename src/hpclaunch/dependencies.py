@@ -126,7 +126,7 @@ def _run_state(run_dir: Path) -> tuple[str, str, list[str], bool]:
 
     record = tracking.refresh_one(run_dir)
     ids = record.job_ids or ([record.job_id] if record.job_id else [])
-    if record.state == "CREATED" or states.is_active(record.state):
+    if states.is_open(record.state):
         return record.run_id, record.state, ids[-1:], False
     return record.run_id, record.state, [], record.state == "COMPLETED"
 

@@ -179,7 +179,7 @@ def follow_to_end(
         now = time.monotonic()
         if now >= next_look:
             record = tracking.refresh_one(run_dir)
-            if record.state != "CREATED" and not states.is_active(record.state):
+            if not states.is_open(record.state):
                 break
             next_look, pause = now + pause, min(pause * 1.2, _LOOK_MAX_S)
         if deadline is not None and now > deadline:

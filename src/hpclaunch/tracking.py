@@ -17,24 +17,18 @@ from .monitor import JobStatus, chain_status, job_exit_code
 from .records import RunRecord
 from .rundirs import rank_logs
 
-_OPEN = {"CREATED"}  # recorded before the backend answered: ask it
-
 
 def needs_asking(record: RunRecord) -> bool:
     if record.backend != "slurm" or not record.job_id or record.step or _is_point(record):
         return False
-    return _is_open(record)
-
-
-def _is_open(record: RunRecord) -> bool:
-    return record.state in _OPEN or states.is_active(states.parse(record.state))
+    return states.is_open(record.state)
 
 
 def _local_truth(record: RunRecord) -> RunRecord:
     """A local run recorded as running whose launcher is gone (SIGKILLed, the machine
     rebooted) did not run on: its watchdog ended the ranks. Say so in the record."""
     pid = record.launcher_pid
-    if record.backend != "local" or not _is_open(record) or pid is None:
+    if record.backend != "local" or not states.is_open(record.state) or pid is None:
         return record
     gone = launcher_gone(pid, record.launcher_started)
     if gone is None:
@@ -149,7 +143,7 @@ def why_never_started(record: RunRecord) -> Optional[str]:
         except (OSError, records.DamagedRecord):
             continue
         cond = str(dep.get("condition", "ok"))
-        ok = other.state == "COMPLETED"
-        if cond != "any" and not states.is_active(other.state) and ok == (cond == "notok"):
+        ok = other.state == states.State.COMPLETED
+        if cond != "any" and not states.is_open(other.state) and ok == (cond == "notok"):
             return f"never started: --after {other.run_id}:{cond}, and it ended {other.state}"
     return None

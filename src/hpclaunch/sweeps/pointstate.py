@@ -40,7 +40,7 @@ def is_point(rec: RunRecord) -> bool:
 
 
 def is_open(rec: RunRecord) -> bool:
-    return rec.state in ("CREATED", "PENDING") or states.is_active(states.parse(rec.state))
+    return states.is_open(rec.state)
 
 
 def refresh_points(recs: Sequence[RunRecord], asked: Asked) -> dict[Path, RunRecord]:

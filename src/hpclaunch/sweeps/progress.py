@@ -18,7 +18,7 @@ def tally(sweep: Sweep) -> dict[str, int]:
             found["done"] += 1
         elif rec.state in ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT"):
             found["running"] += 1
-        elif rec.state in ("CREATED",) or states.is_active(state):
+        elif states.is_open(state):
             found["pending"] += 1
         else:
             found["failed"] += 1
