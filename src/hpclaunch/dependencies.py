@@ -128,7 +128,7 @@ def _run_state(run_dir: Path) -> tuple[str, str, list[str], bool]:
     ids = record.job_ids or ([record.job_id] if record.job_id else [])
     if states.is_open(record.state):
         return record.run_id, record.state, ids[-1:], False
-    return record.run_id, record.state, [], record.state == "COMPLETED"
+    return record.run_id, record.state, [], record.state == states.State.COMPLETED
 
 
 def _sweep_state(sweep_dir: Path) -> tuple[str, str, list[str], bool]:
@@ -140,7 +140,7 @@ def _sweep_state(sweep_dir: Path) -> tuple[str, str, list[str], bool]:
     if sweep.active():
         arrays = [str(a["job_id"]) for a in sweep.data.get("arrays") or []]
         return sweep.sweep_id, text, arrays, False
-    return sweep.sweep_id, text, [], set(counts) == {"COMPLETED"}
+    return sweep.sweep_id, text, [], set(counts) == {states.State.COMPLETED.value}
 
 
 def sbatch_value(after: Sequence[After]) -> str:

@@ -39,6 +39,7 @@ from .errors import HpclaunchError
 from .preparing import Prepared, prepare_spec
 from .snapshot import human
 from .spec import JobSpec
+from .states import State
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     except BaseException:
         rundirs.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
-    state = "RUNNING" if backend.foreground else "PENDING"
+    state = State.RUNNING.value if backend.foreground else State.PENDING.value
     extra: dict[str, Any] = {"step": True} if backend.kind.startswith("step") else {}
     extra = {"job_ids": [job_id], **extra, **backend.record_extra(job_id)}
     entry = {
@@ -241,7 +242,7 @@ def _record_interrupted(
     rundirs.strip_to_record(paths)
     records.update(
         paths.run_dir,
-        state="CANCELLED",
+        state=State.CANCELLED.value,
         exit_code=128 + signum,
         reason=f"interrupted by {signal.Signals(signum).name} while the run was starting",
         ended_at=time.time(),
@@ -283,7 +284,7 @@ def _write_run_files(
             "checkpoint_dir": str(paths.checkpoint_dir),
             "job_id": None,
             "submitted_at": time.time(),
-            "state": "CREATED",
+            "state": State.CREATED.value,
             "exit_code": None,
             "cwd": str(req.cwd),
             "code": code,

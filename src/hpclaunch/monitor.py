@@ -187,8 +187,8 @@ def wait_and_stream(
     wait_iv, run_iv = _PENDING_FIRST_S, _RUNNING_FIRST_S
     streaming = False
     exits_seen = 0
-    status = JobStatus("UNKNOWN", "", None)
-    state = "UNKNOWN"
+    status = JobStatus(states.State.UNKNOWN.value, "", None)
+    state = states.State.UNKNOWN.value
     try:
         while True:
             now = clock()
