@@ -24,6 +24,7 @@ from ..monitor import JobStatus, chain_status, wait_and_stream
 from ..render import BatchPlan
 from ..rundirs import RunPaths
 from ..spec import JobSpec
+from ..states import State
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class _Chain:
 
         ran = [a.number for a in read_events(self._paths.run_dir).attempts]
         found = chain_status(self._members, self._backend.status(self._members), ran)
-        return found or JobStatus("UNKNOWN", "Slurm no longer knows the chain", None)
+        return found or JobStatus(State.UNKNOWN.value, "Slurm no longer knows the chain", None)
 
 
 class _OneJob:
@@ -120,6 +121,6 @@ class _OneJob:
             if attempt:
                 time.sleep(self._backend.retry_wait_s)
             found = self._backend.status([job_id]).get(job_id)
-            if found is not None and found.state != "UNKNOWN":
+            if found is not None and found.state != State.UNKNOWN:
                 return found
-        return JobStatus("UNKNOWN", "Slurm no longer knows the job", None)
+        return JobStatus(State.UNKNOWN.value, "Slurm no longer knows the job", None)
