@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from .. import __version__, codeplan, discover, launching, node, profiling, records, render, rundirs
 from ..secretnames import masked
+from ..states import State
 from . import record, script
 from .plans import SweepPlan
 from .points import Point
@@ -105,7 +106,7 @@ def point_record(sp: SweepPlan, point: Point, backend: str, job: Optional[str]) 
         "job_ids": [job] if job else [],
         "submitted_at": time.time(),
         "attempts": 1,
-        "state": "PENDING",
+        "state": State.PENDING.value,
         "exit_code": None,
         "command": masked([*spec.program, *point.args], sp.masked_secrets()),
         "params": dict(point.params),

@@ -17,6 +17,7 @@ from .. import records, render
 from ..backends.base import Launch
 from ..backends.local import LocalBackend
 from ..launching import Request
+from ..states import State
 from . import record, script
 from .folder import point_record
 from .plans import SweepPlan
@@ -53,7 +54,7 @@ def run_local(req: Request, sp: SweepPlan, data: dict[str, Any], out: TextIO) ->
             for point in pending:  # never started: their records say so, not PENDING
                 records.update(
                     script.point_paths(sp.paths, str(point.index)).run_dir,
-                    state="CANCELLED",
+                    state=State.CANCELLED.value,
                     exit_code=121,
                     reason="the local sweep was interrupted",
                 )
@@ -91,7 +92,11 @@ def _run_point(
     try:
         job_id = backend.start(Launch(spec, plan, paths, sp.planned.code.cwd, env))
         records.update(
-            paths.run_dir, job_id=job_id, job_ids=[job_id], state="RUNNING", started_at=time.time()
+            paths.run_dir,
+            job_id=job_id,
+            job_ids=[job_id],
+            state=State.RUNNING.value,
+            started_at=time.time(),
         )
         with open(os.devnull, "w") as sink:  # each point's output is in its own logs/
             code, state = backend.wait(job_id, paths, sink, sink)

@@ -20,6 +20,7 @@ from ..errors import SlurmError
 from ..monitor import job_exit_code
 from ..records import RunRecord
 from ..rundirs import rank_logs
+from ..states import State
 from . import arrays, record
 
 SACCT_MODES = ("-X", "-c")  # the accounting database; the job completion file
@@ -65,9 +66,11 @@ def _ended(rec: RunRecord, end: dict[str, Any]) -> dict[str, Any]:
     """The array script's own point_end event: the point's job.sh ended with this code."""
     rc = end.get("exit_code")
     if rc == 0:
-        return {"state": "COMPLETED", "exit_code": 0, "ended_at": end.get("time")}
-    code = job_exit_code("FAILED", rank_logs(rec.path), f"{rc}:0" if isinstance(rc, int) else None)
-    return {"state": "FAILED", "exit_code": code, "ended_at": end.get("time")}
+        return {"state": State.COMPLETED.value, "exit_code": 0, "ended_at": end.get("time")}
+    code = job_exit_code(
+        State.FAILED, rank_logs(rec.path), f"{rc}:0" if isinstance(rc, int) else None
+    )
+    return {"state": State.FAILED.value, "exit_code": code, "ended_at": end.get("time")}
 
 
 def _ask_slurm(rest: Sequence[RunRecord], asked: Asked) -> dict[Path, dict[str, Any]]:
