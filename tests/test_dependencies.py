@@ -9,13 +9,16 @@ from typing import Any
 
 import pytest
 
+from hpclaunch import records
 from hpclaunch.dependencies import After, parse, sbatch_value
 from hpclaunch.errors import UserError
 from hpclaunch.monitor import JobStatus, chain_status
 from hpclaunch.options import RunOptions
 from hpclaunch.profiles import load_profile
+from hpclaunch.records import RunRecord
 from hpclaunch.render import plan, preview
 from hpclaunch.rundirs import RunPaths
+from hpclaunch.tracking import why_never_started
 from hpclaunch.validate import validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
@@ -109,3 +112,22 @@ def test_chain_status() -> None:
     done = {"1": _st("TIMEOUT"), "2": _st("COMPLETED"), "3": _st("CANCELLED")}
     assert chain_status(ids, done, [0, 1]) == _st("COMPLETED")
     assert chain_status(ids, {}, []) is None
+
+
+def _record(run_dir: Path, **fields: Any) -> RunRecord:
+    run_dir.mkdir(parents=True)
+    records.create(run_dir, {"run_id": run_dir.name, "run_dir": str(run_dir),
+                             "backend": "slurm", **fields})  # fmt: skip
+    return records.load(run_dir)
+
+
+def test_a_dependency_not_submitted_yet_has_not_ended(tmp_path: Path) -> None:
+    """A run waited for that is still CREATED (its launch not answered yet) is open
+    (states.is_open): no "never started ... it ended CREATED" reason is made up for the run
+    that waits; one that ended FAILED gives it. Nothing here asks Slurm: no job ids."""
+    dep = _record(tmp_path / "dep", state="CREATED")
+    after = {"job_ids": ["11"], "run_dir": dep.run_dir, "condition": "ok"}
+    waiting = _record(tmp_path / "waiting", state="CANCELLED", after=[after])
+    assert why_never_started(waiting) is None
+    records.update(Path(dep.run_dir), state="FAILED")
+    assert why_never_started(waiting) == "never started: --after dep:ok, and it ended FAILED"

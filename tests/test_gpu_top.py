@@ -364,3 +364,12 @@ def test_sigterm_in_the_live_view_is_no_quiet_exit(tmp_path: Path) -> None:
     job.sleep = terminated  # type: ignore[method-assign]
     with pytest.raises(Interrupted):
         _live(tmp_path, job)
+
+
+def test_a_run_not_submitted_yet_is_not_finished(tmp_path: Path) -> None:
+    """CREATED (written, the backend has not answered) is open, as for every other
+    reader of records (states.is_open); `top` took it for a finished run."""
+    make_run(tmp_path, "CREATED")
+    shown = top(tmp_path, RUN_ID, "--json")
+    data = json.loads(shown.stdout)
+    assert (data["state"], data["finished"]) == ("CREATED", False)

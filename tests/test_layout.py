@@ -274,3 +274,55 @@ def test_the_backend_name_rule_catches_a_planted_check(planted: str) -> None:
 )
 def test_the_backend_name_rule_leaves_profile_names_as_data(fine: str) -> None:
     assert backend_name_checks(fine) == []
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the module's, classes' and functions' docstring nodes."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _spells_a_state(text: str, words: frozenset[str]) -> bool:
+    return all(part in words for part in text.split(","))
+
+
+def test_only_states_spells_a_state() -> None:
+    """Only hpclaunch/states.py spells a job state; other code names `State.X` (or
+    `State.X.value` where a plain str is stored) and asks `is_active`, `is_open`,
+    `is_streaming`, `exit_code_for` there.
+
+    The rule: outside hpclaunch.states, no str constant of the code (ast.Constant, also a
+    literal piece of an f-string; docstrings excepted) is a state's name (`State`, case as
+    Slurm writes it: "CANCELLED", "CREATED", "UNKNOWN"), a squeue short code of two or
+    more letters ("PD", "CA", "OOM"), or a comma list of those ("PENDING,RUNNING"). Text
+    that holds a state among other words is prose (messages, help, comments in generated
+    shell, "CANCELLED by 0") and passes, as do lower-case words ("pending") and the
+    one-letter codes R, S, F (TypeVars, file modes). The in-job modules (hpclaunch.node)
+    are checked too: none spells a state today; one that must keeps its copy in
+    node/__init__.py, exempted here and compared with states.py by tests/test_node_package.py.
+    """
+    from hpclaunch.states import SLURM_STATES, State
+
+    words = frozenset(s.value for s in State) | frozenset(
+        row.short for row in SLURM_STATES if row.short is not None and len(row.short) > 1
+    )
+    found = []
+    for name, path in MODULES.items():
+        if name == "hpclaunch.states":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and _spells_a_state(node.value, words)
+            ):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
+    assert not found, "a state spelled outside states.py (use State.X):\n" + "\n".join(found)

@@ -24,6 +24,7 @@ from hpclaunch.states import (
     State,
     exit_code_for,
     is_active,
+    is_open,
     is_streaming,
     parse,
 )
@@ -258,3 +259,14 @@ def test_is_active_and_is_streaming() -> None:
     assert is_streaming("RUNNING") and is_streaming("CG") and is_streaming("STAGE_OUT")
     assert not is_streaming("PENDING") and not is_streaming("SUSPENDED")
     assert not is_streaming("COMPLETED") and not is_streaming("")
+
+
+def test_is_open_is_active_or_created() -> None:
+    """A record not ended yet: any active state, and CREATED (written, not yet answered by
+    the backend). tracking, sweeps/pointstate, gpu_top, `top` and the --after reasons
+    each had their own test; gpu_top, `top` and why_never_started took CREATED as ended."""
+    for s in State:
+        assert is_open(s) == (s in ACTIVE or s is State.CREATED), s
+        assert is_open(s.value.lower()) == is_open(s)
+    assert is_open("CREATED") and is_open("PD") and is_open("CANCELLED,COMPLETING")
+    assert not is_open("UNKNOWN") and not is_open("") and not is_open("CANCELLED by 0")

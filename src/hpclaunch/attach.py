@@ -95,7 +95,7 @@ def check_running(record: RunRecord) -> None:
     if state == states.State.RUNNING:
         return
     see = f"See hpclaunch status {rid}"
-    if record.state == "CREATED" or state in WAITING:
+    if record.state == states.State.CREATED or state in WAITING:
         between = " between two attempts (requeued)" if record.events.attempts else ""
         why = f", {record.reason}" if record.reason and record.reason != "None" else ""
         raise UserError(

@@ -114,9 +114,9 @@ def _run_state(run_dir: Path) -> tuple[str, str, list[str], bool]:
 
     record = tracking.refresh_one(run_dir)
     ids = record.job_ids or ([record.job_id] if record.job_id else [])
-    if record.state == "CREATED" or states.is_active(record.state):
+    if states.is_open(record.state):
         return record.run_id, record.state, ids[-1:], False
-    return record.run_id, record.state, [], record.state == "COMPLETED"
+    return record.run_id, record.state, [], record.state == states.State.COMPLETED
 
 
 def _sweep_state(sweep_dir: Path) -> tuple[str, str, list[str], bool]:
@@ -128,7 +128,7 @@ def _sweep_state(sweep_dir: Path) -> tuple[str, str, list[str], bool]:
     if sweep.active():
         arrays = [str(a["job_id"]) for a in sweep.data.get("arrays") or []]
         return sweep.sweep_id, text, arrays, False
-    return sweep.sweep_id, text, [], set(counts) == {"COMPLETED"}
+    return sweep.sweep_id, text, [], set(counts) == {states.State.COMPLETED.value}
 
 
 def sbatch_value(after: Sequence[After]) -> str:

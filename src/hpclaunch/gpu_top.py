@@ -100,7 +100,7 @@ def _elapsed(record: RunRecord, finished: bool, view: View) -> Optional[float]:
 def build(record: RunRecord, found: Sequence[Series], warnings: Sequence[InputBound],
           span_s: float, now: Optional[float] = None) -> View:  # fmt: skip
     """The view of a run: its state decides between the latest samples and the summary."""
-    finished = not states.is_active(record.state)
+    finished = not states.is_open(record.state)
     view = View(record, finished, span_s, time.time() if now is None else now)
     view.warnings = list(warnings)
     used = [s for s in found if s.samples]

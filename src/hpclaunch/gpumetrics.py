@@ -290,7 +290,7 @@ def why_none(run_dir: Path, record: RunRecord) -> str:
         return f"no GPU tool on its nodes (logs/batch.out: {missing[0]})"
     if said:
         return f"the GPU watch said (logs/batch.out): {said[0]}"
-    if record.state == "CREATED" or states.parse(record.state) in _NOT_STARTED:
+    if record.state == states.State.CREATED or states.parse(record.state) in _NOT_STARTED:
         return f"it has not started ({record.state})"
     if states.is_active(record.state):
         return "none written yet: the GPU watch writes its first sample once the job runs"

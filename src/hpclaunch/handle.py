@@ -162,7 +162,7 @@ def follow_to_end(
 
     def ask(now: float) -> Optional[str]:
         record = seen[0] = tracking.refresh_one(run_dir)
-        if record.state != "CREATED" and not states.is_active(record.state):
+        if not states.is_open(record.state):
             return None
         return waiting.RUNNING if states.is_streaming(record.state) else waiting.PENDING
 

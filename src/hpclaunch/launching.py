@@ -36,6 +36,7 @@ from .errors import HpclaunchError
 from .preparing import Prepared, prepare_spec
 from .snapshot import human
 from .spec import JobSpec
+from .states import State
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     except BaseException:
         rundirs.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
-    state = "RUNNING" if backend.foreground else "PENDING"
+    state = (State.RUNNING if backend.foreground else State.PENDING).value
     extra: dict[str, Any] = {"job_ids": [job_id], **backend.record_extra(job_id)}
     entry = {
         "run_id": paths.run_id,
@@ -235,7 +236,7 @@ def _record_interrupted(
     rundirs.strip_to_record(paths)
     records.update(
         paths.run_dir,
-        state="CANCELLED",
+        state=State.CANCELLED.value,
         exit_code=128 + signum,
         reason=f"interrupted by {signal.Signals(signum).name} while the run was starting",
         ended_at=time.time(),
@@ -262,7 +263,7 @@ def _write_run_files(
         backend.name,  # a step of an allocation records "slurm" (step.py)
         **records.as_recorded(req, spec.masked_secrets()),
         job_id=None,
-        state="CREATED",
+        state=State.CREATED.value,
         exit_code=None,
         cwd=str(req.cwd),
         code=code,

@@ -242,8 +242,8 @@ class _Seen:
 
     def __init__(self, follower: AttemptFollower, line: _StatusLine, start: float) -> None:
         self.follower, self.line, self.start = follower, line, start
-        self.status = JobStatus("UNKNOWN", "", None)
-        self.state = "UNKNOWN"
+        self.status = JobStatus(states.State.UNKNOWN.value, "", None)
+        self.state = states.State.UNKNOWN.value
         self.streaming = False
         self.exits = 0
         self.asked_at = start

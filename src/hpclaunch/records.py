@@ -26,6 +26,7 @@ from .node import EVENTS, INPUT_BOUND
 from .rundirs import RECORD
 from .secretnames import masked, names_in
 from .spec import MASK, is_secret
+from .states import State
 
 
 @dataclass
@@ -55,7 +56,7 @@ class RunRecord:
     exp: str = "default"
     cluster: str = ""
     backend: str = ""
-    state: str = "CREATED"
+    state: str = State.CREATED.value
     job_id: Optional[str] = None
     job_ids: list[str] = field(default_factory=list)
     exit_code: Optional[int] = None

@@ -92,7 +92,7 @@ def summary(record: RunRecord) -> str:
     # A state with its own exit code (CANCELLED, NODE_FAIL, TIMEOUT, ...) ended the ranks:
     # the first rank to die then died of it and is no cause (as in job_exit_code).
     by_state = states.exit_code_for(record.state) is not None
-    if failure is not None and record.state != "COMPLETED" and not by_state:
+    if failure is not None and record.state != states.State.COMPLETED and not by_state:
         rank, rc = failure
         node = record.events.started.get(rank, "?")
         how = f"killed by {_signal_name(-rc)}" if rc < 0 else f"exit code {rc}"
@@ -123,7 +123,7 @@ def _attempts_note(record: RunRecord) -> str:
     ended = tried[-1].describe(last=True)
     given = config.recorded_options(record.options).max_requeues  # as the user gave it
     budget = 3 if given is None or given < 0 else given
-    if not ended and record.state == "TIMEOUT" and len(tried) > budget:
+    if not ended and record.state == states.State.TIMEOUT and len(tried) > budget:
         ended = f"stopped at the time limit: the requeue budget (--max-requeues {budget}) is spent"
     return text + (f", the last {ended}" if ended else "")
 

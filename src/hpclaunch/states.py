@@ -152,6 +152,14 @@ def is_active(state: str) -> bool:
     return row is not None and row.active
 
 
+def is_open(state: str) -> bool:
+    """Whether a run or sweep point recorded in this state may still change: an active
+    state, or CREATED (the folder is written, the backend has not answered yet: ask it).
+    UNKNOWN is not: hpclaunch cannot place it (Slurm no longer knows the job).
+    The one test of "not ended yet" for a record; `is_active` is for Slurm's answers."""
+    return parse(state) is State.CREATED or is_active(state)
+
+
 def is_streaming(state: str) -> bool:
     """Whether a job in this state may have tasks writing logs."""
     row = _row(state)

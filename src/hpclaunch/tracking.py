@@ -25,7 +25,6 @@ from .rundirs import rank_logs
 if TYPE_CHECKING:
     from .backends.base import Backend
 
-_OPEN = {"CREATED"}  # recorded before the backend answered: ask it
 # Worth a write to run.json: what a later refresh could not learn again. A pending
 # reason alone only changes what is shown, so a refresh of 1,000 held points writes nothing.
 _DURABLE = ("state", "exit_code", "slurm_job_id", "ended_at")
@@ -33,7 +32,7 @@ _DURABLE = ("state", "exit_code", "slurm_job_id", "ended_at")
 
 def is_open(record: RunRecord) -> bool:
     """Not ended yet: created, pending, running (the one definition for runs and points)."""
-    return record.state in _OPEN or states.is_active(states.parse(record.state))
+    return states.is_open(record.state)
 
 
 def needs_asking(record: RunRecord) -> bool:
@@ -115,10 +114,10 @@ def _ended(record: RunRecord, end: Mapping[str, Any]) -> dict[str, Any]:
     """A job's own end event (a sweep point's array script: its job.sh ended with rc)."""
     rc = end.get("exit_code")
     if rc == 0:
-        return {"state": "COMPLETED", "exit_code": 0, "ended_at": end.get("time")}
+        return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": end.get("time")}
     given = f"{rc}:0" if isinstance(rc, int) else None
-    code = job_exit_code("FAILED", rank_logs(record.path), given)
-    return {"state": "FAILED", "exit_code": code, "ended_at": end.get("time")}
+    code = job_exit_code(states.State.FAILED.value, rank_logs(record.path), given)
+    return {"state": states.State.FAILED.value, "exit_code": code, "ended_at": end.get("time")}
 
 
 def _updated(record: RunRecord, status: Optional[JobStatus], backend: Backend) -> RunRecord:
@@ -186,7 +185,7 @@ def why_never_started(record: RunRecord) -> Optional[str]:
         except (OSError, records.DamagedRecord):
             continue
         cond = str(dep.get("condition", "ok"))
-        ok = other.state == "COMPLETED"
-        if cond != "any" and not states.is_active(other.state) and ok == (cond == "notok"):
+        ok = other.state == states.State.COMPLETED
+        if cond != "any" and not states.is_open(other.state) and ok == (cond == "notok"):
             return f"never started: --after {other.run_id}:{cond}, and it ended {other.state}"
     return None

@@ -28,6 +28,7 @@ from ..records import RunRecord
 from ..render import BatchPlan
 from ..rundirs import RunPaths
 from ..spec import JobSpec
+from ..states import State
 from ..waiting import for_cluster
 from .requests import DryRun
 
@@ -219,7 +220,7 @@ class _Chain:
 
         ran = [a.number for a in read_events(self._paths.run_dir).attempts]
         found = chain_status(self._members, self._backend.status(self._members), ran)
-        return found or JobStatus("UNKNOWN", "Slurm no longer knows the chain", None)
+        return found or JobStatus(State.UNKNOWN.value, "Slurm no longer knows the chain", None)
 
 
 class _OneJob:
@@ -233,6 +234,6 @@ class _OneJob:
         # One call: the wait loop asks again (Backend.unknown_retries, spaced by the
         # back-off) before it takes UNKNOWN for an answer.
         found = self._backend.status([job_id]).get(job_id)
-        if found is not None and found.state != "UNKNOWN":
+        if found is not None and found.state != State.UNKNOWN:
             return found
-        return JobStatus("UNKNOWN", "Slurm no longer knows the job", None)
+        return JobStatus(State.UNKNOWN.value, "Slurm no longer knows the job", None)

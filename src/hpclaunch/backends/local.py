@@ -24,6 +24,7 @@ from ..node import stage_guard
 from ..records import RunRecord
 from ..rundirs import RunPaths
 from ..spec import JobSpec
+from ..states import State
 from ..users import with_user
 from .base import Backend, Launch
 from .localplan import local_dry_run, local_plan, local_values
@@ -45,7 +46,7 @@ class _Job:
     stage_spec: Optional[dict[str, Any]]
     local_dir: str
     code: Optional[int] = None
-    state: str = "RUNNING"
+    state: str = State.RUNNING.value
 
 
 class LocalBackend(Backend):
@@ -174,13 +175,13 @@ class LocalBackend(Backend):
             raise
         self._finish_staging(job)
         if job.tasks.timed_out:
-            state = "TIMEOUT"
+            state = State.TIMEOUT.value
         elif job.tasks.cancelled:
-            code, state = 121, "CANCELLED"
+            code, state = 121, State.CANCELLED.value
         elif job.tasks.stopped_by is not None:
-            state = "CANCELLED"  # Ctrl-C (130) or a signal to hpclaunch (128+N)
+            state = State.CANCELLED.value  # Ctrl-C (130) or a signal to hpclaunch (128+N)
         else:
-            state = "COMPLETED" if code == 0 else "FAILED"
+            state = State.COMPLETED.value if code == 0 else State.FAILED.value
         job.code, job.state = code, state
         return code, state
 

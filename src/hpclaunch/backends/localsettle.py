@@ -50,7 +50,7 @@ def cancel_point(record: RunRecord) -> bool:
 
     def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
         state = str(data.get("state") or "")
-        if state in ("CREATED", "PENDING"):
+        if state in (states.State.CREATED, states.State.PENDING):
             code = states.exit_code_for(cancelled)
             return {"state": cancelled.value, "exit_code": code, "reason": NOT_STARTED}
         if states.is_active(states.parse(state)):

@@ -14,6 +14,7 @@ from .. import jobwatch, node, render, secretnames, shell, slurmcmd
 from ..logs import LogFollower
 from ..monitor import JobStatus, exit_code_of, first_failure
 from ..rundirs import RunPaths
+from ..states import State
 from ..users import with_user
 from .base import Backend, Launch
 from .local import run_setup
@@ -102,7 +103,7 @@ class StepBackend(Backend):
             if proc is None:
                 continue
             rc = proc.poll()
-            state = "RUNNING" if rc is None else ("COMPLETED" if rc == 0 else "FAILED")
+            state = State.RUNNING if rc is None else (State.COMPLETED if rc == 0 else State.FAILED)
             found[job_id] = JobStatus(state, "", None if rc is None else f"{rc}:0")
         return found
 
@@ -141,14 +142,14 @@ class StepBackend(Backend):
             self.cancel(job_id)
             proc.wait()
             follower.drain()
-            return 130, "CANCELLED"
+            return 130, State.CANCELLED.value
         if watch is not None:
             watch.stop()
         time.sleep(_POLL_S)
         follower.drain()
         rc = proc.returncode
         code = 0 if rc == 0 else (first_failure(paths.logs) or exit_code_of(rc))
-        return code, "COMPLETED" if code == 0 else "FAILED"
+        return code, State.COMPLETED.value if code == 0 else State.FAILED.value
 
 
 class GpuWatchStep:

@@ -54,7 +54,7 @@ def _check_cancellable(record: RunRecord, has_job: bool) -> None:
 
     if has_job and not record.job_id:
         raise UserError("RUN", f"{record.run_id} has no job", "it was never started", "")
-    if record.state != "CREATED" and not states.is_active(record.state):
+    if not states.is_open(record.state):
         raise UserError(
             "RUN", f"{record.run_id} has already ended ({record.state})", "", "Nothing to cancel"
         )

@@ -159,7 +159,7 @@ def status_cmd(run: str, as_json: bool) -> int:
     record = tracking.refresh_one(run_dir)
     if as_json:
         data = record.to_dict()
-        if record.state != "CREATED" and not states.is_active(record.state):
+        if not states.is_open(record.state):
             data["summary"] = summary(record)  # which rank failed first, attempts, ...
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return 0
@@ -182,7 +182,7 @@ def status_cmd(run: str, as_json: bool) -> int:
         click.echo(f"{'':10} {line}")
     for warning in record.events.warnings:  # the GPU watch's: input-bound
         click.echo(f"{'warning':10} {warning}")
-    if record.state != "CREATED" and not states.is_active(record.state):
+    if not states.is_open(record.state):
         click.echo(f"{'summary':10} {summary(record)}")
     return 0
 

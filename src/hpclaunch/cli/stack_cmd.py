@@ -82,7 +82,7 @@ def _asked(record: RunRecord, rank: Optional[int]) -> tuple[list[Target], dict[i
         top = f"0 to {record.world_size - 1}" if record.world_size else "at least 0"
         raise UserError("--rank", f"{rank}", f"{rid} has ranks {top}", "Pick one of them")
     why = "a stack is taken from running ranks"
-    if state != "CREATED" and not states.is_active(state):
+    if not states.is_open(state):
         raise UserError("RUN", f"{rid} has ended: {state}", why, f"See hpclaunch logs {rid}")
     if not states.is_streaming(state):
         raise UserError(

@@ -59,7 +59,7 @@ def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
     span_s = _span(span)
     run_dir = find_run_dir(run)
     record = tracking.refresh_one(run_dir)
-    if states.is_active(record.state) and not (once or as_json) and sys.stdout.isatty():
+    if states.is_open(record.state) and not (once or as_json) and sys.stdout.isatty():
         from rich.console import Console
 
         from ..waiting import site_floor

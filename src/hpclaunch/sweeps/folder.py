@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from .. import __version__, codeplan, launching, node, records, render, rundirs, runfolder
 from ..secretnames import masked
+from ..states import State
 from . import record, script
 from .plans import SweepPlan
 from .points import Point
@@ -100,7 +101,7 @@ def point_record(
         job_id=job,
         job_ids=[job] if job else [],
         attempts=1,
-        state="PENDING",
+        state=State.PENDING.value,
         exit_code=None,
         command=masked([*spec.program, *point.args], sp.masked_secrets()),
         params=dict(point.params),

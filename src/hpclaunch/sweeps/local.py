@@ -118,12 +118,12 @@ def _claim(folder: Path, cancelled_because: str = "") -> bool:
     cancelled = states.State.CANCELLED
 
     def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
-        if data.get("state") not in ("PENDING", "CREATED"):
+        if data.get("state") not in (states.State.PENDING, states.State.CREATED):
             return None
         if cancelled_because:
             code = states.exit_code_for(cancelled)
             return {"state": cancelled.value, "exit_code": code, "reason": cancelled_because}
-        return {"state": "RUNNING", "started_at": time.time(), **_runner()}
+        return {"state": states.State.RUNNING.value, "started_at": time.time(), **_runner()}
 
     return records.update_with(folder, decide) is not None and not cancelled_because
 

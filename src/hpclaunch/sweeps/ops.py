@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TextIO
 from .. import discover, records, waiting
 from ..backends import for_record
 from ..errors import UserError, show
+from ..states import State
 from ..tracking import is_open
 from . import arrays, record, track
 from .local import LocalSweep
@@ -49,7 +50,7 @@ def parse_points(text: str, total: int) -> list[int]:
 def exit_code(sweep: track.Sweep) -> int:
     """0 when every point completed, else the lowest-index unfinished point's code."""
     for rec in sorted(sweep.points, key=lambda r: int(r.extra.get("point", 0))):
-        if rec.state != "COMPLETED":
+        if rec.state != State.COMPLETED:
             return rec.exit_code if rec.exit_code else 1
     return 0
 
@@ -164,7 +165,7 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
     wanted = (
         sorted(points)
         if points is not None
-        else sorted(i for i, r in by_index.items() if r.state != "COMPLETED")
+        else sorted(i for i, r in by_index.items() if r.state != State.COMPLETED)
     )
     if not wanted:
         raise UserError("sweep retry", "every point completed", "", "Nothing to retry")
@@ -211,7 +212,7 @@ def _again_here(
         records.update(
             rec.path,
             job_id=None,
-            state="PENDING",
+            state=State.PENDING.value,
             exit_code=None,
             reason="",
             ended_at=None,
@@ -244,7 +245,7 @@ def _resubmit(
                 rec.path,
                 job_id=job,
                 job_ids=[*rec.job_ids, job],
-                state="PENDING",
+                state=State.PENDING.value,
                 exit_code=None,
                 reason="",
                 ended_at=None,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import UserError, show
+from ..states import State
 
 DPI = 100  # with figsize = pixels / DPI the PNG has exactly the requested pixels
 DEFAULT_SIZE = (800, 500)
@@ -95,7 +96,7 @@ def usable(
     left: dict[str, int] = {}
     for row in rows:
         lacks = [n for n in needs if n not in (row.get("params") or {})]
-        if row.get("state") != "COMPLETED":
+        if row.get("state") != State.COMPLETED:
             why = str(row.get("state"))
         elif _metric(row, metric) is None:
             why = f"without a finite number {metric} in result.json"

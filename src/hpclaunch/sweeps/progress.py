@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional, TextIO
 
 from .. import states
+from ..states import State
 from .track import Sweep
 
 
@@ -14,11 +15,11 @@ def tally(sweep: Sweep) -> dict[str, int]:
     found = {"done": 0, "running": 0, "pending": 0, "failed": 0}
     for rec in sweep.points:
         state = states.parse(rec.state)
-        if rec.state == "COMPLETED":
+        if rec.state == State.COMPLETED:
             found["done"] += 1
-        elif rec.state in ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT"):
+        elif rec.state in (State.RUNNING, State.COMPLETING, State.CONFIGURING, State.STAGE_OUT):
             found["running"] += 1
-        elif rec.state in ("CREATED",) or states.is_active(state):
+        elif states.is_open(state):
             found["pending"] += 1
         else:
             found["failed"] += 1

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from .. import records, tracking
 from ..records import RunRecord
+from ..states import State
 from ..tracking import is_open
 from . import record
 
@@ -105,7 +106,7 @@ def best(rows: Sequence[dict[str, Any]], metric: str, direction: str) -> Optiona
     ties); a failed point's metrics are no candidate."""
     scored = []
     for row in rows:
-        if row.get("state", "COMPLETED") != "COMPLETED":
+        if row.get("state", State.COMPLETED) != State.COMPLETED:
             continue
         value = (row.get("result") or {}).get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
