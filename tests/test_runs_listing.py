@@ -88,3 +88,49 @@ def test_a_local_sweep_retried_here_is_counted_from_its_points_again(tmp_path: P
     again = _listed(tmp_path)
     assert [r["state"] for r in again] == ["3 COMPLETED"]  # not the tally of the first end
     assert again[0]["exit_code"] == 0
+
+
+def _as_slurm(run_json: Path, job_id: str) -> None:
+    """A record rewritten as a Slurm job nobody has looked at since it started."""
+    data = json.loads(run_json.read_text())
+    data.update(backend="slurm", job_id=job_id, job_ids=[job_id], state="PENDING")
+    data.update(exit_code=None, step=False)
+    run_json.write_text(json.dumps(data))
+
+
+def test_runs_asks_slurm_once_for_runs_and_sweep_points_together(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Plain runs and an open sweep's points: one squeue for all of them (issue 26: one
+    squeue + at most one sacct serve runs and points alike), not one per kind."""
+    from click.testing import CliRunner
+
+    from hpclaunch import slurmcmd
+    from hpclaunch.cli.records_cmds import runs_cmd
+
+    sweep_dir = _ended_sweep(tmp_path)
+    for i, path in enumerate(_point_records(sweep_dir)):
+        _as_slurm(path, f"200_{i}")
+    record.update(sweep_dir, backend="slurm", arrays=[{"job_id": "200", "offset": 0}])
+    run = _hpclaunch(tmp_path, "run", "--", sys.executable, "-c", "pass")
+    assert run.returncode == 0, run.stderr
+    run_dir = next(p for p in (tmp_path / "runs" / "default").iterdir() if p != sweep_dir)
+    _as_slurm(run_dir / "run.json", "100")
+    calls: list[list[str]] = []
+
+    def answer(argv: list[str], *args: Any, **kwargs: Any) -> str:
+        calls.append(list(argv))
+        if argv[0] == "squeue":
+            return "100|N/A|100|RUNNING|None\n" + "".join(
+                f"200|{i}|{201 + i}|RUNNING|None\n" for i in range(3)
+            )
+        return ""
+
+    monkeypatch.setattr(slurmcmd, "run", answer)
+    monkeypatch.setattr(slurmcmd, "query", answer)
+    env = {"XDG_DATA_HOME": str(tmp_path / "xdg"), "PATH": os.environ["PATH"]}
+    done = CliRunner().invoke(runs_cmd, ["--json"], env=env, catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    rows = [json.loads(line) for line in done.output.splitlines()]
+    assert sorted(r["state"] for r in rows) == ["3 RUNNING", "RUNNING"]
+    assert [c[0] for c in calls] == ["squeue"], calls  # one call serves both kinds

@@ -24,13 +24,9 @@ _HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
 @click.option("-n", "--limit", default=20, show_default=True, help="How many runs to show.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool) -> int:
-    """List runs, newest first, from any directory (one squeue and one sacct call for all)."""
-    from ..api import recorded
-
-    env = environ()
-    found = recorded(exp, state, limit=limit, environ=env, warn=warn)
-    rows = [_row(rec) for rec in found]
-    rows += _sweep_rows(env, exp, state, limit)
+    """List runs and sweeps, newest first, from any directory (one squeue and at most one
+    sacct call for all of them)."""
+    rows = _listing(environ(), exp, state, limit)
     rows.sort(key=lambda r: str(r["run_id"]), reverse=True)  # ids sort by time
     rows = rows[:limit]
     if as_json:
@@ -49,41 +45,58 @@ def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool
     return 0
 
 
-def _sweep_rows(
+def _listing(
     env: dict[str, str], exp: Optional[str], state: Optional[str], limit: int
 ) -> list[dict[str, Any]]:
-    """A sweep is one line: its array job ids and its points' counts per state (all
-    open sweeps refreshed together: one squeue, at most one sacct). An ended sweep's
-    line comes from the tally kept in its sweep.json when it was first seen ended, so
-    that its points' records are not read again (10 ended sweeps of 1,000 points are
-    10,000 files)."""
-    from .. import index
+    """The newest `limit` runs and `limit` sweeps (of `exp`) as rows: the runs and the
+    open sweeps' points brought up to date together (track.refresh_with_runs: one squeue,
+    at most one sacct). A sweep is one line: its array job ids and its points' counts per
+    state. An ended sweep's line comes from the tally kept in its sweep.json when it was
+    first seen ended, so that its points' records are not read again (10 ended sweeps of
+    1,000 points are 10,000 files). A damaged record is skipped (said), never the end."""
+    from .. import index, records
+    from ..api import check_state
     from ..sweeps import ops, record, track
 
-    entries = [e for e in index.live(env) if e.get("sweep") and (not exp or e.get("exp") == exp)]
-    sweeps = []
-    for entry in entries[:limit]:
+    wanted = check_state(state) if state else None
+    entries = [e for e in index.live(env, warn) if not exp or e.get("exp") == exp]
+    plain: list[records.RunRecord] = []
+    for entry in [e for e in entries if not e.get("sweep")][:limit]:
         try:
-            sweeps.append(Path(entry["run_dir"]))
-        except (KeyError, TypeError):
-            continue
+            plain.append(records.load(Path(entry["run_dir"])))
+        except records.DamagedRecord as exc:
+            warn(str(exc))
     rows, still_open = [], []
-    for folder in sweeps:
-        if not record.is_sweep(folder):
-            continue
+    for folder in _sweep_folders([e for e in entries if e.get("sweep")][:limit]):
         data = record.load(folder)
         tally = _ended_tally(data)
         if tally is None:
-            still_open.append(folder)
+            still_open.append(track.load(folder))
         else:
             rows.append(_sweep_row(data, tally["counts"], tally["exit_code"]))
-    for sweep in track.refresh_all(still_open):
+    found = track.refresh_with_runs(still_open, plain)
+    for sweep in still_open:
         counts = sweep.counts()
         code = None if sweep.active() else ops.exit_code(sweep)
         if code is not None:
             sweep.data = _keep_tally(sweep.sweep_dir, sweep.data, counts, code)
         rows.append(_sweep_row(sweep.data, counts, code))
-    return [r for r in rows if not state or state.upper() in r["counts"]]
+    rows = [r for r in rows if not state or state.upper() in r["counts"]]
+    return [*(_row(r) for r in found if wanted is None or r.state == wanted), *rows]
+
+
+def _sweep_folders(entries: list[dict[str, Any]]) -> list[Path]:
+    from ..sweeps import record
+
+    folders = []
+    for entry in entries:
+        try:
+            folder = Path(entry["run_dir"])
+        except (KeyError, TypeError):
+            continue
+        if record.is_sweep(folder):
+            folders.append(folder)
+    return folders
 
 
 def _array_ids(data: dict[str, Any]) -> list[str]:

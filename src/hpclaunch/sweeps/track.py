@@ -77,12 +77,20 @@ def refresh_open(sweep: Sweep) -> Sweep:
 
 def _bring_up_to_date(sweeps: Sequence[Sweep]) -> None:
     """Every point of these sweeps in one tracking.refresh (one squeue, at most one sacct)."""
+    refresh_with_runs(sweeps, ())
+
+
+def refresh_with_runs(sweeps: Sequence[Sweep], runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """These sweeps' points and these plain runs brought up to date together, in one
+    tracking.refresh (`hpclaunch runs`: one squeue and at most one sacct for all of them).
+    The sweeps change in place; the runs come back, in their order."""
     asked: list[str] = []
-    learnt = tracking.refresh([r for s in sweeps for r in s.points], asked=asked)
-    at = 0
+    learnt = tracking.refresh([*runs, *(r for s in sweeps for r in s.points)], asked=asked)
+    at = len(runs)
     for sweep in sweeps:
         sweep.asked = tuple(asked)
         sweep.points, at = learnt[at : at + len(sweep.points)], at + len(sweep.points)
+    return learnt[: len(runs)]
 
 
 def point_row(sweep: Sweep, rec: RunRecord) -> dict[str, Any]:
