@@ -299,8 +299,8 @@ def local_sweep(environ: Mapping[str, str], sp: SweepPlan) -> LocalSweep:
 def replanned(data: Mapping[str, Any], environ: Mapping[str, str]) -> SweepPlan:
     """A recorded sweep planned again from its record (sweep retry of a sweep that runs
     here): the same options, program and cluster, the recorded points."""
-    options = dict(data.get("options") or {})
-    options["cluster"] = data.get("cluster") or options.get("cluster")
+    cluster = data.get("cluster")  # the recorded cluster, over the options' own
+    options = {**dict(data.get("options") or {}), **({"cluster": cluster} if cluster else {})}
     req = launching.Request(
         options, tuple(data.get("command") or ()), Path(str(data["cwd"])), environ
     )
