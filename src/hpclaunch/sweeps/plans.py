@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .. import launching, rundirs
-from ..backends import pick
 from ..secretnames import secret_values
 from . import arrays, script
 from .points import Point
@@ -53,7 +52,7 @@ class SweepPlan:
     @property
     def backend(self) -> Backend:
         """The backend that runs the points (a sweep is its own jobs, never steps)."""
-        return pick(self.planned.prepared.profile, in_allocation=False)
+        return self.planned.backend  # chosen once, by submit.plan
 
     @property
     def local(self) -> bool:

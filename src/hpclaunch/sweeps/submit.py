@@ -97,6 +97,12 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
     if (opts.wandb_sweep or opts.count) and not req.program:
         req = replace(req, program=(WANDB_PROGRAM,))  # job.sh's line; the agent's replaces it
     planned = launching.plan(req)
+    # The points' backend, asked once: a sweep is its own jobs, never steps of an
+    # allocation this command runs in (sbatch works inside one too).
+    runner = pick(planned.prepared.profile, in_allocation=False)
+    planned = replace(
+        planned, prepared=replace(planned.prepared, in_allocation=False), backend=runner
+    )
     wb = _wandb(req, opts, planned)
     planned = replace(planned, notes=(*planned.notes, *wb.notes))
     spec, paths = planned.spec, planned.paths
@@ -107,15 +113,12 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
             "each point is one array task",
             "Use --requeue: a point's task is requeued alone and resumes",
         )
-    if planned.prepared.in_allocation:
-        # sbatch works inside an allocation too: the sweep is its own jobs, not steps.
-        planned = replace(planned, prepared=replace(planned.prepared, in_allocation=False))
     token = script.new_token()
     point = script.point_paths(paths, token)
     template = render.plan(spec, planned.prepared.profile, point, planned.code.cwd).script
     parts: list[arrays.ArrayPart] = []
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
-    if not pick(planned.prepared.profile, in_allocation=False).foreground:
+    if not planned.backend.foreground:
         limits = site_limits(req)
         held, note = queued_jobs(limits, users.user_name(req.environ), len(points))
         arrays.check_fits(len(points), limits, held)
@@ -157,7 +160,7 @@ def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planne
             "the W&B agent starts each point's run, and a requeued task would ask it anew",
             "Drop --requeue (or use --grid/--optuna, whose points resume)",
         )
-    if pick(planned.prepared.profile, in_allocation=False).foreground:
+    if planned.backend.foreground:
         raise UserError(
             "--wandb-sweep",
             "needs Slurm (each point is an array task)",
