@@ -2,7 +2,7 @@
 
 Runs hyperfine (-N, warm cache) on node1 of the Slurm testbed through `srun`, as the
 unprivileged test user, over the exact per-task command lines hpclaunch generates
-(hpclaunch.containers.wrap + the bootstrap), with Charliecloud's ch-run and the image
+(hpclaunch.payload.containers.wrap + the bootstrap), with Charliecloud's ch-run and the image
 testbed/image.sh builds. Prints a table and writes its section of docs/benchmarks.md.
 
     export "$(sudo bash testbed/up.sh | tail -n 1)"
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 
-from hpclaunch.containers import ALWAYS_PASS, wrap  # noqa: E402
-from hpclaunch.spec import Bind, ContainerJob  # noqa: E402
+from hpclaunch.payload.containers import ALWAYS_PASS, wrap  # noqa: E402
+from hpclaunch.config.jobspec import Bind, ContainerJob  # noqa: E402
 
 STATE = Path(os.environ.get("TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
 IMAGE = STATE / "images" / "debian-python"

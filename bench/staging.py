@@ -52,7 +52,7 @@ from benchdoc import write_section  # bench/ is on sys.path when run as a script
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from hpclaunch import snapshot  # noqa: E402
+from hpclaunch.payload import snapshot  # noqa: E402
 
 STATE = Path(os.environ.get("TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
 WORK = STATE / "work" / "bench-staging"

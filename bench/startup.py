@@ -5,7 +5,7 @@ must not grow with what else is installed. This builds (or reuses) two venvs out
 repository and times, in both, as median (min-max) over n reps after one discarded
 warm-up, the reps of the two venvs taken in turn:
 
-  import     `import hpclaunch.profiles`, timed inside the interpreter
+  import     `import hpclaunch.config.profiles`, timed inside the interpreter
   dry-run    `hpclaunch run --cluster slurm -N 2 --tasks-per-node 2 --dry-run -- python
              train.py`, the whole process
   submit     `hpclaunch run --cluster slurm --no-snapshot -- true`, the whole process,
@@ -42,12 +42,12 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(os.environ.get("HPC_BENCH_DIR", "/var/tmp/hpc-bench"))
 VENVS = {"lean": [], "heavy": ["torch==2.13.0", "lightning", "jax[cpu]", "wandb"]}
 CASES = {
-    "import": "`import hpclaunch.profiles` (in-process)",
+    "import": "`import hpclaunch.config.profiles` (in-process)",
     "dry-run": "`hpclaunch run --cluster slurm -N 2 --tasks-per-node 2 --dry-run`",
     "submit": "`hpclaunch run --cluster slurm --no-snapshot -- true` to the job id",
 }
 IMPORT_PROBE = (
-    "import time; w, c = time.perf_counter(), time.process_time(); import hpclaunch.profiles; "
+    "import time; w, c = time.perf_counter(), time.process_time(); import hpclaunch.config.profiles; "
     "print(time.perf_counter() - w, time.process_time() - c)"
 )
 JOB_ID = re.compile(r"\bjob (\d+)\b")

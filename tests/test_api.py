@@ -18,7 +18,7 @@ import pytest
 import hpclaunch
 from conftest import PROGRAMS, REPO, Hpc
 from hpclaunch import api
-from hpclaunch.options import OPTIONS
+from hpclaunch.config.options import OPTIONS
 
 KIND_TYPES = {
     "int": "Optional[int]",

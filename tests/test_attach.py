@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import attach, containers, records, slurmcmd
+from hpclaunch.observe import attach
+from hpclaunch.payload import containers
+from hpclaunch.records import runrecord
+from hpclaunch.slurm import commands
 from hpclaunch.errors import UserError
 from hpclaunch.node import ENV_FD_FLAG, EXEC_FLAG, HPCLAUNCH_CONTAINER_PASS
 
@@ -36,7 +39,7 @@ def _run(tmp_path: Path, events: Sequence[dict[str, Any]] = (), **fields: Any) -
         "code": {"cwd": str(tmp_path)},
         **fields,
     }
-    records.create(run_dir, data)
+    runrecord.create(run_dir, data)
     lines = [json.dumps({"time": 1.0, **e}) for e in events]
     (run_dir / "events.jsonl").write_text("".join(line + "\n" for line in lines))
     return run_dir
@@ -46,8 +49,8 @@ def _started(*nodes: str) -> list[dict[str, Any]]:
     return [{"event": "rank_start", "rank": r, "node": n} for r, n in enumerate(nodes)]
 
 
-def _load(run_dir: Path) -> records.RunRecord:
-    return records.load(run_dir)
+def _load(run_dir: Path) -> runrecord.RunRecord:
+    return runrecord.load(run_dir)
 
 
 def _refusal(run_dir: Path) -> str:
@@ -114,7 +117,7 @@ def test_slurm_is_asked_until_every_node_reported(
         asked.append(argv)
         return "42|node[1-2]\n" if argv[0] == "squeue" else "node1\nnode2\n"
 
-    monkeypatch.setattr(slurmcmd, "run", fake)
+    monkeypatch.setattr(commands, "run", fake)
     target = attach.find_target(_load(_run(tmp_path, _started("node1"))), "node2")
     assert (target.nodes, target.node) == (("node1", "node2"), "node2")
     assert asked == [
@@ -133,7 +136,7 @@ def test_a_node_outside_the_job_is_refused_naming_the_jobs_nodes(tmp_path: Path)
 
 
 def test_no_nodes_listed_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurmcmd, "run", lambda argv, **_: "")
+    monkeypatch.setattr(commands, "run", lambda argv, **_: "")
     with pytest.raises(UserError, match="Slurm lists no nodes for job 42"):
         attach.find_target(_load(_run(tmp_path)), None)
 
@@ -148,7 +151,7 @@ def test_the_job_joined_a_chain_member_and_a_sweep_task(tmp_path: Path) -> None:
         json.dumps({"event": "point_start", "job": "60_3", "job_id": "63"}) + "\n"
     )
     assert attach.job_to_join(_load(point)) == "63"
-    records.update(point, slurm_job_id="64")
+    runrecord.update(point, slurm_job_id="64")
     assert attach.job_to_join(_load(point)) == "64"
 
 
@@ -157,7 +160,7 @@ def test_an_array_task_is_joined_by_its_own_id(
 ) -> None:
     """srun refuses --jobid=60_0 ("Invalid numeric value"): squeue's %A is the task's id."""
     replies = {"squeue": "60|node1\n", "scontrol": "node1\n"}
-    monkeypatch.setattr(slurmcmd, "run", lambda argv, **_: replies[argv[0]])
+    monkeypatch.setattr(commands, "run", lambda argv, **_: replies[argv[0]])
     rec = _load(_run(tmp_path, _started("node1"), job_id="60_0", sweep_id="s", nodes=1))
     assert attach.find_target(rec, None).job_id == "60"
 
@@ -246,7 +249,7 @@ def test_a_sweep_points_spec_and_bootstrap_are_the_sweeps(tmp_path: Path) -> Non
     point = sweep / "points" / "0"
     point.mkdir(parents=True)
     (sweep / "spec.json").write_text(json.dumps(_container_spec("/img", "/c")))
-    records.create(
+    runrecord.create(
         point,
         {"run_id": "sweep1:0", "run_dir": str(point), "backend": "slurm", "job_id": "9_0",
          "state": "RUNNING", "sweep_id": "sweep1"},
@@ -294,7 +297,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _indexed(tmp_path: Path, run_dir: Path) -> None:
-    from hpclaunch import index
+    from hpclaunch.records import index
 
     entry = {"run_id": run_dir.name, "run_dir": str(run_dir), "job_id": "42"}
     index.add(entry, {"XDG_DATA_HOME": str(tmp_path / "data")})

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import api, backends, launching
-from hpclaunch.backends import kinds
+from hpclaunch.config import profilekinds
 from hpclaunch.backends.base import Launch
 from hpclaunch.backends.localplan import JOB_ID, LOCAL_DIR, PORT
-from hpclaunch.records import RunRecord
+from hpclaunch.records.runrecord import RunRecord
 
 SECRET = "s3cr3t-plan-value-91"
 # Each rank writes the environment it got and its argv (as the bootstrap hands it over).
@@ -156,4 +156,4 @@ def test_recorded_runs_are_answered_by_their_backend() -> None:
     assert local.runs_here and local.foreground
     # kinds.py answers as the classes do (it is asked where the backends cannot be loaded).
     for name in ("local", "slurm"):
-        assert kinds.runs_here(name) == backends.for_record(name).runs_here
+        assert profilekinds.runs_here(name) == backends.for_record(name).runs_here

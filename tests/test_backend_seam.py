@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import api, launching, records
+from hpclaunch import api, launching
+from hpclaunch.records import runrecord
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.handle import Run
-from hpclaunch.monitor import JobStatus
+from hpclaunch.observe.jobend import JobStatus
 
 
 class InstantBackend(Backend):
@@ -48,10 +49,10 @@ def test_a_small_backend_drives_the_orchestrator(tmp_path: Path) -> None:
     )
     backend = InstantBackend()
     started = launching.start(req, launching.plan(req), backend)
-    assert records.load(started.paths.run_dir).state == "PENDING"
+    assert runrecord.load(started.paths.run_dir).state == "PENDING"
     code, state = launching.finish(started, io.StringIO(), io.StringIO())
     assert (code, state) == (0, "COMPLETED")
-    record = records.load(started.paths.run_dir)
+    record = runrecord.load(started.paths.run_dir)
     assert (record.state, record.exit_code, record.job_id) == ("COMPLETED", 0, "1000")
     assert api.get("last", environ=environ).id == started.run_id
     assert "hello from train.py" in Run(started.paths.run_dir).logs()

@@ -129,11 +129,11 @@ def test_cancel_a_point_of_a_local_sweep(tmp_path: Path) -> None:
 def test_a_retried_point_leaves_its_cancel_with_the_old_attempt(tmp_path: Path) -> None:
     """`cancel SWEEP:I` marks the point's folder (a requeue or a local sweep reads it):
     a retry keeps the mark with the attempt it ended, so the new attempt may run."""
-    from hpclaunch.sweeps import record
+    from hpclaunch.records import sweeprecord
 
     point = tmp_path / "points" / "1"
     point.mkdir(parents=True)
     (point / "cancelled").touch()
-    record.keep_attempt(point, 1)
+    sweeprecord.keep_attempt(point, 1)
     assert not (point / "cancelled").exists()
     assert (point / "attempts" / "1" / "cancelled").exists()

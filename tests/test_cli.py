@@ -160,7 +160,7 @@ def test_cancel_of_local_run_is_refused(tmp_path: Path, env: dict[str, str]) -> 
 
 
 def test_help_explains_every_option_with_an_example(tmp_path: Path, env: dict[str, str]) -> None:
-    from hpclaunch.options import OPTIONS
+    from hpclaunch.config.options import OPTIONS
 
     text = hpclaunch(["run", "--help"], tmp_path, {**env, "COLUMNS": "200"}).stdout
     for opt in OPTIONS:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, VENV_BIN
-from hpclaunch import index, refs
+from hpclaunch.records import index, refs
 from hpclaunch.errors import UserError
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
@@ -66,7 +66,7 @@ def test_a_job_id_of_several_runs_lists_them(tmp_path: Path) -> None:
 
 
 def test_snapshot_limit_units_name_what_was_given() -> None:
-    from hpclaunch.units import parse_size
+    from hpclaunch.basics.units import parse_size
 
     assert parse_size("1K", "--snapshot-limit") == 1024
     assert parse_size("2", "--snapshot-limit") == 2 * 2**20  # a plain number is MB

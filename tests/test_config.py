@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import config, preparing
+from hpclaunch.config import layering
+from hpclaunch.planning import preparing
 from hpclaunch.errors import UserError
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
@@ -43,7 +44,7 @@ def test_search_stops_at_git_root(tmp_path: Path) -> None:
     (tmp_path / "hpclaunch.toml").write_text("[run]\nnodes = 3\n")
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
-    assert config.find_project_file(repo, {}) is None
+    assert layering.find_project_file(repo, {}) is None
 
 
 def test_cli_beats_env_beats_project(tmp_path: Path) -> None:
@@ -122,7 +123,7 @@ def test_lumi_defaults_follow_lumi_md(tmp_path: Path) -> None:
 
 
 def test_default_job_name_is_the_script(tmp_path: Path) -> None:
-    from hpclaunch.validate import default_job_name
+    from hpclaunch.planning.validate import default_job_name
 
     assert default_job_name(("python", "-u", "src/train.py", "--lr", "1")) == "train.py"
     assert default_job_name(("python3", "-m", "pkg.main")) == "pkg.main"
@@ -133,8 +134,8 @@ def test_slurm_runs_go_to_scratch_per_project(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Generic clusters: $SCRATCH/<git top-level folder name> when SCRATCH is set."""
-    from hpclaunch import discover
-    from hpclaunch.profiles import Partition
+    from hpclaunch.slurm import discover
+    from hpclaunch.config.profiles import Partition
 
     monkeypatch.setattr(discover, "slurm_config", lambda: {"ClusterName": "site"})
     monkeypatch.setattr(discover, "partitions", lambda: {"cpu": Partition(default=True)})

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import containers, venvs
+from hpclaunch.payload import containers, venvs
 from hpclaunch.errors import UserError
-from hpclaunch.launchers import task_argv
+from hpclaunch.script.launchers import task_argv
 from hpclaunch.node import bootstrap
-from hpclaunch.profiles import ContainerBind, ContainerSettings, load_profile
-from hpclaunch.spec import Bind, ContainerJob, JobSpec
+from hpclaunch.config.profiles import ContainerBind, ContainerSettings, load_profile
+from hpclaunch.config.jobspec import Bind, ContainerJob, JobSpec
 
 BOOT = Path(bootstrap.__file__)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import VENV_BIN
-from hpclaunch import index, records, rundirs
+from hpclaunch.records import index, runrecord, runpaths
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
 
@@ -102,19 +102,19 @@ def test_run_json_that_is_not_a_record(tmp_path: Path, content: bytes) -> None:
 
 def _update_many(run_dir: str, worker: int) -> None:
     for n in range(50):
-        records.update(Path(run_dir), **{f"w{worker}_{n}": n})
+        runrecord.update(Path(run_dir), **{f"w{worker}_{n}": n})
 
 
 def test_concurrent_record_writers_lose_nothing(tmp_path: Path) -> None:
-    paths = rundirs.create(rundirs.plan_paths(str(tmp_path), "exp", "", tmp_path))
-    records.create(paths.run_dir, {"run_id": paths.run_id})
+    paths = runpaths.create(runpaths.plan_paths(str(tmp_path), "exp", "", tmp_path))
+    runrecord.create(paths.run_dir, {"run_id": paths.run_id})
     ctx = multiprocessing.get_context("fork")
     workers = [ctx.Process(target=_update_many, args=(str(paths.run_dir), w)) for w in range(4)]
     for w in workers:
         w.start()
     for w in workers:
         w.join(60)
-    data = records.read_raw(paths.run_dir)
+    data = runrecord.read_raw(paths.run_dir)
     assert all(data[f"w{w}_{n}"] == n for w in range(4) for n in range(50))
     assert not [p for p in paths.run_dir.iterdir() if p.name.endswith(".tmp")]
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import records
-from hpclaunch.dependencies import After, parse, sbatch_value
+from hpclaunch.records import runrecord
+from hpclaunch.planning.dependencies import After, parse, sbatch_value
 from hpclaunch.errors import UserError
-from hpclaunch.monitor import JobStatus, chain_status
-from hpclaunch.options import RunOptions
-from hpclaunch.profiles import load_profile
-from hpclaunch.records import RunRecord
-from hpclaunch.render import plan, preview
-from hpclaunch.rundirs import RunPaths
-from hpclaunch.tracking import why_never_started
-from hpclaunch.validate import validate
+from hpclaunch.observe.jobend import JobStatus, chain_status
+from hpclaunch.config.options import RunOptions
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.script.render import plan, preview
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.backends.runstatus import why_never_started
+from hpclaunch.planning.validate import validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
@@ -116,9 +116,9 @@ def test_chain_status() -> None:
 
 def _record(run_dir: Path, **fields: Any) -> RunRecord:
     run_dir.mkdir(parents=True)
-    records.create(run_dir, {"run_id": run_dir.name, "run_dir": str(run_dir),
+    runrecord.create(run_dir, {"run_id": run_dir.name, "run_dir": str(run_dir),
                              "backend": "slurm", **fields})  # fmt: skip
-    return records.load(run_dir)
+    return runrecord.load(run_dir)
 
 
 def test_a_dependency_not_submitted_yet_has_not_ended(tmp_path: Path) -> None:
@@ -129,5 +129,5 @@ def test_a_dependency_not_submitted_yet_has_not_ended(tmp_path: Path) -> None:
     after = {"job_ids": ["11"], "run_dir": dep.run_dir, "condition": "ok"}
     waiting = _record(tmp_path / "waiting", state="CANCELLED", after=[after])
     assert why_never_started(waiting) is None
-    records.update(Path(dep.run_dir), state="FAILED")
+    runrecord.update(Path(dep.run_dir), state="FAILED")
     assert why_never_started(waiting) == "never started: --after dep:ok, and it ended FAILED"

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import doctor, doctor_job, node
-from hpclaunch.doctor import FAIL, PASS, WARN, Check, NodeInfo
-from hpclaunch.profiles import load_profile
-from hpclaunch.spec import JobSpec
+from hpclaunch.doctor import checks as doctor, probejob
+from hpclaunch import node
+from hpclaunch.doctor.checks import FAIL, PASS, WARN, Check, NodeInfo
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.config.jobspec import JobSpec
 
 PROBE = node.path("doctor_probe.py")
 
@@ -59,11 +60,11 @@ def test_table_puts_the_fix_under_a_failed_check() -> None:
 
 
 def test_cpu_masks_as_srun_gets_them() -> None:
-    masks = doctor_job.expected_cpus("verbose,mask_cpu:0x3,0xc0")
+    masks = probejob.expected_cpus("verbose,mask_cpu:0x3,0xc0")
     assert masks == [{0, 1}, {6, 7}]
-    assert doctor_job.expected_cpus("map_cpu:1,9") == [{1}, {9}]
-    assert doctor_job.expected_cpus("") == [] and doctor_job.expected_cpus("none") == []
-    assert doctor_job._cpus({0, 1, 2, 3, 8}) == "0-3,8"
+    assert probejob.expected_cpus("map_cpu:1,9") == [{1}, {9}]
+    assert probejob.expected_cpus("") == [] and probejob.expected_cpus("none") == []
+    assert probejob._cpus({0, 1, 2, 3, 8}) == "0-3,8"
 
 
 def _rank(rank: int, node_: str, affinity: list[int], **extra: Any) -> dict[str, Any]:
@@ -79,18 +80,18 @@ def _rank(rank: int, node_: str, affinity: list[int], **extra: Any) -> dict[str,
 def test_cpu_binding_against_the_profiles_masks() -> None:
     spec = _spec(cpu_bind="mask_cpu:0x3,0xc", cpus_per_task=2, tasks_per_node=2)
     good = [_rank(0, "n1", [0, 1]), _rank(1, "n1", [2, 3])]
-    assert doctor_job.cpu_checks(good, spec)[0].status == PASS
+    assert probejob.cpu_checks(good, spec)[0].status == PASS
     bad = [_rank(0, "n1", [0, 1]), _rank(1, "n1", [0, 1, 2, 3])]
-    check = doctor_job.cpu_checks(bad, spec)[0]
+    check = probejob.cpu_checks(bad, spec)[0]
     assert check.status == FAIL and "rank 1 on n1: 0-3" in check.detail, check
 
 
 def test_gpus_visible_per_node_against_those_asked() -> None:
     ranks = [_rank(0, "n1", [0]), _rank(1, "n2", [0], gpus={"CUDA_VISIBLE_DEVICES": "0"})]
-    check = doctor_job.gpu_checks(ranks, [], 2)[0]
+    check = probejob.gpu_checks(ranks, [], 2)[0]
     assert check.status == FAIL and "n2: 1" in check.detail, check
-    assert doctor_job.gpu_checks(ranks[:1], [], 2)[0].status == PASS
-    assert doctor_job.gpu_checks(ranks, [], 0) == []
+    assert probejob.gpu_checks(ranks[:1], [], 2)[0].status == PASS
+    assert probejob.gpu_checks(ranks, [], 0) == []
 
 
 def test_rendezvous_allreduce_and_plugin_findings() -> None:
@@ -98,14 +99,14 @@ def test_rendezvous_allreduce_and_plugin_findings() -> None:
     broken = _rank(1, "n2", [0], rendezvous={"ok": False, "address": "n1:1", "error": "refused"})
     measured = {"ok": True, "backend": "gloo", "world": 2, "mib": 64, "seconds": 0.5,
                 "bus_gbps": 0.13}  # fmt: skip
-    checks = {c.name: c for c in doctor_job.rank_checks(
+    checks = {c.name: c for c in probejob.rank_checks(
         [_rank(0, "n1", [0], allreduce=measured), broken], spec, "")}  # fmt: skip
     assert (
         checks["rendezvous"].status == FAIL
         and "rank 1 on n2: refused" in checks["rendezvous"].detail
     )
     assert checks["all-reduce"].status == PASS and "gloo, 2 ranks" in checks["all-reduce"].detail
-    none = doctor_job.rank_checks([_rank(0, "n1", [0])], spec, "")
+    none = probejob.rank_checks([_rank(0, "n1", [0])], spec, "")
     assert {c.name: c.status for c in none}["all-reduce"] == WARN
 
 
@@ -114,11 +115,11 @@ def test_node_checks_name_a_missing_bind_and_its_node() -> None:
         {"node": "n1", "binds": {"/opt/x": True}, "local": "/tmp", "local_free_bytes": 5 << 30},
         {"node": "n2", "binds": {"/opt/x": False}, "local": "/tmp", "local_free_bytes": 5 << 30},
     ]
-    checks = {c.name: c for c in doctor_job.node_checks(nodes, 2, "")}
+    checks = {c.name: c for c in probejob.node_checks(nodes, 2, "")}
     assert checks["srun --overlap"].status == PASS
     assert checks["binds"].status == FAIL and "/opt/x on n2" in checks["binds"].detail
     assert checks["node-local space"].status == PASS
-    failed = doctor_job.node_checks(nodes[:1], 2, "srun: error: overlap not allowed\n")
+    failed = probejob.node_checks(nodes[:1], 2, "srun: error: overlap not allowed\n")
     assert failed[0].status == FAIL and "overlap not allowed" in failed[0].detail
 
 
@@ -154,10 +155,10 @@ def test_container_and_network_plugin_findings() -> None:
     spec = _spec(container=cast(Any, SimpleNamespace(image="/img/pytorch.sif")))
     plugin = "/opt/aws-ofi-rccl/lib/librccl-net.so"
     inside = [_rank(r, "n1", [r], container="apptainer", plugin=[plugin]) for r in (0, 1)]
-    checks = {c.name: c for c in doctor_job.rank_checks(inside, spec, "librccl-net")}
+    checks = {c.name: c for c in probejob.rank_checks(inside, spec, "librccl-net")}
     assert checks["container"].status == PASS and checks["network plugin"].detail == plugin
     lacking = [_rank(0, "n1", [0], container="apptainer"), _rank(1, "n2", [1])]
-    checks = {c.name: c for c in doctor_job.rank_checks(lacking, spec, "librccl-net")}
+    checks = {c.name: c for c in probejob.rank_checks(lacking, spec, "librccl-net")}
     assert (
         checks["container"].status == FAIL and "ranks 1 ran outside" in checks["container"].detail
     )

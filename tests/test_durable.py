@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import testbed
-from hpclaunch import index, locking, records
+from hpclaunch.records import index, locking, runrecord
 
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
@@ -39,18 +39,18 @@ def test_records_update_without_flock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     monkeypatch.setattr(fcntl, "flock", _failing_flock(code))
-    records.create(tmp_path, {"run_id": "r", "state": "CREATED"})
-    stored = records.update(tmp_path, state="RUNNING", job_id="7")
+    runrecord.create(tmp_path, {"run_id": "r", "state": "CREATED"})
+    stored = runrecord.update(tmp_path, state="RUNNING", job_id="7")
     assert stored["state"] == "RUNNING"
-    assert records.load(tmp_path).job_id == "7"
+    assert runrecord.load(tmp_path).job_id == "7"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no lock file left
 
 
 def test_other_flock_errors_still_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fcntl, "flock", _failing_flock(errno.EBADF))
-    records.create(tmp_path, {"run_id": "r"})
+    runrecord.create(tmp_path, {"run_id": "r"})
     with pytest.raises(OSError):
-        records.update(tmp_path, state="RUNNING")
+        runrecord.update(tmp_path, state="RUNNING")
 
 
 def test_the_optuna_journal_needs_no_flock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,14 +96,14 @@ def test_a_sweep_folder_without_symlinks_uses_optunas_lock_file(
 def _count_up(folder: str, times: int) -> None:
     fcntl.flock = _failing_flock(errno.ENOLCK)  # type: ignore[assignment]
     for _ in range(times):
-        with records._locked(Path(folder)):
-            data = records.read_raw(Path(folder))
+        with runrecord._locked(Path(folder)):
+            data = runrecord.read_raw(Path(folder))
             data["count"] = data.get("count", 0) + 1
-            records.write_json(Path(folder) / "run.json", data)
+            runrecord.write_json(Path(folder) / "run.json", data)
 
 
 def test_lock_file_serialises_writers_of_several_processes(tmp_path: Path) -> None:
-    records.create(tmp_path, {"run_id": "r", "count": 0})
+    runrecord.create(tmp_path, {"run_id": "r", "count": 0})
     context = multiprocessing.get_context("fork")
     workers = [context.Process(target=_count_up, args=(str(tmp_path), 40)) for _ in range(4)]
     for worker in workers:
@@ -111,7 +111,7 @@ def test_lock_file_serialises_writers_of_several_processes(tmp_path: Path) -> No
     for worker in workers:
         worker.join(60)
         assert worker.exitcode == 0
-    assert records.read_raw(tmp_path)["count"] == 160  # no update lost
+    assert runrecord.read_raw(tmp_path)["count"] == 160  # no update lost
 
 
 def _dead_pid() -> int:
@@ -133,10 +133,10 @@ def test_a_lock_file_of_a_dead_process_is_broken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(fcntl, "flock", _failing_flock(errno.ENOLCK))
-    records.create(tmp_path, {"run_id": "r"})
+    runrecord.create(tmp_path, {"run_id": "r"})
     _plant(tmp_path, f"{socket.gethostname()} {_dead_pid()} 1.0 {uuid.uuid4().hex}\n")
-    records.update(tmp_path, state="RUNNING")
-    assert records.read_raw(tmp_path)["state"] == "RUNNING"
+    runrecord.update(tmp_path, state="RUNNING")
+    assert runrecord.read_raw(tmp_path)["state"] == "RUNNING"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
 
 
@@ -191,17 +191,17 @@ def test_a_record_write_on_a_full_disk_keeps_the_last_good_state() -> None:
     with small_tmpfs() as mount:
         run = mount / "run"
         run.mkdir()
-        records.create(run, {"run_id": "r", "state": "RUNNING", "job_id": "5"})
+        runrecord.create(run, {"run_id": "r", "state": "RUNNING", "job_id": "5"})
         before = (run / "run.json").read_bytes()
         filler = fill(mount)
         with pytest.raises(OSError) as caught:
-            records.update(run, state="COMPLETED", exit_code=0, reason="x" * 8192)
+            runrecord.update(run, state="COMPLETED", exit_code=0, reason="x" * 8192)
         assert caught.value.errno == errno.ENOSPC
         assert (run / "run.json").read_bytes() == before
         assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # no .tmp left
         filler.unlink()
-        records.update(run, state="COMPLETED", exit_code=0)
-        assert records.load(run).state == "COMPLETED"
+        runrecord.update(run, state="COMPLETED", exit_code=0)
+        assert runrecord.load(run).state == "COMPLETED"
 
 
 def test_an_index_line_cut_short_is_taken_back() -> None:
@@ -222,22 +222,23 @@ def test_an_index_line_cut_short_is_taken_back() -> None:
 
 
 def test_a_job_accepted_on_a_full_disk_is_a_warning_naming_job_folder_and_fix() -> None:
-    from hpclaunch import launching, rundirs
+    from hpclaunch import launching
+    from hpclaunch.records import runpaths
 
     with small_tmpfs() as mount:
         run_dir = mount / "runs" / "default" / "r1"
         run_dir.mkdir(parents=True)
-        records.create(run_dir, {"run_id": "r1", "state": "CREATED"})
+        runrecord.create(run_dir, {"run_id": "r1", "state": "CREATED"})
         env = {"XDG_DATA_HOME": str(mount / "xdg")}
         req = launching.Request({}, ("true",), mount, env)
-        paths = rundirs.RunPaths("r1", run_dir, run_dir / "checkpoints")
+        paths = runpaths.RunPaths("r1", run_dir, run_dir / "checkpoints")
         filler = fill(mount)
         entry = {"run_id": "r1", "run_dir": str(run_dir), "job_id": "4242", "pad": "p" * 8000}
         notes = launching._record_accepted(req, paths, "4242", {"state": "PENDING"}, entry)
         assert len(notes) == 2, notes
         assert all("4242" in note and str(run_dir) in note for note in notes)
         assert "scancel 4242" in notes[0] and "free space" in notes[0].lower()
-        assert records.read_raw(run_dir)["state"] == "CREATED"  # the last good state
+        assert runrecord.read_raw(run_dir)["state"] == "CREATED"  # the last good state
         filler.unlink()
 
 
@@ -245,7 +246,7 @@ def test_a_job_accepted_on_a_full_disk_is_a_warning_naming_job_folder_and_fix() 
 
 
 def _as_user(user: str, code: str) -> str:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(records.__file__).parents[1])}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(runrecord.__file__).parents[1])}
     proc = subprocess.run(
         ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
          sys.executable, "-c", code],

@@ -28,7 +28,7 @@ import pytest
 
 import testbed
 from conftest import Hpc
-from hpclaunch import states
+from hpclaunch.basics import states
 
 pytestmark = pytest.mark.testbed
 

@@ -100,7 +100,7 @@ def _lumi_caches(hpc: Hpc) -> None:
     """The victim's own profile layer over `slurm`: LUMI's MIOpen cache settings, as the
     built-in lumi profile has them (whatever they are in the code under test)."""
     import hpclaunch
-    from hpclaunch.tomlfiles import read_toml
+    from hpclaunch.config.tomlfiles import read_toml
 
     lumi = Path(hpclaunch.__file__).with_name("clusters") / "lumi.toml"
     values = read_toml(lumi, "lumi")

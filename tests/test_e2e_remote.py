@@ -329,7 +329,7 @@ def _requests_seen() -> Iterator[tuple[str, Path]]:
     real = shlex.quote(str(testbed.state_dir() / "laptop-bin" / "ssh"))
     wrapper.write_text(
         "#!/bin/sh\n"
-        'case "$*" in *hpclaunch.remote.serve*)\n'
+        'case "$*" in *hpclaunch.cli.serve*)\n'
         f'  /usr/bin/tee -a {shlex.quote(str(seen))} | {real} "$@"; exit $? ;;\n'
         "esac\n"
         f'exec {real} "$@"\n'

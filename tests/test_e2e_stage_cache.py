@@ -100,7 +100,7 @@ def test_a_pack_planted_by_another_user_is_never_unpacked(hpc: Hpc) -> None:
     the cache with a pack under the very name the victim's dataset hashes to (the key
     is computable from the listing). Today the victim's job unpacks the planted files;
     now the run stops before submission with one line naming the cache and the fix."""
-    from hpclaunch import stage
+    from hpclaunch.payload import stage
 
     _change(hpc, 1)
     runs = hpc.cwd / "runs"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from hpclaunch import gpu_plot, gpumetrics
+from hpclaunch.observe import gpu_plot, gpu_metrics
 from hpclaunch.cli.main import cli
 from hpclaunch.errors import UserError
 from hpclaunch.node import gpu_watch
@@ -98,7 +98,7 @@ def test_many_nodes_fill_a_grid(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     for node in range(1, 6):  # five one-GPU nodes: two columns of three rows
         write_csv(run_dir, f"n{node}", [r._replace(node=f"n{node}") for r in samples("x", 0, 5)])
-    reader = gpumetrics.Reader(run_dir)
+    reader = gpu_metrics.Reader(run_dir)
     reader.update()
     found = reader.series()
     assert [s.node for s in found][::2] == ["n1", "n2", "n3", "n4", "n5"]

@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from hpclaunch import gpu_top, gpumetrics, index, records
+from hpclaunch.observe import gpu_top, gpu_metrics
+from hpclaunch.records import index, runrecord
 from hpclaunch.cli.main import cli
 from hpclaunch.errors import Interrupted, UserError
 from hpclaunch.node import gpu_watch
@@ -141,10 +142,10 @@ def test_json_holds_the_latest_and_summary_figures(tmp_path: Path) -> None:
 
 def test_a_running_run_shows_its_latest_samples_and_the_last_span(tmp_path: Path) -> None:
     run_dir = two_by_two(tmp_path, state="RUNNING")
-    record = records.load(run_dir)
-    reader = gpumetrics.Reader(run_dir)
+    record = runrecord.load(run_dir)
+    reader = gpu_metrics.Reader(run_dir)
     reader.update()
-    warned = gpumetrics.input_bound(run_dir)
+    warned = gpu_metrics.input_bound(run_dir)
     now = T0 + 118 + 4
     view = gpu_top.build(record, reader.series(), warned, span_s=60, now=now)
     assert gpu_top.lines(view)[:5] == [
@@ -216,7 +217,7 @@ def test_a_line_cut_short_or_damaged_is_left_out(tmp_path: Path) -> None:
         handle.write("not,a,sample\n\xff,nid001,0,1,2,3\n")
         last = gpu_watch.csv_lines(samples("nid001", 3, 4))  # GPU 0's line, GPU 1's
         handle.write(last[:-2])  # GPU 1's line cut short: "...,10" of 103 W, no newline
-    reader = gpumetrics.Reader(run_dir)
+    reader = gpu_metrics.Reader(run_dir)
     assert reader.update() == 7
     got = [(s.node, s.gpu, list(s.times)) for s in reader.series()]
     three = [T0, T0 + 2, T0 + 4]
@@ -235,12 +236,12 @@ def test_every_line_reads_as_the_watch_reads_it(tmp_path: Path) -> None:
              "1,n1,0,1,2,3,4", "1,n\xff,0,1,2,3", "7.25,n1,1,-0.5,0.0,99.99"]  # fmt: skip
     path = tmp_path / "gpu-n1.csv"
     path.write_text("".join(line + "\n" for line in lines))
-    parsed = [gpumetrics.parse_line(raw) for raw in path.read_bytes().split(b"\n")[:-1]]
+    parsed = [gpu_metrics.parse_line(raw) for raw in path.read_bytes().split(b"\n")[:-1]]
     assert [p for p in parsed if p is not None] == gpu_watch.read_csv(str(path))
     assert sum(p is not None for p in parsed) == 7  # "nan": a line without a busy %
 
 
-def _rows(found: list[gpumetrics.Series]) -> list[Row]:
+def _rows(found: list[gpu_metrics.Series]) -> list[Row]:
     def reading(value: float) -> Optional[float]:
         return None if math.isnan(value) else value
 
@@ -254,7 +255,7 @@ def _rows(found: list[gpumetrics.Series]) -> list[Row]:
 def test_the_reader_reads_only_what_was_appended(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     path = write_csv(run_dir, "nid001", samples("nid001", 0, 10))
-    reader = gpumetrics.Reader(run_dir)
+    reader = gpu_metrics.Reader(run_dir)
     assert reader.update() == 20 and reader.offsets[path] == path.stat().st_size
     assert reader.update() == 0  # nothing new: nothing read again
     more = gpu_watch.csv_lines(samples("nid001", 10, 12))
@@ -319,17 +320,17 @@ class FakeJob:
         if self.now > T0 + 1000:
             raise KeyboardInterrupt
 
-    def refresh(self, run_dir: Path) -> records.RunRecord:
+    def refresh(self, run_dir: Path) -> runrecord.RunRecord:
         self.asked.append(self.now - (T0 + 120))
         if self.ends is not None and self.now >= self.ends:
-            records.update(run_dir, state="COMPLETED")
-        return records.load(run_dir)
+            runrecord.update(run_dir, state="COMPLETED")
+        return runrecord.load(run_dir)
 
 
 def _live(tmp_path: Path, job: FakeJob) -> tuple[Optional[gpu_top.View], str]:
     out = io.StringIO()
     how = gpu_top.Live(Console(file=out, width=100), job.refresh, job.clock, job.sleep)
-    shown = gpu_top.live(job.run_dir, records.load(job.run_dir), 300, how)
+    shown = gpu_top.live(job.run_dir, runrecord.load(job.run_dir), 300, how)
     return shown, out.getvalue()
 
 

@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import jobwatch, node
+from hpclaunch.script import gpu_watch_lines
+from hpclaunch import node
 from hpclaunch.errors import UserError
-from hpclaunch.options import RunOptions
-from hpclaunch.profiles import load_profile
-from hpclaunch.render import plan
-from hpclaunch.rundirs import RunPaths
-from hpclaunch.spec import JobSpec
-from hpclaunch.validate import validate
+from hpclaunch.config.options import RunOptions
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.script.render import plan
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.planning.validate import validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 LUMI = {"partition": "small-g", "account": "project_465000000", "time": 600}
@@ -44,7 +45,7 @@ def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:
 
 
 def test_on_by_default_for_gpu_jobs_only() -> None:
-    assert _spec({}).watch_interval_s == jobwatch.DEFAULT_INTERVAL_S  # small-g: 1 GCD
+    assert _spec({}).watch_interval_s == gpu_watch_lines.DEFAULT_INTERVAL_S  # small-g: 1 GCD
     assert _spec({"watch_interval": 5.0}).watch_interval_s == 5.0
     assert _spec({"no_watch": True}).watch_interval_s == 0.0
     assert _spec({"no_watch": True, "watch_interval": 5.0}).watch_interval_s == 0.0

@@ -102,17 +102,17 @@ def test_no_import_loop() -> None:
 def test_config_only_layers() -> None:
     """config imports nothing that packs data, queries Slurm or runs a program."""
     forbidden = {
-        "hpclaunch.discover",
-        "hpclaunch.stage",
-        "hpclaunch.slurmcmd",
+        "hpclaunch.slurm.discover",
+        "hpclaunch.payload.stage",
+        "hpclaunch.slurm.commands",
         "hpclaunch.backends",
-        "hpclaunch.containers",
-        "hpclaunch.venvs",
-        "hpclaunch.snapshot",
+        "hpclaunch.payload.containers",
+        "hpclaunch.payload.venvs",
+        "hpclaunch.payload.snapshot",
     }
-    assert not (_imports("hpclaunch.config") & forbidden)
+    assert not (_imports("hpclaunch.config.layering") & forbidden)
     stdlib: set[str] = set()
-    for node in ast.walk(_tree("hpclaunch.config")):
+    for node in ast.walk(_tree("hpclaunch.config.layering")):
         if isinstance(node, ast.Import):
             stdlib.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -138,7 +138,7 @@ def test_one_module_reads_the_environment() -> None:
     readers = {
         name for name in MODULES if not name.startswith("hpclaunch.node") and _reads_environ(name)
     }
-    assert readers == {"hpclaunch.environ"}
+    assert readers == {"hpclaunch.basics.environ"}
 
 
 def test_no_submodule_shadows_the_api() -> None:
@@ -292,11 +292,11 @@ def _spells_a_state(text: str, words: frozenset[str]) -> bool:
 
 
 def test_only_states_spells_a_state() -> None:
-    """Only hpclaunch/states.py spells a job state; other code names `State.X` (or
+    """Only hpclaunch/basics/states.py spells a job state; other code names `State.X` (or
     `State.X.value` where a plain str is stored) and asks `is_active`, `is_open`,
     `is_streaming`, `exit_code_for` there.
 
-    The rule: outside hpclaunch.states, no str constant of the code (ast.Constant, also a
+    The rule: outside hpclaunch.basics.states, no str constant of the code (ast.Constant, also a
     literal piece of an f-string; docstrings excepted) is a state's name (`State`, case as
     Slurm writes it: "CANCELLED", "CREATED", "UNKNOWN"), a squeue short code of two or
     more letters ("PD", "CA", "OOM"), or a comma list of those ("PENDING,RUNNING"). Text
@@ -306,14 +306,14 @@ def test_only_states_spells_a_state() -> None:
     are checked too: none spells a state today; one that must keeps its copy in
     node/__init__.py, exempted here and compared with states.py by tests/test_node_package.py.
     """
-    from hpclaunch.states import SLURM_STATES, State
+    from hpclaunch.basics.states import SLURM_STATES, State
 
     words = frozenset(s.value for s in State) | frozenset(
         row.short for row in SLURM_STATES if row.short is not None and len(row.short) > 1
     )
     found = []
     for name, path in MODULES.items():
-        if name == "hpclaunch.states":
+        if name == "hpclaunch.basics.states":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docstrings = _docstrings(tree)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import preparing, render
-from hpclaunch.rundirs import RunPaths
+from hpclaunch.planning import preparing
+from hpclaunch.script import render
+from hpclaunch.records.runpaths import RunPaths
 
 GOLDEN = Path(__file__).parent / "golden"
 LUMI_MD = Path(__file__).resolve().parents[2] / "shared" / "LUMI.md"

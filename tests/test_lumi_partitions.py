@@ -23,11 +23,13 @@ from typing import Any, Optional
 
 import pytest
 
-from hpclaunch import discover, preparing, render, resources
+from hpclaunch.slurm import discover
+from hpclaunch.planning import preparing, resources
+from hpclaunch.script import render
 from hpclaunch.errors import UserError
-from hpclaunch.profiles import load_profile
-from hpclaunch.rundirs import RunPaths
-from hpclaunch.spec import JobSpec
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
 from test_lumi_golden import CWD, ENVIRON, LUMI_MD, MASKS, RUN_ID
 from test_lumi_golden import GOLDEN as STANDARD_GOLDEN
 

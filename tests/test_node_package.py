@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 import pytest
 
-from hpclaunch import node, venvs
+from hpclaunch import node
+from hpclaunch.payload import venvs
 
 NODE_DIR = Path(node.__file__).parent
 GOLDEN = Path(__file__).parent / "golden"

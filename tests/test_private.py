@@ -151,7 +151,7 @@ def test_share_group_makes_run_folders_group_readable_never_world(tmp_path: Path
 
 def test_a_snapshot_copy_is_narrowed_to_its_folders_share(tmp_path: Path) -> None:
     """copy2 keeps a project's 0644/0755: narrowed to 0600/0700 (0640/0750 shared)."""
-    from hpclaunch import snapshot
+    from hpclaunch.payload import snapshot
 
     project = git_project(tmp_path / "proj")
     for share_mode, want in ((0o700, {"train.py": 0o600, "tool.sh": 0o700}),
@@ -267,7 +267,7 @@ def test_env_name_alone_takes_the_value_from_the_environment(tmp_path: Path) -> 
 
 
 def test_secret_names_are_whole_segments() -> None:
-    from hpclaunch.secretnames import is_secret
+    from hpclaunch.config.secretnames import is_secret
 
     for name in ("GITHUB_PAT", "DB_PASS", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "SENTRY_DSN",
                  "my_api_key", "SESSION_COOKIE", "SSH_PRIVATE_KEY", "GOOGLE_CREDENTIALS",
@@ -280,7 +280,7 @@ def test_secret_names_are_whole_segments() -> None:
 
 
 def test_a_users_config_adds_secret_names(tmp_path: Path) -> None:
-    from hpclaunch.secretnames import extra_names
+    from hpclaunch.config.secretnames import extra_names
 
     config = tmp_path / "hpclaunch" / "config.toml"
     config.parent.mkdir()
@@ -295,7 +295,7 @@ def test_path_still_crosses_to_a_cluster_as_itself() -> None:
     laptop's own never replaces the cluster's, and `--env PATH=...` reaches job.sh as
     an ordinary export."""
     from hpclaunch.remote.forward import sent_environment
-    from hpclaunch.secretnames import is_secret
+    from hpclaunch.config.secretnames import is_secret
 
     laptop = {"PATH": "/laptop/bin", "PYTHONPATH": "/x", "GITHUB_PAT": "p" * 10,
               "DB_PASS": "q" * 10, "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
@@ -329,7 +329,7 @@ def test_a_profile_shares_with_the_group_and_the_sweep_dry_run_masks(tmp_path: P
 def test_made_folders_keep_a_team_run_roots_setgid_bit(tmp_path: Path) -> None:
     """A team's run root with the setgid bit gives its group to what is made below; the
     exact modes hpclaunch sets keep that bit, so files inside get the team's group."""
-    from hpclaunch import filemodes
+    from hpclaunch.basics import filemodes
 
     root = tmp_path / "team-runs"
     root.mkdir()

@@ -16,16 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hpclaunch import datarecords, profiles
+from hpclaunch.config import datarecords, profiles
 from hpclaunch.errors import UserError
-from hpclaunch.profiles import (
-    ContainerBind,
-    ContainerSettings,
-    NodeShape,
-    Partition,
-    Profile,
-    load_profile,
-)
+from hpclaunch.config.profiles import ContainerBind, ContainerSettings, NodeShape, Partition, Profile, load_profile
 
 SRC = Path(profiles.__file__).resolve().parents[1]
 RECORDS = (Partition, NodeShape, ContainerBind, ContainerSettings, Profile)

@@ -19,9 +19,11 @@ import pytest
 
 import hpclaunch
 from conftest import PROGRAMS, REPO
-from hpclaunch import node, preparing, render
-from hpclaunch.options import RunOptions
-from hpclaunch.rundirs import RunPaths
+from hpclaunch import node
+from hpclaunch.planning import preparing
+from hpclaunch.script import render
+from hpclaunch.config.options import RunOptions
+from hpclaunch.records.runpaths import RunPaths
 
 PYSPY = REPO / ".venv" / "bin" / "py-spy"
 LUMI_MD = REPO.parent / "shared" / "LUMI.md"
@@ -82,7 +84,7 @@ def test_a_profiler_missing_here_is_refused_for_local_runs(tmp_path: Path) -> No
 
 def test_pyspy_missing_here_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # stacks.pyspy_paths' rule: beside hpclaunch's Python, then on PATH; neither here.
-    from hpclaunch import profiling
+    from hpclaunch.script import profiling
 
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3"))
     values = {"profile_ranks": "0", "profiler": "py-spy"}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import config, preparing, projectfile, userconfig
+from hpclaunch.config import layering, projectfile, userconfig
+from hpclaunch.planning import preparing
 from hpclaunch.errors import UserError
 from hpclaunch.remote import choose
 
@@ -163,7 +164,7 @@ def test_a_project_files_remote_host_needs_the_users_word(
     assert "ignoring [clusters.evil.remote] host = 'planted.invalid'" in err
     assert 'remote_hosts = ["planted.invalid"]' in err
     assert err.count("\n") == 1
-    assert config.project_tables(tmp_path, env)[1]["evil"]["remote"] == {}
+    assert layering.project_tables(tmp_path, env)[1]["evil"]["remote"] == {}
     # The user's own profile of that cluster names the same host: taken.
     profile = Path(env["XDG_CONFIG_HOME"]) / "hpclaunch/clusters/evil.toml"
     _write(profile, '[remote]\nhost = "planted.invalid"\n')

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpclaunch import records
+from hpclaunch.records import runrecord
 
 RECORD_0_1_0 = {  # as hpclaunch 0.1.0 wrote it (git.dirty a string, no job events)
     "run_id": "20261101-120000-000-ab12",
@@ -37,7 +37,7 @@ RECORD_0_1_0 = {  # as hpclaunch 0.1.0 wrote it (git.dirty a string, no job even
 
 def test_a_0_1_0_record_loads_and_keeps_what_it_holds(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps(RECORD_0_1_0))
-    record = records.load(tmp_path)
+    record = runrecord.load(tmp_path)
     assert (record.run_id, record.state, record.exit_code) == (
         RECORD_0_1_0["run_id"],
         "COMPLETED",
@@ -47,14 +47,14 @@ def test_a_0_1_0_record_loads_and_keeps_what_it_holds(tmp_path: Path) -> None:
     assert record.extra == {"a_key_from_the_future": {"x": 1}}
     again = record.to_dict()
     assert {k: again[k] for k in RECORD_0_1_0} == RECORD_0_1_0  # nothing lost on the way
-    records.update(tmp_path, state="COMPLETED")
-    assert records.read_raw(tmp_path)["a_key_from_the_future"] == {"x": 1}
+    runrecord.update(tmp_path, state="COMPLETED")
+    assert runrecord.read_raw(tmp_path)["a_key_from_the_future"] == {"x": 1}
 
 
 def test_foreign_types_fall_back_to_defaults(tmp_path: Path) -> None:
     data = {"run_id": "r", "nodes": "two", "exit_code": True, "job_ids": "x", "step": "yes"}
     (tmp_path / "run.json").write_text(json.dumps(data))
-    record = records.load(tmp_path)
+    record = runrecord.load(tmp_path)
     assert (record.nodes, record.exit_code, record.job_ids, record.step) == (None, None, [], False)
 
 
@@ -69,7 +69,7 @@ def test_events_are_folded_in(tmp_path: Path) -> None:
     ]
     text = "\n".join(json.dumps(e) for e in lines) + '\n{"event": "rank_end", "rank": 2, "ti\n'
     (tmp_path / "events.jsonl").write_text(text + "\xff not json\n", errors="surrogateescape")
-    events = records.load(tmp_path).events
+    events = runrecord.load(tmp_path).events
     assert events.started == {0: "n1", 1: "n2"} and events.nodes == ["n1", "n2"]
     assert events.returncodes == {0: 3, 1: -9}
     assert events.first_failure == (0, 3)  # ended first, though appended second

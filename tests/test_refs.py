@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import index, refs
+from hpclaunch.records import index, refs
 from hpclaunch.errors import UserError
-from hpclaunch.sweeps import record
+from hpclaunch.records import sweeprecord
 
 RUN_A = "20260101-000000-000-aaaa"
 RUN_B = "20260101-000100-000-bbbb"
@@ -33,11 +33,11 @@ def _sweep(
 ) -> Path:
     folder = tmp / "runs" / sweep_id
     for number in range(points):
-        point = record.point_dir(folder, number)
+        point = sweeprecord.point_dir(folder, number)
         point.mkdir(parents=True)
         (point / "run.json").write_text(json.dumps({"run_id": f"{sweep_id}:{number}"}))
     data = {"sweep_id": sweep_id, "points": [{"index": i} for i in range(points)]}
-    record.write(folder, {**data, "arrays": arrays})
+    sweeprecord.write(folder, {**data, "arrays": arrays})
     index.add({"run_id": sweep_id, "run_dir": str(folder), "sweep": True}, env)
     return folder
 

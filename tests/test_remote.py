@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import snapshot
+from hpclaunch.payload import snapshot
 from hpclaunch.errors import UserError
 from hpclaunch.remote import choose, forward, ship, wheels
 from hpclaunch.remote.build_id import fingerprint, package_files

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import snapshot
+from hpclaunch.payload import snapshot
 from hpclaunch.errors import UserError
 from hpclaunch.remote import forward, ship
 from test_snapshot import git

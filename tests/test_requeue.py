@@ -12,16 +12,17 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import records, requeue
-from hpclaunch.attempts import Attempt, fold, summary
+from hpclaunch.records import runrecord
+from hpclaunch.script import requeue
+from hpclaunch.records.attempts import Attempt, fold, summary
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
-from hpclaunch.options import RunOptions
-from hpclaunch.profiles import load_profile
-from hpclaunch.render import plan
-from hpclaunch.rundirs import RunPaths, attempt_numbers, rank_logs
-from hpclaunch.spec import JobSpec, Requeue
-from hpclaunch.validate import validate
+from hpclaunch.config.options import RunOptions
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.script.render import plan
+from hpclaunch.records.runpaths import RunPaths, attempt_numbers, rank_logs
+from hpclaunch.config.jobspec import JobSpec, Requeue
+from hpclaunch.planning.validate import validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
@@ -173,7 +174,7 @@ def test_attempts_are_folded_and_described(tmp_path: Path) -> None:
             ev("attempt_end", 2, 9, reason="ended", exit_code=0),
         ],
     )
-    record = records.load(tmp_path)
+    record = runrecord.load(tmp_path)
     tried = record.events.attempts
     assert [a.number for a in tried] == [0, 1, 2]
     assert [a.describe(a is tried[-1]) for a in tried] == [
@@ -193,8 +194,8 @@ def test_attempts_are_folded_and_described(tmp_path: Path) -> None:
 
 def test_records_without_attempts_have_none(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1"}))
-    assert records.load(tmp_path).events.attempts == []
-    assert "attempts" not in records.load(tmp_path).to_dict()
+    assert runrecord.load(tmp_path).events.attempts == []
+    assert "attempts" not in runrecord.load(tmp_path).to_dict()
 
 
 def test_budget_and_preemption_are_said() -> None:

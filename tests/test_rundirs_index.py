@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import index, refs, rundirs
+from hpclaunch.records import index, refs, runpaths
 from hpclaunch.errors import UserError
 
 
@@ -16,7 +16,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _create(root: str) -> str:
-    paths = rundirs.create(rundirs.plan_paths(root, "exp", "", Path(root)))
+    paths = runpaths.create(runpaths.plan_paths(root, "exp", "", Path(root)))
     entry = {"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": "1"}
     index.add(entry, _env(Path(root)))
     return paths.run_id
@@ -36,9 +36,9 @@ def test_ids_are_unique_when_many_start_at_once(
 
 
 def test_ids_sort_by_time() -> None:
-    earlier = rundirs.new_run_id(1_700_000_000.001)
-    later = rundirs.new_run_id(1_700_000_000.002)
-    much_later = rundirs.new_run_id(1_800_000_000.0)
+    earlier = runpaths.new_run_id(1_700_000_000.001)
+    later = runpaths.new_run_id(1_700_000_000.002)
+    much_later = runpaths.new_run_id(1_800_000_000.0)
     assert earlier < later < much_later
 
 
@@ -46,7 +46,7 @@ def test_find_by_prefix_job_id_and_last(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     made = []
     for job_id, stamp in (("101", 1_700_000_000.0), ("102", 1_700_000_100.0)):
-        run_id = rundirs.new_run_id(stamp)
+        run_id = runpaths.new_run_id(stamp)
         (tmp_path / run_id).mkdir()
         entry = {"run_id": run_id, "run_dir": str(tmp_path / run_id), "job_id": job_id}
         index.add(entry, _env(tmp_path))

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.sweeps import record
+from hpclaunch.records import sweeprecord
 
 HPCLAUNCH = str(Path(sys.executable).parent / "hpclaunch")
 
@@ -42,7 +42,7 @@ def _ended_sweep(tmp_path: Path) -> Path:
 
 
 def _point_records(sweep_dir: Path) -> list[Path]:
-    return sorted(sweep_dir.glob(f"{record.POINTS}/*/run.json"))
+    return sorted(sweep_dir.glob(f"{sweeprecord.POINTS}/*/run.json"))
 
 
 def test_runs_does_not_read_an_ended_sweeps_point_records_again(tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_a_sweep_given_new_arrays_is_counted_from_its_points_again(tmp_path: Pat
     for path in _point_records(sweep_dir):
         data = json.loads(path.read_text())
         path.write_text(json.dumps({**data, "state": "COMPLETED", "exit_code": 0}))
-    record.update(sweep_dir, arrays=[{"job_id": "77", "offset": 0, "points": 1}])
+    sweeprecord.update(sweep_dir, arrays=[{"job_id": "77", "offset": 0, "points": 1}])
     again = _listed(tmp_path)
     assert [r["state"] for r in again] == ["3 COMPLETED"]
     assert again[0]["exit_code"] == 0 and again[0]["job_id"] == "77"
@@ -82,7 +82,7 @@ def test_a_local_sweep_retried_here_is_counted_from_its_points_again(tmp_path: P
     assert proc.returncode == 3, proc.stderr
     sweep_dir = next((tmp_path / "runs" / "default").iterdir())
     assert [r["state"] for r in _listed(tmp_path)] == ["2 COMPLETED 1 FAILED"]
-    assert record.ENDED_TALLY in record.load(sweep_dir)
+    assert sweeprecord.ENDED_TALLY in sweeprecord.load(sweep_dir)
     retried = _hpclaunch(tmp_path, "sweep", "retry", "last")
     assert retried.returncode == 0, retried.stdout + retried.stderr  # point 2 passes now
     again = _listed(tmp_path)
@@ -105,13 +105,13 @@ def test_runs_asks_slurm_once_for_runs_and_sweep_points_together(
     squeue + at most one sacct serve runs and points alike), not one per kind."""
     from click.testing import CliRunner
 
-    from hpclaunch import slurmcmd
+    from hpclaunch.slurm import commands
     from hpclaunch.cli.records_cmds import runs_cmd
 
     sweep_dir = _ended_sweep(tmp_path)
     for i, path in enumerate(_point_records(sweep_dir)):
         _as_slurm(path, f"200_{i}")
-    record.update(sweep_dir, backend="slurm", arrays=[{"job_id": "200", "offset": 0}])
+    sweeprecord.update(sweep_dir, backend="slurm", arrays=[{"job_id": "200", "offset": 0}])
     run = _hpclaunch(tmp_path, "run", "--", sys.executable, "-c", "pass")
     assert run.returncode == 0, run.stderr
     run_dir = next(p for p in (tmp_path / "runs" / "default").iterdir() if p != sweep_dir)
@@ -126,8 +126,8 @@ def test_runs_asks_slurm_once_for_runs_and_sweep_points_together(
             )
         return ""
 
-    monkeypatch.setattr(slurmcmd, "run", answer)
-    monkeypatch.setattr(slurmcmd, "query", answer)
+    monkeypatch.setattr(commands, "run", answer)
+    monkeypatch.setattr(commands, "query", answer)
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg"), "PATH": os.environ["PATH"]}
     done = CliRunner().invoke(runs_cmd, ["--json"], env=env, catch_exceptions=False)
     assert done.exit_code == 0, done.output

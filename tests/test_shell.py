@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpclaunch import shell
+from hpclaunch.basics import shell
 from hpclaunch.errors import UserError
 
 _TEXT = st.one_of(

@@ -17,7 +17,7 @@ import pytest
 
 from hpclaunch import api, launching
 from hpclaunch.errors import UserError
-from hpclaunch.options import OPTIONS, SLURM_FLAGS, RunOptions
+from hpclaunch.config.options import OPTIONS, SLURM_FLAGS, RunOptions
 
 LUMI = {"cluster": "lumi", "account": "project_465000000", "partition": "small-g"}
 FLAGS = [

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import snapshot
+from hpclaunch.payload import snapshot
 from hpclaunch.errors import UserError
-from hpclaunch.project import git_root
+from hpclaunch.payload.project import git_root
 
 
 def git(repo: Path, *args: str) -> str:

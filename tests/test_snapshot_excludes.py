@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import codeplan, snapshot, stage, units
+from hpclaunch.payload import codeplan, snapshot, stage
+from hpclaunch.basics import units
 from hpclaunch.errors import UserError
-from hpclaunch.rundirs import new_run_id, plan_paths
-from hpclaunch.spec import JobSpec
+from hpclaunch.records.runpaths import new_run_id, plan_paths
+from hpclaunch.config.jobspec import JobSpec
 from test_snapshot import git
 
 SRC = Path(__file__).resolve().parents[1] / "src"

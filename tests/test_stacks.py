@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from hpclaunch import attach, records, stacks
+from hpclaunch.observe import attach, stacks
+from hpclaunch.records import runrecord
 from hpclaunch.cli.main import cli
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -120,7 +121,7 @@ def test_running_ranks_come_from_the_last_attempts_events(tmp_path: Path) -> Non
         start(1, 31, 1),  # started again (a torchrun restart): running again
         start(3, True, 1),  # not a pid
     ]
-    record = records.load(_run_dir(tmp_path, events, state="RUNNING", job_id="70"))
+    record = runrecord.load(_run_dir(tmp_path, events, state="RUNNING", job_id="70"))
     running, ended = stacks.rank_tasks(record)
     assert running == {
         0: stacks.Target(0, "n0", 20),
@@ -131,14 +132,14 @@ def test_running_ranks_come_from_the_last_attempts_events(tmp_path: Path) -> Non
 
 
 def test_a_sweep_point_is_attached_by_its_own_job_id(tmp_path: Path) -> None:
-    known = records.load(_run_dir(tmp_path, [], job_id="100_3", slurm_job_id="104"))
+    known = runrecord.load(_run_dir(tmp_path, [], job_id="100_3", slurm_job_id="104"))
     assert attach.job_to_join(known) == "104"
     (tmp_path / "run" / "run.json").write_text(json.dumps({"run_id": "p", "job_id": "100_3"}))
     point_start = {"event": "point_start", "job": "100_3", "job_id": "105", "time": 1.0}
     (tmp_path / "run" / "events.jsonl").write_text(json.dumps(point_start) + "\n")
-    assert attach.job_to_join(records.load(tmp_path / "run")) == "105"
+    assert attach.job_to_join(runrecord.load(tmp_path / "run")) == "105"
     (tmp_path / "run" / "events.jsonl").unlink()
-    assert attach.job_to_join(records.load(tmp_path / "run")) == "100_3"
+    assert attach.job_to_join(runrecord.load(tmp_path / "run")) == "100_3"
 
 
 def test_answers_skip_srun_noise_and_name_silent_ranks() -> None:

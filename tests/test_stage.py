@@ -14,10 +14,12 @@ from typing import Optional
 
 import pytest
 
-from hpclaunch import render, rundirs, stage, stagepack
+from hpclaunch.script import render
+from hpclaunch.records import runpaths
+from hpclaunch.payload import stage, stagepack
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
-from hpclaunch.spec import JobSpec, StageItem
+from hpclaunch.config.jobspec import JobSpec, StageItem
 
 
 def _tree(root: Path) -> None:
@@ -119,8 +121,8 @@ def test_node_side_unpacks_copies_back_and_cleans(tmp_path: Path) -> None:
     assert set(env) == {"HPCLAUNCH_DATA_DATA", "HPCLAUNCH_DATA_ONE"}
 
 
-def _paths(tmp_path: Path) -> rundirs.RunPaths:
-    return rundirs.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
+def _paths(tmp_path: Path) -> runpaths.RunPaths:
+    return runpaths.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
 
 
 def test_leftovers_are_only_this_users(tmp_path: Path) -> None:
@@ -142,7 +144,7 @@ def test_squashfs_is_mounted_by_apptainer_and_ram_backed_tmp_counts_against_mem(
     """LUMI: a staged SquashFS image is bound with image-src=/ (not unpacked), and /tmp in
     memory means the staged size must fit in the memory the job asks for. The image is a
     stand-in file with a SquashFS header (no LUMI here)."""
-    from hpclaunch import preparing
+    from hpclaunch.planning import preparing
 
     image = tmp_path / "data.sqfs"
     image.write_bytes(b"hsqs" + b"\0" * 1000)

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch import render, rundirs, stage, stagecache
+from hpclaunch.script import render
+from hpclaunch.records import runpaths
+from hpclaunch.payload import stage, stagecache
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
-from hpclaunch.spec import JobSpec, StageItem
+from hpclaunch.config.jobspec import JobSpec, StageItem
 
 
 def _tree(root: Path) -> None:
@@ -30,7 +32,7 @@ def _tree(root: Path) -> None:
 
 def _guard_json(tmp_path: Path, items: tuple[StageItem, ...]) -> dict[str, object]:
     spec = JobSpec(cluster="local", program=("x",), stage=items)
-    paths = rundirs.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
+    paths = runpaths.RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
     return render.stage_json(spec, paths)
 
 
@@ -279,7 +281,7 @@ def test_pruning_keeps_the_newest_packs_per_source_and_the_size_limit(
     gone = stagecache.prune(cache, stagecache.Limits(keep=2, max_bytes=2**40), [a3], {}, err)
     assert [p.path for p in gone] == [a1]
     assert "removed 1 older pack(s)" in err.getvalue()
-    from hpclaunch.profiles import Profile
+    from hpclaunch.config.profiles import Profile
 
     profile = Profile.model_validate({"name": "t", "stage_cache_max": "1M"})
     limits = stagecache.limits(profile)

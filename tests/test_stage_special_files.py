@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import stage
+from hpclaunch.payload import stage
 from hpclaunch.errors import UserError
 
 PROMPT_S = 10.0  # a refusal takes milliseconds; this only keeps a regression from hanging

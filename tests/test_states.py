@@ -15,19 +15,8 @@ from typing import Optional
 
 import pytest
 
-from hpclaunch import states
-from hpclaunch.states import (
-    ACTIVE,
-    SLURM_STATES,
-    STREAMING,
-    TERMINAL,
-    State,
-    exit_code_for,
-    is_active,
-    is_open,
-    is_streaming,
-    parse,
-)
+from hpclaunch.basics import states
+from hpclaunch.basics.states import ACTIVE, SLURM_STATES, STREAMING, TERMINAL, State, exit_code_for, is_active, is_open, is_streaming, parse
 
 MAN_DIR = Path("/usr/share/man/man1")
 PAGES = ("squeue", "sacct")

@@ -405,7 +405,7 @@ def test_sdiag_counts_live_jobs() -> None:
 
 
 def test_max_job_count_is_asked_only_for_large_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpclaunch import slurmcmd
+    from hpclaunch.slurm import commands
     from hpclaunch.sweeps import limits as limits_
 
     asked: list[list[str]] = []
@@ -415,7 +415,7 @@ def test_max_job_count_is_asked_only_for_large_sweeps(monkeypatch: pytest.Monkey
         asked.append(list(argv))
         return answer["sdiag"] if argv[0] == "sdiag" else "1\n2\n3\n"
 
-    monkeypatch.setattr(slurmcmd, "query", query)
+    monkeypatch.setattr(commands, "query", query)
     limits = SiteLimits(1001, 10000, None)
     assert limits_.queued_jobs(limits, "alice", 1000) == (None, "")  # small: nothing asked
     assert asked == []

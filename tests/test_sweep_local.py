@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hpclaunch.errors import UserError
-from hpclaunch.sweeps import ops, track
+from hpclaunch.sweeps import ops, sweepstate
 from sweeptools import most_at_once
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -115,11 +115,11 @@ def test_best_point_ignores_missing_and_non_finite_metrics() -> None:
         {"index": 4, "result": {"loss": True}},
         {"index": 5, "result": {"loss": 0.7}},
     ]
-    best = track.best(rows, "loss", "minimize")
+    best = sweepstate.best(rows, "loss", "minimize")
     assert best is not None and best["index"] == 1
-    best = track.best(rows, "loss", "maximize")
+    best = sweepstate.best(rows, "loss", "maximize")
     assert best is not None and best["index"] == 5
-    assert track.best(rows, "acc", "minimize") is None
+    assert sweepstate.best(rows, "acc", "minimize") is None
 
 
 def test_a_missing_argument_names_itself_and_the_command(tmp_path: Path) -> None:

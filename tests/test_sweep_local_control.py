@@ -135,7 +135,7 @@ def test_a_run_and_a_sweep_point_get_the_same_record_and_files(tmp_path: Path) -
     of a RunRecord is in both records, and both folders hold spec.json beside job.sh."""
     from dataclasses import fields
 
-    from hpclaunch.records import RunRecord
+    from hpclaunch.records.runrecord import RunRecord
 
     proc = _hpclaunch(tmp_path, "run", "--json", "--", sys.executable, "-c", "pass")
     assert proc.returncode == 0, proc.stderr
@@ -156,7 +156,7 @@ def test_a_run_and_a_sweep_point_get_the_same_record_and_files(tmp_path: Path) -
 def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> None:
     """What `cancel SWEEP:I` uses: the recorded point's backend ends it, whichever process
     runs it; the sweep's runner goes on with the other points."""
-    from hpclaunch import records
+    from hpclaunch.records import runrecord
     from hpclaunch.backends import for_record
 
     out = tmp_path / "out"
@@ -167,7 +167,7 @@ def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> Non
     try:
         sweep_dir = _sweep_dir(tmp_path)
         _started(sweep_dir, 2)
-        point = records.load(sweep_dir / "points" / "2")
+        point = runrecord.load(sweep_dir / "points" / "2")
         assert for_record(point.backend).cancel_recorded(point)
         runner.wait(timeout=60)
     finally:

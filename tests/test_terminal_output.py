@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import VENV_BIN, Hpc
-from hpclaunch.logs import LogFollower, terminal_safe
+from hpclaunch.observe.logs import LogFollower, terminal_safe
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
 TITLE = "\x1b]0;pwned\x07"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hpclaunch.profiles import load_profile
-from hpclaunch.topology import Topology, map_cpu_bind, mask, mask_cpu_bind, parse_cpu_list
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.config.topology import Topology, map_cpu_bind, mask, mask_cpu_bind, parse_cpu_list
 
 # Copied from shared/LUMI.md ("GCD -> CPU binding"), GCD 0..7.
 LUMI_MASKS = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hpclaunch.options import OPTIONS
+from hpclaunch.config.options import OPTIONS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hpclaunch"
 # The layer that builds the typed options, and the two commands that build a raw

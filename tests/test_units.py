@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpclaunch.errors import UserError
-from hpclaunch.units import format_memory, format_time, parse_memory, parse_time
+from hpclaunch.basics.units import format_memory, format_time, parse_memory, parse_time
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pwd
 
 import pytest
 
-from hpclaunch import users
+from hpclaunch.basics import users
 
 
 def test_user_wins() -> None:

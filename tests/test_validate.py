@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from hpclaunch import users
+from hpclaunch.basics import users
 from hpclaunch.errors import UserError
-from hpclaunch.options import RunOptions
-from hpclaunch.profiles import NodeShape, Profile, load_profile
-from hpclaunch.spec import JobSpec
-from hpclaunch.validate import MAX_LOCAL_RANKS, validate
+from hpclaunch.config.options import RunOptions
+from hpclaunch.config.profiles import NodeShape, Profile, load_profile
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.planning.validate import MAX_LOCAL_RANKS, validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 PROGRAM = ("python", "train.py")

@@ -12,10 +12,12 @@ from typing import Any, Optional
 
 import pytest
 
-from hpclaunch import records, slurmcmd, waiting
-from hpclaunch.monitor import JobStatus, wait_and_stream
-from hpclaunch.profiles import load_profile
-from hpclaunch.waiting import Backoff
+from hpclaunch.records import runrecord
+from hpclaunch.slurm import commands
+from hpclaunch.observe import waiting
+from hpclaunch.observe.jobend import JobStatus, wait_and_stream
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.observe.waiting import Backoff
 
 
 class Clock:
@@ -180,29 +182,30 @@ def test_backoff_with_a_fixed_interval_under_the_floor() -> None:
 
 
 def test_follow_to_end_uses_the_same_back_off(tmp_path: Path, monkeypatch: Any) -> None:
-    from hpclaunch import handle, tracking
-    from hpclaunch.logs import AttemptFollower
+    from hpclaunch import handle
+    from hpclaunch.backends import runstatus
+    from hpclaunch.observe.logs import AttemptFollower
 
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    records.create(run_dir, {"run_id": "r1", "backend": "slurm", "job_id": "9", "state": "PENDING"})
+    runrecord.create(run_dir, {"run_id": "r1", "backend": "slurm", "job_id": "9", "state": "PENDING"})
     clock = Clock()
     calls: list[float] = []
 
-    def refresh_one(folder: Path) -> records.RunRecord:
+    def refresh_one(folder: Path) -> runrecord.RunRecord:
         calls.append(clock.t)
         if clock.t >= 900:
-            records.update(folder, state="COMPLETED", exit_code=0)
-        return records.load(folder)
+            runrecord.update(folder, state="COMPLETED", exit_code=0)
+        return runrecord.load(folder)
 
-    monkeypatch.setattr(tracking, "refresh_one", refresh_one)
+    monkeypatch.setattr(runstatus, "refresh_one", refresh_one)
     follower = AttemptFollower(run_dir / "logs", io.StringIO(), io.StringIO())
     got = handle.follow_to_end(run_dir, follower, clock=clock.clock, sleep=clock.sleep)
     assert got.state == "COMPLETED"
     assert most_in_a_minute(calls, after=60) <= 6  # before: every 10 s was its cap, too
     calls.clear()
     clock = Clock()
-    records.update(run_dir, state="PENDING")
+    runrecord.update(run_dir, state="PENDING")
     handle.follow_to_end(
         run_dir, follower, backoff=Backoff(floor_s=60), clock=clock.clock, sleep=clock.sleep
     )
@@ -266,9 +269,9 @@ def test_sweep_wait_rereads_only_the_points_still_open(tmp_path: Path, monkeypat
         return "".join(f"500|{i}|{600 + i}|RUNNING|None\n" for i in range(990, 1000))
 
     loads: list[list[int]] = []
-    real_load = records.load
+    real_load = runrecord.load
 
-    def counting_load(run_dir: Path) -> records.RunRecord:
+    def counting_load(run_dir: Path) -> runrecord.RunRecord:
         if run_dir.parent.name == "points":
             loads[-1].append(int(run_dir.name))
         return real_load(run_dir)
@@ -276,9 +279,9 @@ def test_sweep_wait_rereads_only_the_points_still_open(tmp_path: Path, monkeypat
     def refresh_marker(t: float) -> None:
         loads.append([])
 
-    monkeypatch.setattr(slurmcmd, "run", fake_slurm)
-    monkeypatch.setattr(records, "load", counting_load)
-    monkeypatch.setattr(slurmcmd, "query", lambda *a, **k: None)
+    monkeypatch.setattr(commands, "run", fake_slurm)
+    monkeypatch.setattr(runrecord, "load", counting_load)
+    monkeypatch.setattr(commands, "query", lambda *a, **k: None)
     real_sleep = clock.sleep
 
     def sleep(seconds: float) -> None:
@@ -336,15 +339,15 @@ def test_backend_wait_obeys_the_run_clusters_profile(tmp_path: Path, monkeypatch
     from collections.abc import Sequence
 
     from hpclaunch.backends.base import Backend
-    from hpclaunch.rundirs import RunPaths
+    from hpclaunch.records.runpaths import RunPaths
 
     home = tmp_path / "home"
     (home / ".config/hpclaunch/clusters").mkdir(parents=True)
     (home / ".config/hpclaunch/clusters/slurm.toml").write_text("min_poll_interval = 60\n")
-    monkeypatch.setattr("hpclaunch.environ.environment", lambda: {"HOME": str(home)})
+    monkeypatch.setattr("hpclaunch.basics.environ.environment", lambda: {"HOME": str(home)})
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    records.create(run_dir, {"run_id": "r1", "cluster": "slurm", "backend": "slurm"})
+    runrecord.create(run_dir, {"run_id": "r1", "cluster": "slurm", "backend": "slurm"})
     job = Job([(0, "UNKNOWN"), (150, "COMPLETED")])
 
     class Forgetful(Backend):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from hpclaunch.version import __version__
 
 _EXPORTS = {
     "run": "api",
@@ -54,14 +54,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .api import get, run, runs
-    from .errors import HpclaunchError, SlurmError, UserError
-    from .handle import Run
-    from .profiles import Profile, load_profile
-    from .records import RunRecord
-    from .remote.handle import RemoteRun
-    from .spec import JobSpec
-    from .states import State
+    from hpclaunch.api import get, run, runs
+    from hpclaunch.errors import HpclaunchError, SlurmError, UserError
+    from hpclaunch.handle import Run
+    from hpclaunch.config.profiles import Profile, load_profile
+    from hpclaunch.records.runrecord import RunRecord
+    from hpclaunch.remote.handle import RemoteRun
+    from hpclaunch.config.jobspec import JobSpec
+    from hpclaunch.basics.states import State
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 """`python -m hpclaunch` = the `hpclaunch` command."""
 
-from .cli.main import main
+from hpclaunch.cli.main import main
 
 main()

@@ -16,12 +16,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from . import index, launching, records, states, tracking
-from .environ import environment
-from .errors import UserError, show
-from .handle import Run
-from .options import BY_NAME, Option
-from .remote.handle import RemoteRun
+from hpclaunch.records import index, runrecord
+from hpclaunch import launching
+from hpclaunch.basics import states
+from hpclaunch.backends import runstatus
+from hpclaunch.basics.environ import environment
+from hpclaunch.errors import UserError, show
+from hpclaunch.handle import Run
+from hpclaunch.config.options import BY_NAME, Option
+from hpclaunch.remote.handle import RemoteRun
 
 _API_ONLY = ("cwd", "environ", "remote")
 # A list option takes a list (or tuple) of strings; a bare str is refused (by mypy too:
@@ -86,7 +89,7 @@ def run(
     (docs/remote.md); the handle then asks the cluster. See docs/api.md."""
     given = {k: v for k, v in locals().items() if k in BY_NAME_DEST and v is not None}
     if remote is not None:
-        from .remote.handle import start as start_remote
+        from hpclaunch.remote.handle import start as start_remote
 
         here = Path(cwd) if cwd is not None else Path.cwd()
         caller_env = environment() if environ is None else dict(environ)
@@ -148,7 +151,7 @@ def recorded(
     limit: Optional[int] = None,
     environ: Optional[Mapping[str, str]] = None,
     warn: Optional[index.Warn] = None,
-) -> list[records.RunRecord]:
+) -> list[runrecord.RunRecord]:
     """The records of the newest `limit` runs (of `exp`), brought up to date with one
     status call per backend, then those in `state`. A damaged record is skipped (said
     through `warn`), never the end of the listing."""
@@ -160,11 +163,11 @@ def recorded(
     found = []
     for entry in entries[:limit]:
         try:
-            found.append(records.load(Path(entry["run_dir"])))
-        except records.DamagedRecord as exc:
+            found.append(runrecord.load(Path(entry["run_dir"])))
+        except runrecord.DamagedRecord as exc:
             if warn is not None:
                 warn(str(exc))
-    return [r for r in tracking.refresh(found) if wanted is None or r.state == wanted]
+    return [r for r in runstatus.refresh(found) if wanted is None or r.state == wanted]
 
 
 def check_state(state: str) -> str:
@@ -182,7 +185,7 @@ def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
     """A run by id, unique id prefix, Slurm job id, run folder, or "last" (the newest run
     or sweep: of a sweep, its most recently started point); a sweep's point by
     "SWEEP:INDEX"."""
-    from .refs import run_dir
+    from hpclaunch.records.refs import run_dir
 
     return Run(run_dir(ref, environment() if environ is None else environ))
 

@@ -17,15 +17,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from . import node, records, states, tracking, waiting
-from .backends import for_record, of_record
-from .backends.base import cancel_all
-from .errors import UserError
-from .launching import Started, finish
-from .logs import AttemptFollower, LogFollower
-from .records import RunRecord
-from .requeue import CANCELLED_FILE
-from .rundirs import RunPaths, rank_logs
+from hpclaunch import node
+from hpclaunch.records import runrecord
+from hpclaunch.basics import states
+from hpclaunch.backends import runstatus
+from hpclaunch.observe import waiting
+from hpclaunch.backends import for_record, of_record
+from hpclaunch.backends.base import cancel_all
+from hpclaunch.errors import UserError
+from hpclaunch.launching import Started, finish
+from hpclaunch.observe.logs import AttemptFollower, LogFollower
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.script.requeue import CANCELLED_FILE
+from hpclaunch.records.runpaths import RunPaths, rank_logs
 
 _POLL_S = 0.25  # how often new log lines are looked for (the state: waiting.Backoff)
 
@@ -57,7 +61,7 @@ class Run:
     @property
     def record(self) -> RunRecord:
         """run.json with the job's events folded in (as recorded; see `.state`)."""
-        return records.load(self._dir)
+        return runrecord.load(self._dir)
 
     @property
     def state(self) -> str:
@@ -67,7 +71,7 @@ class Run:
             status = found.get(self._started.job_id)
             if status is not None and states.is_active(states.parse(status.state)):
                 return states.parse(status.state).value
-        return tracking.refresh_one(self._dir).state
+        return runstatus.refresh_one(self._dir).state
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Block until the run ends; its exit code (docs/api.md). TimeoutError after
@@ -155,13 +159,13 @@ def follow_to_end(
     """Print the ranks' new lines until the run's record, brought up to date through the
     one wait loop (waiting.py: backed off, never below the cluster's min_poll_interval),
     says it has ended; TimeoutError at `deadline` (the run goes on)."""
-    seen = [records.load(run_dir)]
+    seen = [runrecord.load(run_dir)]
     exits = [len(follower.exited)]
     if backoff is None:
         backoff = waiting.for_cluster(seen[0].cluster)
 
     def ask(now: float) -> Optional[str]:
-        record = seen[0] = tracking.refresh_one(run_dir)
+        record = seen[0] = runstatus.refresh_one(run_dir)
         if not states.is_open(record.state):
             return None
         return waiting.RUNNING if states.is_streaming(record.state) else waiting.PENDING

@@ -18,25 +18,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from . import (
-    codeplan,
-    filemodes,
-    index,
-    node,
-    project,
-    records,
-    render,
-    rundirs,
-    runfolder,
-    secretnames,
-)
-from .backends import pick
-from .backends.base import Backend, Launch
-from .errors import HpclaunchError
-from .preparing import Prepared, prepare_spec
-from .snapshot import human
-from .spec import JobSpec
-from .states import State
+from hpclaunch.payload import codeplan, project
+from hpclaunch.basics import filemodes
+from hpclaunch.records import index, runrecord, runpaths
+from hpclaunch import node
+from hpclaunch.script import render, runfolder
+from hpclaunch.config import secretnames
+from hpclaunch.backends import pick
+from hpclaunch.backends.base import Backend, Launch
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.planning.preparing import Prepared, prepare_spec
+from hpclaunch.payload.snapshot import human
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.basics.states import State
 
 
 @dataclass(frozen=True)
@@ -57,7 +51,7 @@ class Planned:
 
     prepared: Prepared
     plan: render.BatchPlan
-    paths: rundirs.RunPaths
+    paths: runpaths.RunPaths
     code: codeplan.CodePlan
     backend: Backend  # chosen once, here; it renders its own request (dry_run)
     notes: tuple[str, ...] = ()  # said on stderr before anything happens
@@ -72,7 +66,7 @@ class Started:
     """A run whose job the backend accepted."""
 
     run_id: str
-    paths: rundirs.RunPaths
+    paths: runpaths.RunPaths
     job_id: str
     backend: Backend
     spec: Optional[JobSpec]  # None for a run found again from its record
@@ -85,7 +79,7 @@ def plan(req: Request) -> Planned:
     prepared = prepare_spec(req.options, req.program, req.cwd, req.environ)
     backend = pick(prepared.profile, prepared.in_allocation)
     spec = prepared.spec
-    paths = rundirs.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, req.cwd)
+    paths = runpaths.plan_paths(spec.run_root, spec.exp, spec.checkpoint_root, req.cwd)
     code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
     spec, batch = _render(spec, prepared, paths, code.cwd)
     notes = list(prepared.warnings)
@@ -95,7 +89,7 @@ def plan(req: Request) -> Planned:
 
 
 def _render(
-    spec: JobSpec, prepared: Prepared, paths: rundirs.RunPaths, job_cwd: Path
+    spec: JobSpec, prepared: Prepared, paths: runpaths.RunPaths, job_cwd: Path
 ) -> tuple[JobSpec, render.BatchPlan]:
     """The batch plan for a job that starts in job_cwd (the snapshot, when there is one)."""
     if spec.container and spec.container.cwd != str(job_cwd):
@@ -138,10 +132,10 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
     backend's acceptance fails."""
     spec, prepared = planned.spec, planned.prepared
     if spec.container and spec.container.mount_points:
-        from .containers import make_mount_points
+        from hpclaunch.payload.containers import make_mount_points
 
         make_mount_points(spec.container)
-    paths = rundirs.create(planned.paths, spec.share)
+    paths = runpaths.create(planned.paths, spec.share)
     code, batch = planned.code, planned.plan
     if paths.run_id != planned.paths.run_id:  # the id changed on a collision: re-plan
         code = codeplan.plan_code(spec, req.cwd, paths, req.reuse_code)
@@ -150,27 +144,27 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
         backend = planned.backend
     try:
         with filemodes.writing(spec.share):  # no process starts in here but git and tar
-            entry = codeplan.write_code(code, paths, rundirs.absolute(spec.run_root, req.cwd))
+            entry = codeplan.write_code(code, paths, runpaths.absolute(spec.run_root, req.cwd))
             _write_run_files(paths, spec, batch, backend, req, entry)
             if prepared.after:
-                records.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
+                runrecord.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
             if spec.stage:
-                from . import stage, stagecache
+                from hpclaunch.payload import stage, stagecache
 
                 # Packed here, where the run starts (never on a dry-run); stage.json again,
                 # now with each part's size and mtime.
                 limits = stagecache.limits(prepared.profile)
                 stage.pack_all(spec.stage, limits=limits, environ=req.environ)
-                records.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
+                runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
         job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
     except OSError as exc:
-        rundirs.remove(paths)
+        runpaths.remove(paths)
         raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP while packing or staging
         _record_interrupted(req, spec, paths, exc)
         raise
     except BaseException:
-        rundirs.remove(paths)  # nothing is left behind when Slurm refuses the job
+        runpaths.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
     state = (State.RUNNING if backend.foreground else State.PENDING).value
     extra: dict[str, Any] = {"job_ids": [job_id], **backend.record_extra(job_id)}
@@ -191,7 +185,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
 
 def _record_accepted(
     req: Request,
-    paths: rundirs.RunPaths,
+    paths: runpaths.RunPaths,
     job_id: str,
     changes: dict[str, Any],
     entry: dict[str, Any],
@@ -201,7 +195,7 @@ def _record_accepted(
     the warnings returned name the job, the run folder and the fix."""
     notes: list[str] = []
     try:
-        records.update(paths.run_dir, job_id=job_id, **changes)
+        runrecord.update(paths.run_dir, job_id=job_id, **changes)
     except (OSError, HpclaunchError) as exc:
         notes.append(
             f"job {job_id} runs, but its record {paths.record} could not be updated "
@@ -225,16 +219,16 @@ def _why(exc: BaseException) -> str:
 
 
 def _record_interrupted(
-    req: Request, spec: JobSpec, paths: rundirs.RunPaths, exc: KeyboardInterrupt
+    req: Request, spec: JobSpec, paths: runpaths.RunPaths, exc: KeyboardInterrupt
 ) -> None:
     """Nothing remains of a run interrupted while it started but its record, which
     says how it ended (and the index, so that `hpclaunch runs` shows it)."""
     signum = getattr(exc, "signum", signal.SIGINT)
     if not paths.record.exists():
-        rundirs.remove(paths)  # interrupted before the record was written: nothing remains
+        runpaths.remove(paths)  # interrupted before the record was written: nothing remains
         return
-    rundirs.strip_to_record(paths)
-    records.update(
+    runpaths.strip_to_record(paths)
+    runrecord.update(
         paths.run_dir,
         state=State.CANCELLED.value,
         exit_code=128 + signum,
@@ -249,7 +243,7 @@ def _record_interrupted(
 
 
 def _write_run_files(
-    paths: rundirs.RunPaths,
+    paths: runpaths.RunPaths,
     spec: JobSpec,
     batch: render.BatchPlan,
     backend: Backend,
@@ -257,11 +251,11 @@ def _write_run_files(
     code: dict[str, Any],
 ) -> None:
     runfolder.write_files(paths, spec, batch.script)
-    created = records.new_record(
+    created = runrecord.new_record(
         spec,
         paths,
         backend.name,  # a step of an allocation records "slurm" (step.py)
-        **records.as_recorded(req, spec.masked_secrets()),
+        **runrecord.as_recorded(req, spec.masked_secrets()),
         job_id=None,
         state=State.CREATED.value,
         exit_code=None,
@@ -269,7 +263,7 @@ def _write_run_files(
         code=code,
         git=project.git_state(req.cwd),
     )
-    records.write_new(created)
+    runrecord.write_new(created)
 
 
 def finish(
@@ -293,7 +287,7 @@ def finish(
     # A full disk: run.json keeps its last good state, which a later `runs` or `status`
     # brings up to date from Slurm (a local run's from its launcher's end).
     with contextlib.suppress(OSError, HpclaunchError):
-        records.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+        runrecord.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
     return code, state
 
 

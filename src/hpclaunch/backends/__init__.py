@@ -12,25 +12,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kinds import runs_here
+from hpclaunch.config.profilekinds import runs_here
 
 if TYPE_CHECKING:  # base imports render, which imports modules that ask kinds.py
-    from ..profiles import Profile
-    from ..records import RunRecord
-    from .base import Backend
+    from hpclaunch.config.profiles import Profile
+    from hpclaunch.records.runrecord import RunRecord
+    from hpclaunch.backends.base import Backend
 
 
 def chosen(profile: Profile, in_allocation: bool) -> type[Backend]:
     """A local profile -> local processes; inside an allocation -> a step of it; else sbatch."""
     if runs_here(profile.kind):
-        from .local import LocalBackend
+        from hpclaunch.backends.local import LocalBackend
 
         return LocalBackend
     if in_allocation:
-        from .step import StepBackend
+        from hpclaunch.backends.step import StepBackend
 
         return StepBackend
-    from .slurm import SlurmBackend
+    from hpclaunch.backends.slurm import SlurmBackend
 
     return SlurmBackend
 
@@ -43,10 +43,10 @@ def pick(profile: Profile, in_allocation: bool) -> Backend:
 def for_record(backend: str) -> Backend:
     """The backend that answers for a run recorded with `backend` ("local", "slurm")."""
     if backend == "local":
-        from .local import LocalBackend
+        from hpclaunch.backends.local import LocalBackend
 
         return LocalBackend()
-    from .slurm import SlurmBackend
+    from hpclaunch.backends.slurm import SlurmBackend
 
     return SlurmBackend()
 
@@ -54,7 +54,7 @@ def for_record(backend: str) -> Backend:
 def of_record(record: RunRecord) -> Backend:
     """The backend a recorded run ran under, a step of an allocation included."""
     if record.step and record.backend != "local":
-        from .step import StepBackend
+        from hpclaunch.backends.step import StepBackend
 
         return StepBackend()
     return for_record(record.backend)

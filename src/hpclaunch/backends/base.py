@@ -22,18 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from ..errors import HpclaunchError
-from ..monitor import JobStatus, chain_status, wait_and_stream
-from ..records import RunRecord
-from ..render import BatchPlan
-from ..rundirs import RunPaths
-from ..spec import JobSpec
-from ..states import State
-from ..waiting import for_cluster
-from .requests import DryRun
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.observe.jobend import JobStatus, chain_status, wait_and_stream
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.script.render import BatchPlan
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.basics.states import State
+from hpclaunch.observe.waiting import for_cluster
+from hpclaunch.backends.requests import DryRun
 
 if TYPE_CHECKING:
-    from ..records import RunRecord
+    from hpclaunch.records.runrecord import RunRecord
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ class Backend(ABC):
         pass first (the job keeps running). Status calls follow the one back-off
         (waiting.py) under the run's cluster profile's min_poll_interval."""
         source = _Chain(self, members, paths) if len(members) > 1 else _OneJob(self, job_id)
-        from ..records import load
+        from hpclaunch.records.runrecord import load
 
         backoff = for_cluster(load(paths.run_dir).cluster)
         return wait_and_stream(
@@ -194,7 +194,7 @@ class Backend(ABC):
 
 def cancel_all(backend: Backend, jobs: Sequence[str]) -> None:
     """Cancel every job (those that already ended refuse): an error only when none could be."""
-    from ..errors import HpclaunchError
+    from hpclaunch.errors import HpclaunchError
 
     failures: list[HpclaunchError] = []
     unique = list(dict.fromkeys(jobs))
@@ -216,7 +216,7 @@ class _Chain:
         self._paths = paths
 
     def status(self, job_id: str) -> JobStatus:
-        from ..records import read_events
+        from hpclaunch.records.runrecord import read_events
 
         ran = [a.number for a in read_events(self._paths.run_dir).attempts]
         found = chain_status(self._members, self._backend.status(self._members), ran)

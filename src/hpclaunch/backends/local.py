@@ -17,24 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from .. import node, render, shell
-from ..errors import HpclaunchError
-from ..monitor import JobStatus
-from ..node import stage_guard
-from ..records import RunRecord
-from ..rundirs import RunPaths
-from ..spec import JobSpec
-from ..states import State
-from ..users import with_user
-from .base import Backend, Launch
-from .localplan import local_dry_run, local_plan, local_values
-from .localsettle import cancel_point, cancel_recorded, settled
-from .localtasks import LocalPlan, LocalTasks, local_job_id
-from .requests import DryRun
-from .watchdog import Watchdog, process_start
+from hpclaunch import node
+from hpclaunch.script import render
+from hpclaunch.basics import shell
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.observe.jobend import JobStatus
+from hpclaunch.node import stage_guard
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.basics.states import State
+from hpclaunch.basics.users import with_user
+from hpclaunch.backends.base import Backend, Launch
+from hpclaunch.backends.localplan import local_dry_run, local_plan, local_values
+from hpclaunch.backends.localsettle import cancel_point, cancel_recorded, settled
+from hpclaunch.backends.localtasks import LocalPlan, LocalTasks, local_job_id
+from hpclaunch.backends.requests import DryRun
+from hpclaunch.backends.localreaper import Watchdog, process_start
 
 if TYPE_CHECKING:
-    from ..records import RunRecord
+    from hpclaunch.records.runrecord import RunRecord
 
 PREFIX = "local-"  # local job ids read "local-123": never taken for a Slurm job id
 OWNER = ".hpclaunch-launcher"  # in the node-local folder: "pid start" of the launcher

@@ -14,9 +14,10 @@ import signal
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .. import records, states
-from ..records import RunRecord
-from .watchdog import LAUNCHER_GONE, launcher_alive, launcher_gone
+from hpclaunch.records import runrecord
+from hpclaunch.basics import states
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.backends.localreaper import LAUNCHER_GONE, launcher_alive, launcher_gone
 
 CANCEL_REQUESTED = "cancel_requested"  # in a point's run.json: its runner ends it
 NOT_STARTED = "cancelled before it started"
@@ -57,11 +58,11 @@ def cancel_point(record: RunRecord) -> bool:
             return {CANCEL_REQUESTED: True}
         return None
 
-    changes = records.update_with(record.path, decide)
+    changes = runrecord.update_with(record.path, decide)
     if changes is None:
         return False
     if CANCEL_REQUESTED in changes:  # no groups yet: the runner sees the mark once it has them
-        _end_groups(records.load(record.path).pgids)
+        _end_groups(runrecord.load(record.path).pgids)
     return True
 
 
@@ -97,6 +98,6 @@ def _ranks_ended(record: RunRecord) -> Optional[dict[str, object]]:
         return None
     if any(found.returncodes.values()):
         return None
-    if any(e.get("event") == LAUNCHER_GONE for e in records.event_lines(record.path)):
+    if any(e.get("event") == LAUNCHER_GONE for e in runrecord.event_lines(record.path)):
         return None
     return {"state": states.State.COMPLETED.value, "exit_code": 0, "ended_at": found.last_end}

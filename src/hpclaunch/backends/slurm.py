@@ -13,16 +13,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Optional
 
-from .. import render, secretnames, slurmcmd, states
-from ..errors import SlurmError
-from ..monitor import JobStatus
-from ..records import RunRecord
-from ..render import BatchPlan
-from ..requeue import CHAIN_JOBS
-from ..users import with_user
-from .base import ArrayLaunch, Backend, Launch
-from .requests import DryRun
-from .slurmtasks import SACCT_FIELDS, SQUEUE_ARGV, TaskKey, parse_sacct, parse_squeue
+from hpclaunch.script import render
+from hpclaunch.config import secretnames
+from hpclaunch.slurm import commands
+from hpclaunch.basics import states
+from hpclaunch.errors import SlurmError
+from hpclaunch.observe.jobend import JobStatus
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.script.render import BatchPlan
+from hpclaunch.script.requeue import CHAIN_JOBS
+from hpclaunch.basics.users import with_user
+from hpclaunch.backends.base import ArrayLaunch, Backend, Launch
+from hpclaunch.backends.requests import DryRun
+from hpclaunch.slurm.arraytasks import SACCT_FIELDS, SQUEUE_ARGV, TaskKey, parse_sacct, parse_squeue
 
 # hpclaunch resolves these into the script; sbatch must not override the script's lines.
 RESOLVED_SBATCH_ENV = ("SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_RESERVATION")
@@ -50,7 +53,7 @@ def submit(
 
 
 def submit_argv(argv: list[str], env: dict[str, str]) -> str:
-    out = slurmcmd.run(argv, env=env)
+    out = commands.run(argv, env=env)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {out.strip()!r}")
@@ -73,7 +76,7 @@ def submit_chain(launch: Launch) -> list[str]:
             ids.append(submit(launch.plan, launch.environ, [*head, *after, script, str(member)]))
     except BaseException:
         if ids:
-            slurmcmd.query(["scancel", *ids], timeout=30)
+            commands.query(["scancel", *ids], timeout=30)
         raise
     # The member that finds the program done cancels the rest: it reads them here.
     (launch.paths.run_dir / CHAIN_JOBS).write_text("".join(f"{i}\n" for i in ids))
@@ -99,7 +102,7 @@ class _Memory:
 def site_sacct_mode() -> Optional[str]:
     """Which sacct answers here, from the (cached) `scontrol show config`: the job
     completion file (-c) where there is no accounting database, else the database (-X)."""
-    from .. import discover
+    from hpclaunch.slurm import discover
 
     config = discover.slurm_config()
     if not config or "AccountingStorageType" not in config:
@@ -138,7 +141,7 @@ class SlurmBackend(Backend):
                 job_ids.append(submit_argv(array_argv(launch.job_sh, part.array, part.offset), env))
         except BaseException:
             if job_ids:
-                slurmcmd.query(["scancel", *job_ids])
+                commands.query(["scancel", *job_ids])
             raise
         return job_ids
 
@@ -193,14 +196,14 @@ class SlurmBackend(Backend):
         return found
 
     def cancel(self, job_id: str) -> None:
-        slurmcmd.run(["scancel", job_id])
+        commands.run(["scancel", job_id])
 
     def cancel_many(self, job_ids: Sequence[str]) -> None:
         if job_ids:
-            slurmcmd.run(["scancel", *job_ids])
+            commands.run(["scancel", *job_ids])
 
     def throttle(self, job_id: str, parallel: int) -> None:
-        slurmcmd.run(["scontrol", "update", f"JobId={job_id}", f"ArrayTaskThrottle={parallel}"])
+        commands.run(["scontrol", "update", f"JobId={job_id}", f"ArrayTaskThrottle={parallel}"])
 
     def _queued(self, ids: list[str]) -> dict[str, JobStatus]:
         """squeue -r: plain jobs still active; array tasks in any state it still lists
@@ -208,7 +211,7 @@ class SlurmBackend(Backend):
         asked = sorted({j.partition("_")[0] for j in ids}, key=_numeric)
         self._calls.append("squeue")
         try:
-            out = slurmcmd.run([*SQUEUE_ARGV, "-j", ",".join(asked)], timeout=30)
+            out = commands.run([*SQUEUE_ARGV, "-j", ",".join(asked)], timeout=30)
         except SlurmError:
             return {}  # squeue refuses a list of ids it all forgot: ask accounting
         wanted = set(ids)
@@ -240,7 +243,7 @@ class SlurmBackend(Backend):
             argv = ["sacct", each, "-n", "-P", "-j", ",".join(sorted(asked, key=_numeric))]
             self._calls.append("sacct")
             try:
-                out = slurmcmd.run([*argv, "-o", SACCT_FIELDS], timeout=30)
+                out = commands.run([*argv, "-o", SACCT_FIELDS], timeout=30)
             except SlurmError:
                 continue
             _Memory.sacct_mode = each
@@ -265,7 +268,7 @@ class SlurmBackend(Backend):
         found: dict[str, JobStatus] = {}
         for job in ids:
             self._calls.append("scontrol")
-            out = slurmcmd.query(["scontrol", "-o", "show", "job", job], timeout=30)
+            out = commands.query(["scontrol", "-o", "show", "job", job], timeout=30)
             fields = _parse_scontrol(out or "")
             if fields.get("JobState"):
                 reason = fields.get("Reason", "")
@@ -308,7 +311,7 @@ def parse_plain_squeue(text: str) -> list[tuple[str, str, str]]:
 
 def own_start_id(run_dir: Path, job: str) -> str:
     """An array task's own job id, as its point noted when it started (point_start)."""
-    from ..records import job_event
+    from hpclaunch.records.runrecord import job_event
 
     start = job_event(run_dir, "point_start", job)
     return str(start.get("job_id") or "") if start else ""

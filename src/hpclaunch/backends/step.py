@@ -10,15 +10,19 @@ import time
 from collections.abc import Sequence
 from typing import Optional, TextIO
 
-from .. import jobwatch, node, render, secretnames, shell, slurmcmd
-from ..logs import LogFollower
-from ..monitor import JobStatus, exit_code_of, first_failure
-from ..rundirs import RunPaths
-from ..states import State
-from ..users import with_user
-from .base import Backend, Launch
-from .local import run_setup
-from .requests import DryRun
+from hpclaunch.script import gpu_watch_lines, render
+from hpclaunch import node
+from hpclaunch.config import secretnames
+from hpclaunch.basics import shell
+from hpclaunch.slurm import commands
+from hpclaunch.observe.logs import LogFollower
+from hpclaunch.observe.jobend import JobStatus, exit_code_of, first_failure
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.basics.states import State
+from hpclaunch.basics.users import with_user
+from hpclaunch.backends.base import Backend, Launch
+from hpclaunch.backends.local import run_setup
+from hpclaunch.backends.requests import DryRun
 
 _POLL_S = 0.2
 _WATCH_STOP_S = 5.0
@@ -91,7 +95,7 @@ class StepBackend(Backend):
         job_id = launch.environ["SLURM_JOB_ID"]
         env = step_env(launch)
         argv = [shell.expand(w, env) for w in launch.plan.srun_argv]
-        self._procs[job_id] = slurmcmd.start(argv, env)
+        self._procs[job_id] = commands.start(argv, env)
         if launch.plan.watch_argv:
             self._watches[job_id] = GpuWatchStep(list(launch.plan.watch_argv), env)
         return job_id
@@ -158,13 +162,13 @@ class GpuWatchStep:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.argv, self.env = argv, env
-        self.due = time.monotonic() + jobwatch.START_DELAY_S
+        self.due = time.monotonic() + gpu_watch_lines.START_DELAY_S
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.stopped = False
 
     def start_when_due(self) -> None:
         if self.proc is None and not self.stopped and time.monotonic() >= self.due:
-            self.proc = slurmcmd.start(self.argv, self.env)
+            self.proc = commands.start(self.argv, self.env)
 
     def stop(self) -> None:
         """SIGUSR1 (srun passes it to the task), a few seconds to write the last samples,

@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 
 ATTACH_HELP = """Open a shell (or run COMMAND) on a node of a running job, inside its
 allocation: an srun step beside the ranks (--overlap), on the job's first node unless
@@ -49,8 +49,9 @@ Examples:
 def attach_cmd(
     run: str, node: Optional[str], container: bool, as_json: bool, command: tuple[str, ...]
 ) -> int:
-    from .. import attach, tracking
-    from ..errors import UserError
+    from hpclaunch.observe import attach
+    from hpclaunch.backends import runstatus
+    from hpclaunch.errors import UserError
 
     if as_json and not command:
         raise UserError(
@@ -62,7 +63,7 @@ def attach_cmd(
     if node is not None and not node.strip():
         raise UserError("--node", "is empty", "", "Give one of the job's node names")
     env = environ()
-    record = tracking.refresh_one(find_run_dir(run))
+    record = runstatus.refresh_one(find_run_dir(run))
     target = attach.find_target(record, node)
     terminal = sys.stdin.isatty() and not as_json
     plan = attach.plan(record, target, command, container=container, pty=terminal, environ=env)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import click
 
-from .common import environ
+from hpclaunch.cli.common import environ
 
 
 @click.command("clean")
@@ -46,8 +46,8 @@ def clean_cmd(
 
     With --stage-cache: remove every pack of the stage cache but those a queued or
     running job uses (one squeue call) or a run started in the last minute."""
-    from ..node.stage_guard import leftovers
-    from ..users import user_name
+    from hpclaunch.node.stage_guard import leftovers
+    from hpclaunch.basics.users import user_name
 
     env = environ()
     if stage_cache:
@@ -79,9 +79,9 @@ def clean_cmd(
 def _clean_stage_cache(run_root: Path, dry_run: bool, as_json: bool, env: dict[str, str]) -> int:
     """`clean --stage-cache`: every pack goes but those in use; nothing when squeue
     cannot tell which are."""
-    from ..snapshot import human
-    from ..stage import CACHE
-    from ..stagecache import check_existing, empty
+    from hpclaunch.payload.snapshot import human
+    from hpclaunch.payload.stage import CACHE
+    from hpclaunch.payload.stagecache import check_existing, empty
 
     cache = run_root / CACHE
     check_existing(cache)  # a cache others can write is refused, not emptied
@@ -113,7 +113,7 @@ def _clean_stage_cache(run_root: Path, dry_run: bool, as_json: bool, env: dict[s
 
 def _decide(candidates: list[str], user: str) -> tuple[list[str], list[str]]:
     """(folders of runs that ended, folders nobody can tell about)."""
-    from ..node.stage_guard import LEFTOVER, live_jobs
+    from hpclaunch.node.stage_guard import LEFTOVER, live_jobs
 
     ended: list[str] = []
     slurm: list[str] = []
@@ -141,8 +141,8 @@ def _local_run_alive(folder: Path, pid: int) -> bool:
     """Whether the launcher of a local run's folder still runs: the marker it wrote first
     (pid and start time: a reused pid is not taken for it), else the pid in the name
     (the marker is written right after the folder is made)."""
-    from ..backends.local import OWNER
-    from ..backends.watchdog import launcher_alive
+    from hpclaunch.backends.local import OWNER
+    from hpclaunch.backends.localreaper import launcher_alive
 
     owner = _owner(folder / OWNER)
     if owner is not None:

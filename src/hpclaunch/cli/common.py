@@ -15,7 +15,7 @@ RUN_ARG_HELP = (
 
 def environ() -> dict[str, str]:
     """The CLI's environment (read by the API's one reader) handed on to what runs."""
-    from ..environ import environment
+    from hpclaunch.basics.environ import environment
 
     return environment()
 
@@ -26,13 +26,13 @@ def warn(line: str) -> None:
 
 def find_run_dir(ref: str) -> Path:
     """RUN -> its run folder (refs.run_dir's rules)."""
-    from ..refs import run_dir
+    from hpclaunch.records.refs import run_dir
 
     return run_dir(ref, environ(), warn)
 
 
 def find_sweep_dir(ref: str) -> Path:
     """SWEEP -> its sweep folder (refs.sweep_dir's rules)."""
-    from ..refs import sweep_dir
+    from hpclaunch.records.refs import sweep_dir
 
     return sweep_dir(ref, environ())

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir, warn
+from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir, warn
 
 if TYPE_CHECKING:
-    from ..records import RunRecord
+    from hpclaunch.records.runrecord import RunRecord
 
 
 @click.command("cancel", epilog=RUN_ARG_HELP)
@@ -24,15 +24,15 @@ def cancel_cmd(run: str, as_json: bool) -> int:
     hpclaunch process that supervises them records how the run ended). A sweep (its id,
     or `last` when a sweep is the newest) has every open point cancelled, a point
     (SWEEP:I) only itself, as `sweep cancel` does: on Slurm and locally alike."""
-    from .. import tracking
-    from ..backends import for_record
-    from ..handle import Run
-    from ..refs import run_or_sweep, sweep_of
+    from hpclaunch.backends import runstatus
+    from hpclaunch.backends import for_record
+    from hpclaunch.handle import Run
+    from hpclaunch.records.refs import run_or_sweep, sweep_of
 
     found = run_or_sweep(run, environ(), warn)
     if found.is_sweep:
         return _cancel_points(found.folder, None, as_json)
-    record = tracking.refresh_one(found.folder)
+    record = runstatus.refresh_one(found.folder)
     point = sweep_of(found.folder)
     _check_cancellable(record, has_job=point is None)
     if point is not None:
@@ -49,8 +49,8 @@ def cancel_cmd(run: str, as_json: bool) -> int:
 def _check_cancellable(record: RunRecord, has_job: bool) -> None:
     """A run must have a job (a sweep's point not started yet has none: it never starts),
     still open, and not a step of an allocation."""
-    from .. import states
-    from ..errors import UserError
+    from hpclaunch.basics import states
+    from hpclaunch.errors import UserError
 
     if has_job and not record.job_id:
         raise UserError("RUN", f"{record.run_id} has no job", "it was never started", "")
@@ -70,12 +70,12 @@ def _check_cancellable(record: RunRecord, has_job: bool) -> None:
 def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> int:
     """A sweep's open points (all, or those) as `sweep cancel` ends them: one call per
     array on Slurm; a local sweep's process records each one CANCELLED."""
-    from ..errors import UserError
-    from ..requeue import CANCELLED_FILE
-    from ..sweeps import ops, track
-    from ..tracking import is_open
+    from hpclaunch.errors import UserError
+    from hpclaunch.script.requeue import CANCELLED_FILE
+    from hpclaunch.sweeps import ops, sweepstate
+    from hpclaunch.backends.runstatus import is_open
 
-    sweep = track.refresh(folder)
+    sweep = sweepstate.refresh(folder)
     chosen = [
         r
         for r in sweep.points
@@ -116,12 +116,13 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
     default the original run's code snapshot (edits made since do not count).
 
     Secret values were never recorded: they come from your environment again."""
-    from .. import records, secretnames
-    from ..api import request
-    from ..errors import UserError
-    from ..reporting import run_and_report
+    from hpclaunch.records import runrecord
+    from hpclaunch.config import secretnames
+    from hpclaunch.api import request
+    from hpclaunch.errors import UserError
+    from hpclaunch.cli.reporting import run_and_report
 
-    record = records.load(find_run_dir(run))
+    record = runrecord.load(find_run_dir(run))
     if (not record.options and "options" not in record.to_dict()) or not record.cwd:
         raise UserError(
             "RUN", f"{run} was recorded by an older hpclaunch", "no options in its record", ""
@@ -162,7 +163,7 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
 
 def _options_again(recorded: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """The recorded options; masked secrets come from the environment again (said so)."""
-    from ..spec import MASK
+    from hpclaunch.config.jobspec import MASK
 
     options: dict[str, Any] = dict(recorded)
     for item in options.get("env", []):

@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from .common import environ
+from hpclaunch.cli.common import environ
 
 
 @click.command("doctor")
@@ -75,8 +75,8 @@ def doctor_cmd(
     torch.distributed (nccl with GPUs, else gloo) and its bandwidth.
 
     Exit code 0 when no check failed (WARN lines are advice), else 1."""
-    from .. import doctor
-    from ..doctor_job import diagnose
+    from hpclaunch.doctor import checks as doctor
+    from hpclaunch.doctor.probejob import diagnose
 
     given = {
         "cluster": cluster,

@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-from . import common
+from hpclaunch.cli import common
 
 CREATE_HELP = """Make a venv at PATH for IMAGE, with the image's Python.
 
@@ -56,14 +56,17 @@ def create_cmd(
     bind: tuple[str, ...],
     as_json: bool,
 ) -> int:
-    from .. import config, containers, preparing, project, rundirs, venvs
-    from ..errors import UserError
+    from hpclaunch.config import layering
+    from hpclaunch.payload import containers, project, venvs
+    from hpclaunch.planning import preparing
+    from hpclaunch.records import runpaths
+    from hpclaunch.errors import UserError
 
     cwd = Path.cwd()
     environ = common.environ()
     profile = preparing.profile_for(cluster, cwd, environ)
-    venv = rundirs.absolute(path, cwd)
-    req = rundirs.absolute(requirements, cwd) if requirements else None
+    venv = runpaths.absolute(path, cwd)
+    req = runpaths.absolute(requirements, cwd) if requirements else None
     if req is not None and not req.is_file():
         raise UserError("--requirements", f"{req} is not a file", "", "Check the path")
     if not venv.parent.is_dir():
@@ -77,7 +80,7 @@ def create_cmd(
     ]
     given = {"container": container, "container_runtime": container_runtime, "bind": bind}
     job = containers.resolve(
-        profile, config.cli_options(given), environ, cwd, nodes=1, gpus=0, own=own
+        profile, layering.cli_options(given), environ, cwd, nodes=1, gpus=0, own=own
     )
     if job is not None:
         for line in containers.image_notes(str(container or ""), job.image):

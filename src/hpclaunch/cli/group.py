@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import click
 
-from ..errors import UserError, _one_line
-from .attach_cmd import attach_cmd
-from .clean_cmd import clean_cmd
-from .control import cancel_cmd, rerun_cmd
-from .doctor_cmd import doctor_cmd
-from .env import env_group
-from .logs_cmd import logs_cmd
-from .plot_cmd import plot_cmd
-from .records_cmds import runs_cmd, show_cmd, status_cmd
-from .remote_cmd import remote_group
-from .run_cmd import run_cmd
-from .stack_cmd import stack_cmd
-from .sweep_cmd import sweep_group
-from .top_cmd import top_cmd
+from hpclaunch.errors import UserError, _one_line
+from hpclaunch.cli.attach_cmd import attach_cmd
+from hpclaunch.cli.clean_cmd import clean_cmd
+from hpclaunch.cli.control import cancel_cmd, rerun_cmd
+from hpclaunch.cli.doctor_cmd import doctor_cmd
+from hpclaunch.cli.env import env_group
+from hpclaunch.cli.logs_cmd import logs_cmd
+from hpclaunch.cli.plot_cmd import plot_cmd
+from hpclaunch.cli.records_cmds import runs_cmd, show_cmd, status_cmd
+from hpclaunch.cli.remote_cmd import remote_group
+from hpclaunch.cli.run_cmd import run_cmd
+from hpclaunch.cli.stack_cmd import stack_cmd
+from hpclaunch.cli.sweep_cmd import sweep_group
+from hpclaunch.cli.top_cmd import top_cmd
 
 EPILOG = """\b
 Examples:

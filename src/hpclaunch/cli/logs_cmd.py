@@ -11,8 +11,8 @@ from typing import Optional, Union
 
 import click
 
-from ..logs import AttemptFollower, LogFollower
-from .common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.observe.logs import AttemptFollower, LogFollower
+from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 
 
 @click.command("logs", epilog=RUN_ARG_HELP)
@@ -37,13 +37,13 @@ def logs_cmd(
 ) -> int:
     """Print a run's output, each line tagged [node rank]; stderr lines go to stderr.
     A run with --requeue shows its latest attempt (--attempt N for another)."""
-    from .. import records
-    from ..errors import UserError
-    from ..handle import Run
-    from ..rundirs import attempt_numbers, rank_logs
+    from hpclaunch.records import runrecord
+    from hpclaunch.errors import UserError
+    from hpclaunch.handle import Run
+    from hpclaunch.records.runpaths import attempt_numbers, rank_logs
 
     run_dir = find_run_dir(run)
-    record = records.load(run_dir)
+    record = runrecord.load(run_dir)
     if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):
         top = f"0 to {record.world_size - 1}" if record.world_size else "at least 0"
         raise UserError("--rank", f"{rank}", f"{record.run_id} has ranks {top}", "Pick one of them")
@@ -89,8 +89,8 @@ def logs_cmd(
 def _follow(follower: Union[LogFollower, AttemptFollower], run_dir: Path, cluster: str) -> None:
     """Until the run has ended (or Ctrl-C): handle.follow_to_end, the one wait loop under
     the cluster's min_poll_interval."""
-    from ..handle import follow_to_end
-    from ..waiting import for_cluster
+    from hpclaunch.handle import follow_to_end
+    from hpclaunch.observe.waiting import for_cluster
 
     backoff = for_cluster(cluster, environ())
     with contextlib.suppress(KeyboardInterrupt):

@@ -12,13 +12,13 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from ..errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError
+from hpclaunch.errors import USER_ERROR_EXIT, HpclaunchError, Interrupted, UserError
 
 
 def __getattr__(name: str) -> Any:
     """`cli`, the click group, for callers that import it from here (lazily)."""
     if name == "cli":
-        from .group import cli
+        from hpclaunch.cli.group import cli
 
         return cli
     raise AttributeError(name)
@@ -40,15 +40,15 @@ def _dispatch(argv: Optional[list[str]]) -> object:
     """Here, or on the cluster a --remote or the profile's [remote] names."""
     from pathlib import Path
 
-    from ..environ import environment
-    from ..remote.choose import choose
+    from hpclaunch.basics.environ import environment
+    from hpclaunch.remote.choose import choose
 
     words = list(sys.argv[1:] if argv is None else argv)
     choice = choose(words, Path.cwd(), environment())
     if choice is None:
         _refuse_laptop_options(words)
         return _run_here(argv)
-    from ..remote.forward import forward
+    from hpclaunch.remote.forward import forward
 
     return forward(choice.host, choice.argv, Path.cwd(), environment())
 
@@ -70,9 +70,9 @@ def _run_here(argv: Optional[list[str]]) -> object:
     """The click group; its usage errors in one line, its Abort as the interrupt it was."""
     import click
 
-    from .. import logs
-    from ..environ import environment
-    from .group import _usage_line, cli
+    from hpclaunch.observe import logs
+    from hpclaunch.basics.environ import environment
+    from hpclaunch.cli.group import _usage_line, cli
 
     logs.configure(no_color=bool(environment().get("NO_COLOR")))
     try:

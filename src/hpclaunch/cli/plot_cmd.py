@@ -7,7 +7,7 @@ from typing import Optional
 
 import click
 
-from .common import RUN_ARG_HELP, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, find_run_dir
 
 
 @click.command("plot", epilog=RUN_ARG_HELP)
@@ -43,23 +43,25 @@ def plot_cmd(
     A PNG needs matplotlib (pip install 'hpclaunch[plot]'): without it a hint, exit code
     0 if --data was written, else 1. A run without GPU samples: one line saying why,
     exit code 1."""
-    from .. import gpu_plot, gpumetrics, records, tracking
-    from ..node import METRICS
+    from hpclaunch.observe import gpu_plot, gpu_metrics
+    from hpclaunch.records import runrecord
+    from hpclaunch.backends import runstatus
+    from hpclaunch.node import METRICS
 
     asked = gpu_plot.parse_size(size) if size is not None else None
     run_dir = find_run_dir(run)
-    reader = gpumetrics.Reader(run_dir)
+    reader = gpu_metrics.Reader(run_dir)
     reader.update()
     found = reader.series()
     if not found:
-        record = tracking.refresh_one(run_dir)
-        why = gpumetrics.why_none(run_dir, record)
+        record = runstatus.refresh_one(run_dir)
+        why = gpu_metrics.why_none(run_dir, record)
         click.echo(f"hpclaunch: plot: run {record.run_id} has no GPU samples: {why}", err=True)
         return 1
     if data is not None:
         gpu_plot.write_data(reader, Path(data))
     path = Path(output) if output else run_dir / METRICS / f"gpu-{metric}.png"
-    run_id = records.load(run_dir).run_id
+    run_id = runrecord.load(run_dir).run_id
     if not gpu_plot.png(run_id, found, metric, path, asked or gpu_plot.default_size(found)):
         click.echo(gpu_plot.HINT, err=True)
         return 0 if data is not None else 1

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir, warn
+from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir, warn
 
 _COLUMNS = ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "run_dir")
 _HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
@@ -54,27 +54,28 @@ def _listing(
     state. An ended sweep's line comes from the tally kept in its sweep.json when it was
     first seen ended, so that its points' records are not read again (10 ended sweeps of
     1,000 points are 10,000 files). A damaged record is skipped (said), never the end."""
-    from .. import index, records
-    from ..api import check_state
-    from ..sweeps import ops, record, track
+    from hpclaunch.records import index, runrecord
+    from hpclaunch.api import check_state
+    from hpclaunch.sweeps import ops, sweepstate
+    from hpclaunch.records import sweeprecord
 
     wanted = check_state(state) if state else None
     entries = [e for e in index.live(env, warn) if not exp or e.get("exp") == exp]
-    plain: list[records.RunRecord] = []
+    plain: list[runrecord.RunRecord] = []
     for entry in [e for e in entries if not e.get("sweep")][:limit]:
         try:
-            plain.append(records.load(Path(entry["run_dir"])))
-        except records.DamagedRecord as exc:
+            plain.append(runrecord.load(Path(entry["run_dir"])))
+        except runrecord.DamagedRecord as exc:
             warn(str(exc))
     rows, still_open = [], []
     for folder in _sweep_folders([e for e in entries if e.get("sweep")][:limit]):
-        data = record.load(folder)
+        data = sweeprecord.load(folder)
         tally = _ended_tally(data)
         if tally is None:
-            still_open.append(track.load(folder))
+            still_open.append(sweepstate.load(folder))
         else:
             rows.append(_sweep_row(data, tally["counts"], tally["exit_code"]))
-    found = track.refresh_with_runs(still_open, plain)
+    found = sweepstate.refresh_with_runs(still_open, plain)
     for sweep in still_open:
         counts = sweep.counts()
         code = None if sweep.active() else ops.exit_code(sweep)
@@ -86,7 +87,7 @@ def _listing(
 
 
 def _sweep_folders(entries: list[dict[str, Any]]) -> list[Path]:
-    from ..sweeps import record
+    from hpclaunch.records import sweeprecord
 
     folders = []
     for entry in entries:
@@ -94,7 +95,7 @@ def _sweep_folders(entries: list[dict[str, Any]]) -> list[Path]:
             folder = Path(entry["run_dir"])
         except (KeyError, TypeError):
             continue
-        if record.is_sweep(folder):
+        if sweeprecord.is_sweep(folder):
             folders.append(folder)
     return folders
 
@@ -106,7 +107,7 @@ def _array_ids(data: dict[str, Any]) -> list[str]:
 def _ended_tally(data: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The tally of an ended sweep, unless arrays were submitted since (`sweep retry`
     re-opens a sweep by adding arrays: its tally no longer holds)."""
-    from ..sweeps.record import ENDED_TALLY
+    from hpclaunch.records.sweeprecord import ENDED_TALLY
 
     tally = data.get(ENDED_TALLY)
     if not isinstance(tally, dict) or tally.get("arrays") != _array_ids(data):
@@ -122,11 +123,11 @@ def _keep_tally(
 ) -> dict[str, Any]:
     """Written once, when a listing first sees the sweep ended (no point pending or
     running); a folder that cannot be written is listed the slow way next time."""
-    from ..sweeps import record
+    from hpclaunch.records import sweeprecord
 
     tally = {"counts": counts, "exit_code": code, "arrays": _array_ids(data)}
     try:
-        return record.update(sweep_dir, **{record.ENDED_TALLY: tally})
+        return sweeprecord.update(sweep_dir, **{sweeprecord.ENDED_TALLY: tally})
     except OSError:
         return data
 
@@ -164,12 +165,13 @@ def _row(rec: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
 def status_cmd(run: str, as_json: bool) -> int:
     """Show a run's state, job id, exit code and where it lives."""
-    from .. import states, tracking
-    from ..attempts import summary as attempt_lines
-    from ..reporting import summary
+    from hpclaunch.basics import states
+    from hpclaunch.backends import runstatus
+    from hpclaunch.records.attempts import summary as attempt_lines
+    from hpclaunch.cli.reporting import summary
 
     run_dir = find_run_dir(run)
-    record = tracking.refresh_one(run_dir)
+    record = runstatus.refresh_one(run_dir)
     if as_json:
         data = record.to_dict()
         if not states.is_open(record.state):
@@ -205,11 +207,11 @@ def status_cmd(run: str, as_json: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: record and files.")
 def show_cmd(run: str, as_json: bool) -> int:
     """Print a run's whole record: run.json, spec.json, the batch script and the diff."""
-    from .. import tracking
-    from ..secretnames import mask_text
+    from hpclaunch.backends import runstatus
+    from hpclaunch.config.secretnames import mask_text
 
     run_dir = find_run_dir(run)
-    record = tracking.refresh_one(run_dir).to_dict()
+    record = runstatus.refresh_one(run_dir).to_dict()
     # job.sh holds the program's arguments as typed: a secret's value among them is shown
     # as $NAME, as the record has it (the value from this environment, where it is set).
     env = environ()

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import click
 
-from ..options import OPTIONS, Option
+from hpclaunch.config.options import OPTIONS, Option
 
 RUN_HELP = """Run PROGRAM [ARGS...] on N nodes with T ranks each.
 
@@ -75,15 +75,15 @@ def run_cmd(
 ) -> int:
     import sys
 
-    from ..api import request
-    from ..reporting import run_and_report
+    from hpclaunch.api import request
+    from hpclaunch.cli.reporting import run_and_report
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     req = request(program, given, argv=sys.argv)
     if req.environ.get("HPCLAUNCH_WANDB_POINT") and not dry_run:
         # The command of a W&B sweep, run by `wandb agent` inside a sweep point: the
         # point's own job.sh starts every rank with this program line.
-        from ..sweeps.wandb import run_point
+        from hpclaunch.sweeps.wandb import run_point
 
         return run_point(program, req.environ)
     return run_and_report(

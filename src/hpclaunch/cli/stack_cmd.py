@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 
 if TYPE_CHECKING:
-    from ..records import RunRecord
-    from ..stacks import Group, Target
+    from hpclaunch.records.runrecord import RunRecord
+    from hpclaunch.observe.stacks import Group, Target
 
 
 @click.command("stack", epilog=RUN_ARG_HELP)
@@ -25,9 +25,10 @@ def stack_cmd(run: str, rank: Optional[int], as_json: bool) -> int:
 
     Needs py-spy where the nodes can run it: pip install 'hpclaunch[stack]'.
     Exit code 0 when every asked rank's stack was taken, else 1."""
-    from .. import stacks, tracking
+    from hpclaunch.observe import stacks
+    from hpclaunch.backends import runstatus
 
-    record = tracking.refresh_one(find_run_dir(run))
+    record = runstatus.refresh_one(find_run_dir(run))
     targets, ended = _asked(record, rank)
     env = environ()
     items = stacks.collect(record, targets, env)
@@ -54,7 +55,7 @@ def stack_cmd(run: str, rank: Optional[int], as_json: bool) -> int:
 
 
 def _print(run_id: str, job_id: str, groups: list[Group], ended: dict[int, int]) -> None:
-    from ..stacks import rank_list, render
+    from hpclaunch.observe.stacks import rank_list, render
 
     ranks = sum(len(g.ranks) for g in groups)
     kinds = sum(1 for g in groups if not g.error)
@@ -74,8 +75,9 @@ def _print(run_id: str, job_id: str, groups: list[Group], ended: dict[int, int])
 def _asked(record: RunRecord, rank: Optional[int]) -> tuple[list[Target], dict[int, int]]:
     """The running ranks to look at, and those that have ended; a run or rank that has
     nothing running is refused in one line."""
-    from .. import stacks, states
-    from ..errors import UserError
+    from hpclaunch.observe import stacks
+    from hpclaunch.basics import states
+    from hpclaunch.errors import UserError
 
     rid, state = record.run_id, record.state
     if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import click
 
-from .run_cmd import _with_options
+from hpclaunch.cli.run_cmd import _with_options
 
 SWEEP_HELP = """Run PROGRAM once per point of a hyper-parameter sweep: one Slurm job array.
 
@@ -135,9 +135,9 @@ def submit_cmd(
     as_json: bool,
     **options: Any,
 ) -> int:
-    from ..api import request
-    from ..sweeps.plans import SweepOptions
-    from .sweep_report import submit_and_report
+    from hpclaunch.api import request
+    from hpclaunch.sweeps.plans import SweepOptions
+    from hpclaunch.cli.sweep_report import submit_and_report
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     req = request(program, given, argv=sys.argv)
@@ -152,7 +152,7 @@ def submit_cmd(
 def wandb_template_cmd(program: tuple[str, ...]) -> int:
     """Print a W&B sweep YAML whose command is `hpclaunch run -- ${interpreter} ${program}
     ${args}`, with the settings that matter on Slurm (create it with `wandb sweep`)."""
-    from ..sweeps.wandb import template
+    from hpclaunch.sweeps.wandb import template
 
     sys.stdout.write(template(program))
     return 0
@@ -171,8 +171,8 @@ def wandb_template_cmd(program: tuple[str, ...]) -> int:
 def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_json: bool) -> int:
     """The point table (index, parameters, state, exit code, metrics, attempts), the
     counts per state and, with --metric, the best point."""
-    from .common import environ
-    from .sweep_report import print_status
+    from hpclaunch.cli.common import environ
+    from hpclaunch.cli.sweep_report import print_status
 
     return print_status(sweep, environ(), metric, direction, as_json)
 
@@ -190,13 +190,14 @@ def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_j
 def wait_cmd(sweep: str, interval: Optional[float]) -> int:
     """Follow SWEEP until every point ended: exit 0 when all completed, else the
     lowest-index failed point's code. Only the points still open are read again."""
-    from .. import waiting
-    from ..sweeps import ops, record
-    from .common import environ, find_sweep_dir
+    from hpclaunch.observe import waiting
+    from hpclaunch.sweeps import ops
+    from hpclaunch.records import sweeprecord
+    from hpclaunch.cli.common import environ, find_sweep_dir
 
     env = environ()
     folder = find_sweep_dir(sweep)
-    floor = waiting.site_floor(str(record.load(folder).get("cluster") or ""), env)
+    floor = waiting.site_floor(str(sweeprecord.load(folder).get("cluster") or ""), env)
     if interval is not None and interval < floor:
         click.echo(
             f"hpclaunch: --interval {interval:g} is below the cluster's min_poll_interval "
@@ -214,7 +215,7 @@ def wait_cmd(sweep: str, interval: Optional[float]) -> int:
 def retry_cmd(sweep: str, failed: bool, points: Optional[str]) -> int:
     """Resubmit only some points, as one array of just them, into the same sweep
     (earlier attempts' logs are kept under the point's attempts/)."""
-    from .sweep_report import retry_and_report
+    from hpclaunch.cli.sweep_report import retry_and_report
 
     return retry_and_report(sweep, failed, points)
 
@@ -224,11 +225,12 @@ def retry_cmd(sweep: str, failed: bool, points: Optional[str]) -> int:
 @click.option("--points", metavar="3,7", help="Just these points (default: every open one).")
 def cancel_cmd(sweep: str, points: Optional[str]) -> int:
     """Cancel every pending or running point of SWEEP, or just some (one scancel)."""
-    from ..sweeps import ops, record
-    from .common import find_sweep_dir
+    from hpclaunch.sweeps import ops
+    from hpclaunch.records import sweeprecord
+    from hpclaunch.cli.common import find_sweep_dir
 
     folder = find_sweep_dir(sweep)
-    total = len(record.load(folder)["points"])
+    total = len(sweeprecord.load(folder)["points"])
     chosen = ops.parse_points(points, total) if points else None
     done = ops.cancel(folder, chosen)
     print(f"cancelled: {' '.join(done)}" if done else "nothing to cancel: no point is open")
@@ -240,8 +242,8 @@ def cancel_cmd(sweep: str, points: Optional[str]) -> int:
 @click.argument("parallel", metavar="P", type=int)
 def throttle_cmd(sweep: str, parallel: int) -> int:
     """At most P points of SWEEP at once from now on (scontrol update ArrayTaskThrottle)."""
-    from ..sweeps import ops
-    from .common import find_sweep_dir
+    from hpclaunch.sweeps import ops
+    from hpclaunch.cli.common import find_sweep_dir
 
     folder = find_sweep_dir(sweep)
     done = ops.throttle(folder, parallel)
@@ -288,12 +290,12 @@ def plot_cmd(
     sample standard deviation (n-1) of the points that share an x (repeats over seed),
     one series per value of --by. Optuna sweeps default to the optimisation history.
     A PNG needs matplotlib (pip install 'hpclaunch[plot]'); without it, a text table."""
-    from ..sweeps import plot, track
-    from .common import find_sweep_dir
+    from hpclaunch.sweeps import plot, sweepstate
+    from hpclaunch.cli.common import find_sweep_dir
 
     folder = find_sweep_dir(sweep)
-    found = track.refresh(folder)
-    rows = [track.point_row(found, r) for r in found.points]
+    found = sweepstate.refresh(folder)
+    rows = [sweepstate.point_row(found, r) for r in found.points]
     req = plot.Request(x, metric, by, output, data, size, logx, history, as_text, direction)
     return plot.run(folder, found.data, rows, req)
 

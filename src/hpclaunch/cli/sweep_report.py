@@ -8,11 +8,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from ..launching import Request
-from ..refs import sweep_dir
-from ..sweeps import ops, submit, track
-from ..sweeps.plans import SweepOptions, SweepPlan
-from ..tracking import is_open
+from hpclaunch.launching import Request
+from hpclaunch.records.refs import sweep_dir
+from hpclaunch.sweeps import ops, submit, sweepstate
+from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
+from hpclaunch.backends.runstatus import is_open
 
 
 def submit_and_report(
@@ -45,7 +45,7 @@ def submit_and_report(
         print(f"sweep {sp.paths.run_id}  {where}  {len(sp.points)} points  {sp.paths.run_dir}")
     sys.stdout.flush()
     if sp.local:
-        from ..sweeps.local import run_points
+        from hpclaunch.sweeps.local import run_points
 
         ls = submit.local_sweep(req.environ, sp)
         return run_points(ls, range(len(sp.points)), sys.stderr if as_json else sys.stdout)
@@ -84,17 +84,17 @@ def print_status(
     as_json: bool,
 ) -> int:
     folder = sweep_dir(ref, environ)
-    sweep = track.refresh(folder)
+    sweep = sweepstate.refresh(folder)
     options = sweep.data.get("sweep") or {}
     if sweep.data.get("kind") == "optuna":
-        from ..sweeps import trials
+        from hpclaunch.sweeps import trials
 
         open_ = {int(r.extra.get("point", -1)) for r in sweep.points if is_open(r)}
         trials.fail_stale(folder, sweep.sweep_id, lambda idx: {i for i in idx if i in open_})
         metric = metric or options.get("metric")
         direction = direction or options.get("direction")
-    rows = [track.point_row(sweep, r) for r in sweep.points]
-    best = track.best(rows, metric, direction or "minimize") if metric else None
+    rows = [sweepstate.point_row(sweep, r) for r in sweep.points]
+    best = sweepstate.best(rows, metric, direction or "minimize") if metric else None
     if as_json:
         print(
             json.dumps(
@@ -128,7 +128,7 @@ def _params(row: Mapping[str, Any]) -> str:
     text = " ".join(f"{k}={_short(v)}" for k, v in (row.get("params") or {}).items())
     args = row.get("args") or []
     if args:
-        from .. import shell
+        from hpclaunch.basics import shell
 
         text = (text + " " if text else "") + shell.command(list(args))
     return text or "-"
@@ -160,16 +160,16 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
-    from ..sweeps import record
-    from .common import environ
+    from hpclaunch.records import sweeprecord
+    from hpclaunch.cli.common import environ
 
     env = environ()
     folder = sweep_dir(ref, env)
-    data = record.load(folder)
+    data = sweeprecord.load(folder)
     chosen = ops.parse_points(points, len(data["points"])) if points and not failed else None
     done = ops.retry(folder, chosen, env)
     if done.here is not None:  # the points run here, in the foreground, as at submission
-        from ..sweeps.local import run_points
+        from hpclaunch.sweeps.local import run_points
 
         print(f"sweep {data['sweep_id']}: points {' '.join(map(str, done.points))} again, here")
         sys.stdout.flush()

@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from .common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 
 
 def _span(text: str) -> int:
-    from ..errors import UserError, show
-    from ..units import parse_time
+    from hpclaunch.errors import UserError, show
+    from hpclaunch.basics.units import parse_time
 
     try:
         return parse_time(text, "--span")
@@ -54,28 +54,30 @@ def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
 
     Exit code 0; 1 when the run has no GPU samples, with one line on stderr saying why
     (no GPUs asked, --no-watch, no GPU tool on the nodes, not started yet)."""
-    from .. import gpu_top, gpumetrics, states, tracking
+    from hpclaunch.observe import gpu_top, gpu_metrics
+    from hpclaunch.basics import states
+    from hpclaunch.backends import runstatus
 
     span_s = _span(span)
     run_dir = find_run_dir(run)
-    record = tracking.refresh_one(run_dir)
+    record = runstatus.refresh_one(run_dir)
     if states.is_open(record.state) and not (once or as_json) and sys.stdout.isatty():
         from rich.console import Console
 
-        from ..waiting import site_floor
+        from hpclaunch.observe.waiting import site_floor
 
         floor = site_floor(record.cluster, environ())
-        how = gpu_top.Live(Console(), tracking.refresh_one, floor_s=floor)
+        how = gpu_top.Live(Console(), runstatus.refresh_one, floor_s=floor)
         shown = gpu_top.live(run_dir, record, span_s, how)
         if shown is None or shown.gpus:
             return 0  # Ctrl-C, or the run's last view is on the screen
         record = shown.record
         view = shown
     else:
-        reader = gpumetrics.Reader(run_dir)
+        reader = gpu_metrics.Reader(run_dir)
         reader.update()
-        view = gpu_top.build(record, reader.series(), gpumetrics.input_bound(run_dir), span_s)
-    why = None if view.gpus else gpumetrics.why_none(run_dir, record)
+        view = gpu_top.build(record, reader.series(), gpu_metrics.input_bound(run_dir), span_s)
+    why = None if view.gpus else gpu_metrics.why_none(run_dir, record)
     if as_json:
         click.echo(json.dumps({**gpu_top.to_json(view), "no_samples": why}))
     elif view.gpus:

@@ -137,7 +137,7 @@ def path(name: str) -> Path:
 
 
 # --- profiling chosen ranks (--profile-ranks/--profiler) and --nccl-debug's files
-# (hpclaunch/profiling.py on the host, the bootstrap in the job; docs/profiling.md)
+# (hpclaunch/script/profiling.py on the host, the bootstrap in the job; docs/profiling.md)
 PROFILES = "profiles"  # <run>/profiles/: rank-R.* written by the profilers
 PYSPY = "py-spy"  # the static py-spy binary, copied beside the bootstrap (containers see it)
 HPCLAUNCH_PROFILER = "HPCLAUNCH_PROFILER"  # py-spy | nsys | rocprof | torch

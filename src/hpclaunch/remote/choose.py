@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from ..errors import UserError
+from hpclaunch.errors import UserError
 
 OPTION = "--remote"
 LOCAL_ONLY = ("remote",)  # `hpclaunch remote ...` manages remotes: never forwarded
@@ -60,7 +60,7 @@ def _named_cluster(
             return words[i + 1]
         if word.startswith("--cluster="):
             return word.partition("=")[2]
-    from ..config import named_cluster
+    from hpclaunch.config.layering import named_cluster
 
     found = named_cluster(project_run, environ)
     return found[0] if found else None
@@ -88,8 +88,8 @@ def choose(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Option
         return Choice(host, tuple(rest), OPTION)
     if argv[0] in ("-h", "--help", "--version"):
         return None
-    from .. import projectfile
-    from ..config import tables_of
+    from hpclaunch.config import projectfile
+    from hpclaunch.config.layering import tables_of
 
     # Read here for every command: a project file that is ignored, or a [remote] host it
     # may not name, is said now, whether or not the command reads the file again.
@@ -99,7 +99,7 @@ def choose(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Option
     name = _named_cluster(rest, project_run, environ)
     if not name:
         return None
-    from ..profiles import load_profile, user_profile_dir
+    from hpclaunch.config.profiles import load_profile, user_profile_dir
 
     if name not in clusters and not (user_profile_dir(environ) / f"{name}.toml").is_file():
         return None  # a built-in profile: none names a remote (no load on the fast path)

@@ -18,15 +18,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
-from ..errors import UserError
-from ..secretnames import is_secret
-from ..shell import check_name
-from .build_id import fingerprint
-from .ssh import Connection, Host
+from hpclaunch.errors import UserError
+from hpclaunch.config.secretnames import is_secret
+from hpclaunch.basics.shell import check_name
+from hpclaunch.remote.build_id import fingerprint
+from hpclaunch.remote.ssh import Connection, Host
 
 if TYPE_CHECKING:  # ship.py is imported only for a submission (its imports cost)
-    from ..profiles import RemoteSettings
-    from .ship import Shipped
+    from hpclaunch.config.profiles import RemoteSettings
+    from hpclaunch.remote.ship import Shipped
 
 VENV = ".hpclaunch/venv"  # relative to the remote home
 # -c, not -m: runpy's imports are a few ms on every command.
@@ -80,7 +80,7 @@ _EXAMPLE = {"--ship": ".", "--forward-env": "HF_TOKEN"}
 def config_forward_env(environ: Mapping[str, str]) -> tuple[str, ...]:
     """`forward_env = [...]` in the user's own config file (userconfig.py: read only
     when it is theirs): names that cross on every command."""
-    from ..userconfig import load
+    from hpclaunch.config.userconfig import load
 
     return tuple(check_name(n, "forward_env") for n in load(environ).forward_env)
 
@@ -192,8 +192,8 @@ def ship_code(
     cluster with another hpclaunch, then mirror the project (the CLI and the API)."""
     from dataclasses import replace
 
-    from ..project import git_root
-    from .ship import SHIP_LIMIT, refuse_ignored, ship, ship_root
+    from hpclaunch.payload.project import git_root
+    from hpclaunch.remote.ship import SHIP_LIMIT, refuse_ignored, ship, ship_root
 
     root, by_git = ship_root(cwd, None if folder is None else Path(folder))
     refuse_ignored(git_root(root) if by_git else None, cwd, program, conn.host.name)
@@ -216,9 +216,9 @@ def profile_remote(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -
     """The [remote] table of the profile the command names (--cluster, HPCLAUNCH_CLUSTER,
     the project file), as the laptop reads it; the defaults when none is named or the
     laptop does not know it (a profile that only the cluster has)."""
-    from ..config import project_tables
-    from ..profiles import BUILTIN, RemoteSettings, load_profile, user_profile_dir
-    from .choose import _named_cluster
+    from hpclaunch.config.layering import project_tables
+    from hpclaunch.config.profiles import BUILTIN, RemoteSettings, load_profile, user_profile_dir
+    from hpclaunch.remote.choose import _named_cluster
 
     project_run, clusters = project_tables(cwd, environ)
     name = _named_cluster(argv, project_run, environ)
@@ -234,8 +234,8 @@ def profile_remote(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -
 def project_names(argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> set[str]:
     """What the project file makes a submission use: its [run] env names, and the W&B
     key when [sweep] wandb_sweep makes a sweep a W&B one."""
-    from ..config import find_project_file
-    from ..tomlfiles import read_toml
+    from hpclaunch.config.layering import find_project_file
+    from hpclaunch.config.tomlfiles import read_toml
 
     path = find_project_file(cwd, environ)
     data = read_toml(path, "hpclaunch.toml") if path is not None else {}
@@ -272,8 +272,8 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
         settings = profile_remote(argv, cwd, environ)
         names.update(settings.forward_env, project_names(argv, cwd, environ))
         if submits(argv):  # refusals before any connection: nothing starts for them
-            from ..units import parse_size
-            from .ship import ship_root
+            from hpclaunch.basics.units import parse_size
+            from hpclaunch.remote.ship import ship_root
 
             ship_root(cwd, None if laptop.ship is None else Path(laptop.ship))
             limit = parse_size(settings.ship_limit, "[remote] ship_limit")

@@ -16,20 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import HpclaunchError, UserError
-from ..node import RESULT_JSON
-from ..options import BY_NAME
-from .forward import (
-    SERVE,
-    config_forward_env,
-    profile_remote,
-    project_names,
-    request,
-    sent_environment,
-    ship_code,
-    used_names,
-)
-from .ssh import Connection, Host
+from hpclaunch.errors import HpclaunchError, UserError
+from hpclaunch.node import RESULT_JSON
+from hpclaunch.config.options import BY_NAME
+from hpclaunch.remote.forward import SERVE, config_forward_env, profile_remote, project_names, request, sent_environment, ship_code, used_names
+from hpclaunch.remote.ssh import Connection, Host
 
 
 class RemoteError(HpclaunchError):
@@ -153,7 +144,7 @@ def start(
         raise UserError("program", "missing", "", "Pass the program to run")
     argv = ["run", *option_words(options), "--json", "--", *program]
     settings = profile_remote(argv, cwd, environ)
-    from ..units import parse_size
+    from hpclaunch.basics.units import parse_size
 
     limit = parse_size(settings.ship_limit, "[remote] ship_limit")
     conn = Connection(Host.parse(host), environ).open()

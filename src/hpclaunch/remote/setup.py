@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from .build_id import fingerprint
-from .forward import VENV, remote_facts
-from .ssh import Connection, Host
+from hpclaunch.errors import UserError
+from hpclaunch.remote.build_id import fingerprint
+from hpclaunch.remote.forward import VENV, remote_facts
+from hpclaunch.remote.ssh import Connection, Host
 
 WHEELS = ".hpclaunch/wheels"
 MIN_PYTHON = (3, 9)
@@ -146,7 +146,7 @@ def refuse_unfit(found: Probe, host: str, python: str) -> None:
 
 
 def check_extras(wanted: Sequence[str]) -> None:
-    from .wheels import extras
+    from hpclaunch.remote.wheels import extras
 
     offered = extras()
     for name in wanted:
@@ -163,7 +163,7 @@ def setup(
     wanted: Sequence[str] = (),
     out: Any = sys.stdout,
 ) -> int:
-    from .wheels import dependencies, own_wheel
+    from hpclaunch.remote.wheels import dependencies, own_wheel
 
     check_extras(wanted)
     started = time.monotonic()

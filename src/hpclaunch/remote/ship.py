@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UserError
-from ..project import git, git_root
-from ..snapshot import NEVER_SHIPPED, RUN_ID, STAGE_CACHE, never_shipped
-from ..units import format_size
-from .ssh import Connection
+from hpclaunch.errors import UserError
+from hpclaunch.payload.project import git, git_root
+from hpclaunch.payload.snapshot import NEVER_SHIPPED, RUN_ID, STAGE_CACHE, never_shipped
+from hpclaunch.basics.units import format_size
+from hpclaunch.remote.ssh import Connection
 
 PROJECTS = ".hpclaunch/projects"  # relative to the remote home (ssh starts there)
 # rsync patterns for hpclaunch's own output (snapshot.RUN_ID, snapshot.STAGE_CACHE):

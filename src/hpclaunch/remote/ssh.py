@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from .. import shell
-from ..errors import UserError
+from hpclaunch.basics import shell
+from hpclaunch.errors import UserError
 
 PERSIST_S = 600  # how long an idle master waits for the next command
 CONNECT_TIMEOUT_S = 15

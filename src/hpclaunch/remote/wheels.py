@@ -16,8 +16,8 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..errors import UserError
-from .build_id import PACKAGE, fingerprint, package_files
+from hpclaunch.errors import UserError
+from hpclaunch.remote.build_id import PACKAGE, fingerprint, package_files
 
 DIST = "hpclaunch"
 

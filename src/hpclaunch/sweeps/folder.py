@@ -11,21 +11,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import __version__, codeplan, launching, node, records, render, rundirs, runfolder
-from ..secretnames import masked
-from ..states import State
-from . import record, script
-from .plans import SweepPlan
-from .points import Point
+from hpclaunch.version import __version__
+from hpclaunch.payload import codeplan
+from hpclaunch import launching, node
+from hpclaunch.records import runrecord, runpaths
+from hpclaunch.script import render, runfolder
+from hpclaunch.config.secretnames import masked
+from hpclaunch.basics.states import State
+from hpclaunch.records import sweeprecord
+from hpclaunch.sweeps import script
+from hpclaunch.sweeps.plans import SweepPlan
+from hpclaunch.sweeps.points import Point
 
 
 def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
-    code = codeplan.write_code(planned.code, paths, rundirs.absolute(spec.run_root, req.cwd))
+    code = codeplan.write_code(planned.code, paths, runpaths.absolute(spec.run_root, req.cwd))
     # The array script, the shipped files once for every point, spec.json: as for a run.
     runfolder.write_files(paths, spec, sp.array_script, stage_json=False)
     if spec.stage:  # before the points' stage.json, which lists the parts packed
-        from .. import stage, stagecache
+        from hpclaunch.payload import stage, stagecache
 
         limits = stagecache.limits(planned.prepared.profile)
         stage.pack_all(spec.stage, limits=limits, environ=req.environ)
@@ -37,7 +42,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         "backend": sp.backend.name,
         "sweep_dir": str(paths.run_dir),
         "submitted_at": time.time(),
-        **records.as_recorded(req, sp.masked_secrets()),
+        **runrecord.as_recorded(req, sp.masked_secrets()),
         "sweep": sp.options.to_record(),
         "cwd": str(req.cwd),
         "code": code,
@@ -52,7 +57,7 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
             for p in sp.points
         ],
     }
-    record.write(paths.run_dir, data)
+    sweeprecord.write(paths.run_dir, data)
     return data
 
 
@@ -61,7 +66,7 @@ def _write_points(sp: SweepPlan) -> None:
     spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
     template = script.point_paths(sp.paths, sp.token)  # the token where the number goes
     stage_json = render.stage_json(spec, template)
-    (sp.paths.run_dir / record.POINTS).mkdir(exist_ok=True)
+    (sp.paths.run_dir / sweeprecord.POINTS).mkdir(exist_ok=True)
     # Plain strings from the template's paths: pathlib per point (three paths, five
     # joins) was a sixth of a 1,000-point submission.
     run_dir, checkpoints = str(template.run_dir), str(template.checkpoint_dir)
@@ -78,21 +83,21 @@ def _write_points(sp: SweepPlan) -> None:
         else:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/checkpoints
             os.makedirs(checkpoints.replace(sp.token, index), exist_ok=True)
         text = script.point_script(sp.point_template, sp.token, point.index)
-        record.write_new(f"{folder}/job.sh", text)
+        sweeprecord.write_new(f"{folder}/job.sh", text)
         if not sp.space:  # an Optuna point writes its own when it asks
             env_text = script.params_env(sweep_id, total, point)
-            record.write_new(f"{folder}/{record.PARAMS_ENV}", env_text)
+            sweeprecord.write_new(f"{folder}/{sweeprecord.PARAMS_ENV}", env_text)
         if spec.stage or spec.stage_out:
             stage_json["run_dir"] = folder
-            records.write_json(Path(folder, node.STAGE_JSON), stage_json)
+            runrecord.write_json(Path(folder, node.STAGE_JSON), stage_json)
 
 
 def point_record(
     sp: SweepPlan, point: Point, backend: str, job: Optional[str], **facts: Any
-) -> records.RunRecord:
+) -> runrecord.RunRecord:
     """A point's run.json: a run record like any other (status/logs/show SWEEP:I)."""
     spec, paths = sp.planned.spec, script.point_paths(sp.paths, str(point.index))
-    return records.new_record(
+    return runrecord.new_record(
         spec,
         paths,
         backend,
@@ -116,4 +121,4 @@ def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[s
     facts = sp.backend.site_facts()
     for point in sp.points:
         entry = point_record(sp, point, data["backend"], task_of.get(point.index), **facts)
-        records.write_new(entry, fresh_folder=True)
+        runrecord.write_new(entry, fresh_folder=True)

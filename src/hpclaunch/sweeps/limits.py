@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from .. import config, discover, slurmcmd, users
-from . import arrays
+from hpclaunch.config import layering
+from hpclaunch.slurm import discover, commands
+from hpclaunch.basics import users
+from hpclaunch.sweeps import arrays
 
 if TYPE_CHECKING:
-    from ..launching import Request
+    from hpclaunch.launching import Request
 
 
 def site_limits(req: Request) -> arrays.SiteLimits:
@@ -19,8 +21,8 @@ def site_limits(req: Request) -> arrays.SiteLimits:
     where an accounting database answers sacctmgr."""
     max_array, max_jobs = arrays.limits_from_config(discover.slurm_config() or {})
     user = users.user_name(req.environ)
-    answer = slurmcmd.query(arrays.sacctmgr_argv(user), timeout=10)
-    given = config.cli_options(req.options)  # typed, as `run` reads them (checked by plan)
+    answer = commands.query(arrays.sacctmgr_argv(user), timeout=10)
+    given = layering.cli_options(req.options)  # typed, as `run` reads them (checked by plan)
     account, partition = given.account, given.partition
     max_submit = (
         arrays.parse_max_submit(answer, user, account, partition) if answer is not None else None
@@ -40,11 +42,11 @@ def queued_jobs(limits: arrays.SiteLimits, user: str, points: int) -> tuple[Opti
     and running jobs), never a listing of every user's jobs; None when not asked or not
     answered."""
     if limits.max_submit_jobs is not None:
-        out = slurmcmd.query([*arrays.SQUEUE_COUNT_ARGV, "-u", user], timeout=30)
+        out = commands.query([*arrays.SQUEUE_COUNT_ARGV, "-u", user], timeout=30)
         return (len(out.splitlines()) if out else 0), ""
     if points < LARGE_SHARE * limits.max_job_count:
         return None, ""
-    held = live_jobs(slurmcmd.query(["sdiag"], timeout=30) or "")
+    held = live_jobs(commands.query(["sdiag"], timeout=30) or "")
     if held is None:
         return None, (
             f"hpclaunch: note: cannot tell how many of MaxJobCount {limits.max_job_count} "

@@ -22,14 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from .. import records, render, states
-from ..backends.base import Backend, Launch
-from ..backends.localsettle import CANCEL_REQUESTED
-from ..backends.watchdog import process_start
-from ..rundirs import RunPaths
-from ..spec import JobSpec
-from . import record, script
-from .points import Point
+from hpclaunch.records import runrecord
+from hpclaunch.script import render
+from hpclaunch.basics import states
+from hpclaunch.backends.base import Backend, Launch
+from hpclaunch.backends.localsettle import CANCEL_REQUESTED
+from hpclaunch.backends.localreaper import process_start
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.records import sweeprecord
+from hpclaunch.sweeps import script
+from hpclaunch.sweeps.points import Point
 
 _POLL_S = 0.5  # how often the runner looks again for a throttle while points run
 
@@ -51,7 +54,7 @@ class LocalSweep:
     metric: Optional[str] = None
 
     def point_dir(self, index: int) -> Path:
-        return record.point_dir(self.sweep_dir, index)
+        return sweeprecord.point_dir(self.sweep_dir, index)
 
 
 def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
@@ -81,7 +84,7 @@ def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
             raise
     for index in indices:  # cancelled before they started: their records say so
         if index not in codes:
-            rec = records.load(ls.point_dir(index))
+            rec = runrecord.load(ls.point_dir(index))
             codes[index] = rec.exit_code if rec.exit_code is not None else 1
             _say(out, ls, index)
     failed = sorted(i for i, c in codes.items() if c != 0)
@@ -90,8 +93,8 @@ def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
 
 def _parallel(ls: LocalSweep) -> int:
     try:
-        given = (record.load(ls.sweep_dir).get("sweep") or {}).get("max_parallel")
-    except record.DamagedSweep:
+        given = (sweeprecord.load(ls.sweep_dir).get("sweep") or {}).get("max_parallel")
+    except sweeprecord.DamagedSweep:
         given = None
     return int(given) if isinstance(given, int) and given > 0 else 1
 
@@ -105,8 +108,8 @@ def _interrupted(ls: LocalSweep, pending: Sequence[int]) -> None:
 
 
 def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
-    rec = records.load(ls.point_dir(index))
-    params = record.params_of(rec.path, rec.extra.get("params") or {})
+    rec = runrecord.load(ls.point_dir(index))
+    params = sweeprecord.params_of(rec.path, rec.extra.get("params") or {})
     text = " ".join(f"{k}={v}" for k, v in params.items())
     out.write(f"point {index}: {rec.state} (exit {rec.exit_code}) {text}\n")
     out.flush()
@@ -125,7 +128,7 @@ def _claim(folder: Path, cancelled_because: str = "") -> bool:
             return {"state": cancelled.value, "exit_code": code, "reason": cancelled_because}
         return {"state": states.State.RUNNING.value, "started_at": time.time(), **_runner()}
 
-    return records.update_with(folder, decide) is not None and not cancelled_because
+    return runrecord.update_with(folder, decide) is not None and not cancelled_because
 
 
 def _runner() -> dict[str, Any]:
@@ -150,7 +153,7 @@ def _run_point(
         running.add(point.index)
     try:
         job_id = ls.backend.start(Launch(ls.spec, plan, paths, ls.cwd, env))
-        now = records.update(
+        now = runrecord.update(
             paths.run_dir, job_id=job_id, job_ids=[job_id], **ls.backend.record_extra(job_id)
         )
         if now.get(CANCEL_REQUESTED):  # a cancel came before the task groups were known
@@ -160,25 +163,25 @@ def _run_point(
     finally:
         with lock:
             running.discard(point.index)
-    if records.read_raw(paths.run_dir).get(CANCEL_REQUESTED):
+    if runrecord.read_raw(paths.run_dir).get(CANCEL_REQUESTED):
         cancelled = states.State.CANCELLED
         code, state = states.exit_code_for(cancelled) or 1, cancelled.value
-    records.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+    runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time())
     if ls.space:
-        from . import trials
+        from hpclaunch.sweeps import trials
 
-        result = record.result(paths.run_dir)
+        result = sweeprecord.result(paths.run_dir)
         trials.tell(ls.sweep_dir, ls.sweep_id, point.index, code, result, str(ls.metric))
     return code
 
 
 def _point_paths(ls: LocalSweep, index: int) -> RunPaths:
-    rec = records.load(ls.point_dir(index))
+    rec = runrecord.load(ls.point_dir(index))
     return RunPaths(rec.run_id, rec.path, Path(rec.checkpoint_dir), shipped_dir=ls.sweep_dir)
 
 
 def _ask(ls: LocalSweep, point: Point, running: set[int], lock: threading.Lock) -> Point:
-    from . import trials
+    from hpclaunch.sweeps import trials
 
     def alive(indices: Sequence[int]) -> set[int]:
         with lock:
@@ -189,8 +192,8 @@ def _ask(ls: LocalSweep, point: Point, running: set[int], lock: threading.Lock) 
     )
     asked = Point(point.index, {k: v for k, v in params.items() if v is not None})
     folder = ls.point_dir(point.index)
-    records.write_json(folder / record.PARAMS_JSON, dict(asked.params))
-    records.update(folder, params=dict(asked.params))
+    runrecord.write_json(folder / sweeprecord.PARAMS_JSON, dict(asked.params))
+    runrecord.update(folder, params=dict(asked.params))
     return asked
 
 

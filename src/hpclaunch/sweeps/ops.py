@@ -11,16 +11,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
-from .. import discover, records, waiting
-from ..backends import for_record
-from ..errors import UserError, show
-from ..states import State
-from ..tracking import is_open
-from . import arrays, record, track
-from .local import LocalSweep
+from hpclaunch.slurm import discover
+from hpclaunch.records import runrecord
+from hpclaunch.observe import waiting
+from hpclaunch.backends import for_record
+from hpclaunch.errors import UserError, show
+from hpclaunch.basics.states import State
+from hpclaunch.backends.runstatus import is_open
+from hpclaunch.sweeps import arrays, sweepstate
+from hpclaunch.records import sweeprecord
+from hpclaunch.sweeps.local import LocalSweep
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend
+    from hpclaunch.backends.base import Backend
 
 
 def parse_points(text: str, total: int) -> list[int]:
@@ -47,7 +50,7 @@ def parse_points(text: str, total: int) -> list[int]:
     return sorted(found)
 
 
-def exit_code(sweep: track.Sweep) -> int:
+def exit_code(sweep: sweepstate.Sweep) -> int:
     """0 when every point completed, else the lowest-index unfinished point's code."""
     for rec in sorted(sweep.points, key=lambda r: int(r.extra.get("point", 0))):
         if rec.state != State.COMPLETED:
@@ -68,16 +71,16 @@ def wait(
     """Follow until no point is pending or running; then the sweep's exit code. The one
     wait loop (waiting.py): `backoff` defaults to the sweep's cluster's; after the first
     refresh only the points still open are read again (track.refresh_open)."""
-    from .progress import Progress, tally
+    from hpclaunch.sweeps.waitview import Progress, tally
 
-    now: list[Optional[track.Sweep]] = [None]
+    now: list[Optional[sweepstate.Sweep]] = [None]
     if backoff is None:
-        backoff = waiting.for_cluster(str(record.load(sweep_dir).get("cluster") or ""))
+        backoff = waiting.for_cluster(str(sweeprecord.load(sweep_dir).get("cluster") or ""))
     shown = Progress(out, is_tty)
 
     def ask(_: float) -> Optional[str]:
         seen = now[0]
-        seen = now[0] = track.refresh(sweep_dir) if seen is None else track.refresh_open(seen)
+        seen = now[0] = sweepstate.refresh(sweep_dir) if seen is None else sweepstate.refresh_open(seen)
         shown.show(seen)
         if not seen.active():
             return None
@@ -103,7 +106,7 @@ def wait(
     return exit_code(now[0])
 
 
-def backend_of(sweep: track.Sweep) -> Backend:
+def backend_of(sweep: sweepstate.Sweep) -> Backend:
     """The backend that runs the sweep's points (sweep.json records its name)."""
     return for_record(str(sweep.data.get("backend") or ""))
 
@@ -111,7 +114,7 @@ def backend_of(sweep: track.Sweep) -> Backend:
 def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
     """End the open points (all, or those): one call where the backend allows. Returns
     what was cancelled."""
-    sweep = track.refresh(sweep_dir)
+    sweep = sweepstate.refresh(sweep_dir)
     chosen = set(points) if points is not None else None
     open_ = [
         r
@@ -126,10 +129,10 @@ def throttle(sweep_dir: Path, parallel: int) -> list[tuple[str, int]]:
     (a sweep that runs here reads it from sweep.json before it starts each point)."""
     if parallel < 1:
         raise UserError("P", f"{parallel} is below 1", "at least 1", "")
-    sweep = track.refresh(sweep_dir)
+    sweep = sweepstate.refresh(sweep_dir)
     opts = dict(sweep.data.get("sweep") or {})
     opts["max_parallel"] = parallel
-    record.update(sweep_dir, sweep=opts)
+    sweeprecord.update(sweep_dir, sweep=opts)
     queued = {str(a["job_id"]) for a in sweep.data.get("arrays") or []}
     open_arrays: dict[str, int] = {}
     for rec in sweep.points:
@@ -160,7 +163,7 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
     """Resubmit those points (None: every point not COMPLETED) as arrays of just them,
     into the same sweep; their earlier attempts stay under attempts/<n>/. A sweep whose
     points run here gets them back as pending, for the caller to run (local.run_points)."""
-    sweep = track.refresh(sweep_dir)
+    sweep = sweepstate.refresh(sweep_dir)
     by_index = {int(r.extra.get("point", 0)): r for r in sweep.points}
     wanted = (
         sorted(points)
@@ -178,13 +181,13 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
             f"Wait, or hpclaunch sweep cancel {sweep.sweep_id} --points {busy[0]}",
         )
     if sweep.data.get("kind") == "optuna":
-        from . import trials
+        from hpclaunch.sweeps import trials
 
         again = set(wanted)
         trials.fail_stale(sweep_dir, sweep.sweep_id, lambda idx: {i for i in idx if i not in again})
     for i in wanted:
-        record.keep_attempt(by_index[i].path, int(by_index[i].extra.get("attempts", 1)))
-    record.update(sweep_dir, **{record.ENDED_TALLY: None})  # re-opened: `runs` asks again
+        sweeprecord.keep_attempt(by_index[i].path, int(by_index[i].extra.get("attempts", 1)))
+    sweeprecord.update(sweep_dir, **{sweeprecord.ENDED_TALLY: None})  # re-opened: `runs` asks again
     backend = backend_of(sweep)
     if backend.foreground:
         return Retried(wanted, here=_again_here(sweep, wanted, by_index, environ))
@@ -192,12 +195,12 @@ def retry(sweep_dir: Path, points: Optional[Sequence[int]], environ: Mapping[str
 
 
 def _again_here(
-    sweep: track.Sweep,
+    sweep: sweepstate.Sweep,
     wanted: list[int],
-    by_index: Mapping[int, records.RunRecord],
+    by_index: Mapping[int, runrecord.RunRecord],
     environ: Mapping[str, str],
 ) -> LocalSweep:
-    from .submit import local_sweep, replanned
+    from hpclaunch.sweeps.submit import local_sweep, replanned
 
     # Planned again for its spec and profile; its folder, id and code are the sweep's own.
     code = Path(str((sweep.data.get("code") or {}).get("cwd") or sweep.data["cwd"]))
@@ -209,7 +212,7 @@ def _again_here(
     )
     for i in wanted:
         rec = by_index[i]
-        records.update(
+        runrecord.update(
             rec.path,
             job_id=None,
             state=State.PENDING.value,
@@ -224,12 +227,12 @@ def _again_here(
 
 
 def _resubmit(
-    sweep: track.Sweep,
+    sweep: sweepstate.Sweep,
     wanted: list[int],
-    by_index: Mapping[int, records.RunRecord],
+    by_index: Mapping[int, runrecord.RunRecord],
     environ: Mapping[str, str],
 ) -> list[str]:
-    from .submit import array_entries, array_launch
+    from hpclaunch.sweeps.submit import array_entries, array_launch
 
     max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
@@ -241,7 +244,7 @@ def _resubmit(
         for point in part.points():
             rec = by_index[point]
             job = f"{job_id}_{point - part.offset}"
-            records.update(
+            runrecord.update(
                 rec.path,
                 job_id=job,
                 job_ids=[*rec.job_ids, job],
@@ -252,5 +255,5 @@ def _resubmit(
                 attempts=int(rec.extra.get("attempts", 1)) + 1,
             )
     entries = array_entries(parts, job_ids, attempt)
-    record.update(sweep.sweep_dir, arrays=[*(sweep.data.get("arrays") or []), *entries])
+    sweeprecord.update(sweep.sweep_dir, arrays=[*(sweep.data.get("arrays") or []), *entries])
     return job_ids

@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import launching, rundirs
-from ..secretnames import secret_values
-from . import arrays, script
-from .points import Point
+from hpclaunch import launching
+from hpclaunch.records import runpaths
+from hpclaunch.config.secretnames import secret_values
+from hpclaunch.sweeps import arrays, script
+from hpclaunch.sweeps.points import Point
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend
+    from hpclaunch.backends.base import Backend
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class SweepPlan:
     secret_env: tuple[tuple[str, str], ...] = ()  # sbatch's environment only (the API key)
 
     @property
-    def paths(self) -> rundirs.RunPaths:
+    def paths(self) -> runpaths.RunPaths:
         return self.planned.paths
 
     @property

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import UserError, show
-from ..states import State
+from hpclaunch.errors import UserError, show
+from hpclaunch.basics.states import State
 
 DPI = 100  # with figsize = pixels / DPI the PNG has exactly the requested pixels
 DEFAULT_SIZE = (800, 500)

@@ -17,11 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import records, slurmcmd, states
-from ..errors import HpclaunchError
-from . import arrays, record, script
-from .points import Point
-from .space import SpaceParam
+from hpclaunch.records import runrecord
+from hpclaunch.slurm import commands
+from hpclaunch.basics import states
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.sweeps import arrays, script
+from hpclaunch.records import sweeprecord
+from hpclaunch.sweeps.points import Point
+from hpclaunch.sweeps.space import SpaceParam
 
 
 def space_of(data: dict[str, Any]) -> tuple[SpaceParam, ...]:
@@ -41,7 +44,7 @@ def alive_points(data: dict[str, Any]) -> Any:
         offsets = {str(a["job_id"]): int(a["offset"]) for a in data.get("arrays") or []}
         if not offsets:
             return set()
-        out = slurmcmd.query([*arrays.SQUEUE_ARGV, "-j", ",".join(offsets)], timeout=30)
+        out = commands.query([*arrays.SQUEUE_ARGV, "-j", ",".join(offsets)], timeout=30)
         if out is None:  # Slurm does not answer: fail nobody on a guess
             return set(indices)
         tasks = arrays.parse_squeue(out).values()
@@ -56,30 +59,30 @@ def alive_points(data: dict[str, Any]) -> Any:
 
 
 def ask(sweep_dir: Path, point: int, task: str) -> None:
-    from . import trials
+    from hpclaunch.sweeps import trials
 
-    data = record.load(sweep_dir)
+    data = sweeprecord.load(sweep_dir)
     sweep_id = str(data["sweep_id"])
     number, params = trials.ask(
         sweep_dir, sweep_id, space_of(data), point, task, alive_points(data)
     )
     asked = Point(point, {k: v for k, v in params.items() if v is not None})
-    folder = record.point_dir(sweep_dir, point)
+    folder = sweeprecord.point_dir(sweep_dir, point)
     text = script.params_env(sweep_id, len(data["points"]), asked)
-    (folder / record.PARAMS_ENV).write_text(text, encoding="utf-8")
-    records.write_json(folder / record.PARAMS_JSON, dict(asked.params))
-    records.update(folder, params=dict(asked.params), trial=number)
+    (folder / sweeprecord.PARAMS_ENV).write_text(text, encoding="utf-8")
+    runrecord.write_json(folder / sweeprecord.PARAMS_JSON, dict(asked.params))
+    runrecord.update(folder, params=dict(asked.params), trial=number)
     print(f"hpclaunch: point {point}: Optuna trial {number}: {dict(asked.params)}", file=sys.stderr)
 
 
 def tell(sweep_dir: Path, point: int, exit_code: int) -> None:
-    from . import trials
+    from hpclaunch.sweeps import trials
 
-    data = record.load(sweep_dir)
+    data = sweeprecord.load(sweep_dir)
     metric = str((data.get("sweep") or {}).get("metric") or "")
-    folder = record.point_dir(sweep_dir, point)
+    folder = sweeprecord.point_dir(sweep_dir, point)
     told = trials.tell(
-        sweep_dir, str(data["sweep_id"]), point, exit_code, record.result(folder), metric
+        sweep_dir, str(data["sweep_id"]), point, exit_code, sweeprecord.result(folder), metric
     )
     print(f"hpclaunch: point {point}: told Optuna {told}", file=sys.stderr)
 

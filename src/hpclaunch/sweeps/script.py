@@ -17,13 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from .. import node, requeue, shell
-from ..launchers import encode_argv
-from ..render import directives
-from ..rundirs import RunPaths
-from ..spec import JobSpec
-from .points import Point, format_value, params_json
-from .record import PARAMS_ENV, POINT_END, POINT_START, POINTS
+from hpclaunch import node
+from hpclaunch.script import requeue
+from hpclaunch.basics import shell
+from hpclaunch.script.launchers import encode_argv
+from hpclaunch.script.render import directives
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.sweeps.points import Point, format_value, params_json
+from hpclaunch.records.sweeprecord import PARAMS_ENV, POINT_END, POINT_START, POINTS
 
 HPCLAUNCH_SWEEP_ID = "HPCLAUNCH_SWEEP_ID"
 HPCLAUNCH_POINT = "HPCLAUNCH_POINT"  # 0-based
@@ -169,7 +171,7 @@ def point_script(template: str, token: str, index: int) -> str:
 
 def sbatch_argv(script: Path, array_spec: str, offset: int) -> list[str]:
     """What --dry-run shows: the backend's own line (backends/slurm.array_argv)."""
-    from ..backends.slurm import array_argv
+    from hpclaunch.backends.slurm import array_argv
 
     return array_argv(script, array_spec, offset)
 

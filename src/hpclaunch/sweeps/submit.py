@@ -14,26 +14,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import (
-    filemodes,
-    index,
-    launching,
-    render,
-    rundirs,
-    users,
-)
-from ..backends import pick
-from ..backends.base import ArrayLaunch
-from ..backends.base import ArrayPart as ArrayJob
-from ..errors import HpclaunchError, UserError
-from ..secretnames import mask_text as masked
-from . import arrays, folder, record, script
-from .limits import queued_jobs, site_limits
-from .plans import SweepOptions, SweepPlan
-from .points import Point, build_points, check_placeholders
+from hpclaunch.basics import filemodes, users
+from hpclaunch.records import index, runpaths
+from hpclaunch import launching
+from hpclaunch.script import render
+from hpclaunch.backends import pick
+from hpclaunch.backends.base import ArrayLaunch
+from hpclaunch.backends.base import ArrayPart as ArrayJob
+from hpclaunch.errors import HpclaunchError, UserError
+from hpclaunch.config.secretnames import mask_text as masked
+from hpclaunch.sweeps import arrays, folder, script
+from hpclaunch.records import sweeprecord
+from hpclaunch.sweeps.limits import queued_jobs, site_limits
+from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
+from hpclaunch.sweeps.points import Point, build_points, check_placeholders
 
 if TYPE_CHECKING:
-    from .local import LocalSweep
+    from hpclaunch.sweeps.local import LocalSweep
 
 MAX_POINTS = 1_000_000  # beyond any site's queue; refused instantly, before building
 TRIAL_MODULE = "hpclaunch.sweeps.pointcmd"
@@ -72,7 +69,7 @@ def sweep_points(req: launching.Request, opts: SweepOptions) -> tuple[list[Point
         points = build_points(opts.grids, configs, opts.repeat, MAX_POINTS)
         check_placeholders(req.program, points)
         return points, ()
-    from . import space
+    from hpclaunch.sweeps import space
 
     if opts.grids or configs or opts.repeat:
         raise UserError(
@@ -142,7 +139,7 @@ def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planne
     notes for stderr, and the agent command; all empty for other sweeps."""
     if not (opts.wandb_sweep or opts.count):
         return _Wandb()
-    from . import wandb
+    from hpclaunch.sweeps import wandb
 
     chosen, warning = wandb.chosen_sweep(opts.wandb_sweep, planned.prepared.project_file)
     if not chosen:
@@ -227,22 +224,22 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
     behind (folder, index entry) when any step before Slurm's acceptance fails."""
     spec = sp.planned.spec
     if spec.container and spec.container.mount_points:
-        from ..containers import make_mount_points
+        from hpclaunch.payload.containers import make_mount_points
 
         make_mount_points(spec.container)
-    paths = rundirs.create(sp.paths, spec.share)
+    paths = runpaths.create(sp.paths, spec.share)
     if paths.run_id != sp.paths.run_id:
         raise HpclaunchError(f"sweep id collision on {sp.paths.run_id}; run the command again")
     try:
         with filemodes.writing(spec.share):  # the folder, the points, the Optuna journal
             data = folder.write_sweep(req, sp)
             if sp.space:
-                from . import trials
+                from hpclaunch.sweeps import trials
 
                 trials.create_study(paths.run_dir, paths.run_id, sp.options.direction)
         job_ids = [] if sp.local else sp.backend.start_array(_launch(req, sp))
     except BaseException:
-        rundirs.remove(paths)
+        runpaths.remove(paths)
         raise
     try:
         return _record_accepted(req, sp, paths, data, job_ids)
@@ -264,13 +261,13 @@ def _launch(req: launching.Request, sp: SweepPlan) -> ArrayLaunch:
 def _record_accepted(
     req: launching.Request,
     sp: SweepPlan,
-    paths: rundirs.RunPaths,
+    paths: runpaths.RunPaths,
     data: dict[str, Any],
     job_ids: list[str],
 ) -> dict[str, Any]:
     spec = sp.planned.spec
     if job_ids:
-        data = record.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
+        data = sweeprecord.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
     folder.write_point_records(sp, data, job_ids)
     index.add(
         {
@@ -290,7 +287,7 @@ def _record_accepted(
 
 def local_sweep(environ: Mapping[str, str], sp: SweepPlan) -> LocalSweep:
     """What a foreground backend's runner needs to run the points here."""
-    from .local import LocalSweep
+    from hpclaunch.sweeps.local import LocalSweep
 
     planned = sp.planned
     return LocalSweep(

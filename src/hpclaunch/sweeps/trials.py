@@ -20,8 +20,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
-from ..errors import UserError, show
-from .space import FIELD, SpaceParam, require_optuna, to_distributions
+from hpclaunch.errors import UserError, show
+from hpclaunch.sweeps.space import FIELD, SpaceParam, require_optuna, to_distributions
 
 if TYPE_CHECKING:
     import optuna

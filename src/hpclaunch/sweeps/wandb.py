@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import node
-from ..errors import UserError, show
-from ..launchers import encode_argv
-from .script import WANDB_EXIT, WANDB_POINT
+from hpclaunch import node
+from hpclaunch.errors import UserError, show
+from hpclaunch.script.launchers import encode_argv
+from hpclaunch.sweeps.script import WANDB_EXIT, WANDB_POINT
 
 API_KEY = "WANDB_API_KEY"
 _SWEEP_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}$")  # [[ENTITY/]PROJECT/]ID
@@ -83,7 +83,7 @@ def check_sweep_id(value: str) -> str:
 def chosen_sweep(cli: Optional[str], project_file: Optional[Path]) -> tuple[Optional[str], str]:
     """The sweep id (the command line's wins over hpclaunch.toml's [sweep] wandb_sweep)
     and a warning when the two differ (seed 003's TODO asks for a visible rule)."""
-    from ..tomlfiles import read_toml
+    from hpclaunch.config.tomlfiles import read_toml
 
     written = None
     if project_file is not None:
@@ -196,7 +196,7 @@ def _flat_yaml(text: str) -> dict[str, Any]:
 
 def point_env(params: Mapping[str, Any], program: Sequence[str]) -> dict[str, str]:
     """What a W&B point's ranks get beside the agent's own WANDB_* variables."""
-    from .points import format_value
+    from hpclaunch.sweeps.points import format_value
 
     usable = {k: v for k, v in params.items() if isinstance(v, (str, int, float, bool))}
     env = {node.HPCLAUNCH_PARAM_NAMES: ",".join(usable)}
@@ -209,13 +209,13 @@ def point_env(params: Mapping[str, Any], program: Sequence[str]) -> dict[str, st
 def run_point(program: Sequence[str], environ: Mapping[str, str]) -> int:
     """`hpclaunch run -- PROGRAM` as the agent's command inside a W&B point: the point's
     job.sh runs PROGRAM on every rank; its exit code is kept for the array script."""
-    from .. import records
+    from hpclaunch.records import runrecord
 
     folder = Path(environ[WANDB_POINT])
     params = params_from_file(environ.get("WANDB_SWEEP_PARAM_PATH", ""))
     env = {**environ, **point_env(params, program)}
-    records.write_json(folder / "params.json", dict(params))
-    records.update(
+    runrecord.write_json(folder / "params.json", dict(params))
+    runrecord.update(
         folder, params=params, wandb_run_id=environ.get("WANDB_RUN_ID"), command=list(program)
     )
     print(

@@ -1,0 +1,1 @@
+"""Small shared basics every layer uses: the environment, file modes, shell quoting, users, states, units."""

@@ -1,0 +1,278 @@
+"""Cluster profiles as data: the model, the built-in TOML files, user and project layers.
+
+A profile says what a cluster is (partitions and their limits, node shape, GPU->core
+topology), where runs live, and what every job there needs (environment, cache
+folders, CPU binding). Profiles are layered: built-in < ~/.config/hpclaunch/clusters/
+NAME.toml < the project's [clusters.NAME]; later layers override keys of earlier ones.
+
+The records are frozen dataclasses validated like pydantic models (`X.model_validate(data)`,
+datarecords.py), pydantic itself only for data not already of its fields' exact types.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+from hpclaunch.config.datarecords import _field, _Record
+from hpclaunch.errors import UserError, show
+from hpclaunch.config.tomlfiles import loads, merge, read_toml
+from hpclaunch.basics.units import parse_memory, parse_time
+
+if TYPE_CHECKING:
+    from hpclaunch.config.topology import Topology
+
+BUILTIN = ("local", "slurm", "lumi")
+
+
+# Conversions before validation; `cls` first, as pydantic's field validators.
+def _time(cls: Any, value: Any) -> Any:
+    return parse_time(value, "max_time") if isinstance(value, str) else value
+
+
+def _default_time(cls: Any, value: Any) -> Any:
+    return parse_time(value, "default_time") if isinstance(value, str) else value
+
+
+def _poll_floor(cls: Any, value: Any) -> Any:
+    """min_poll_interval: whole seconds, at least 0 (waiting.py: every wait obeys it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        whole = False
+    else:
+        whole = float(value).is_integer()  # inf and nan are not
+    if not whole:
+        raise UserError(
+            "min_poll_interval",
+            f"{show(value)} is not a number of seconds",
+            "a whole number, 0 or more",
+            "Write e.g. min_poll_interval = 60",
+        )
+    return int(value)
+
+
+def _memory(cls: Any, value: Any) -> Any:
+    return parse_memory(value, "node.memory") if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class Partition(_Record):
+    max_time: Optional[int] = _field(before=_time)  # seconds; None = no limit
+    default_time: Optional[int] = _field(before=_default_time)  # Slurm's DefaultTime, if known
+    # GPUs per node without --gpus-per-node; None: see resources.default_gpus.
+    gpus_default: Optional[int] = None
+    max_nodes: Optional[int] = None  # per job
+    nodes: Optional[int] = None  # nodes in the partition (from sinfo)
+    whole_node: bool = False
+    cpus: Optional[int] = None  # per node, overriding the profile's node shape
+    gpus: Optional[int] = None
+    memory_mb: Optional[int] = None
+    local_disk_mb: Optional[int] = None  # sinfo's TmpDisk
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class NodeShape(_Record):
+    cpus: Optional[int] = None
+    usable_cpus: Optional[int] = None
+    gpus: int = 0
+    memory_mb: Optional[int] = _field(alias="memory", before=_memory)
+    cpus_per_gpu: Optional[int] = None
+    # Node-local space for staged data (--stage); None = unknown (not checked).
+    local_disk_mb: Optional[int] = _field(alias="local_disk", before=_memory)
+
+
+@dataclass(frozen=True)
+class ContainerBind(_Record):
+    """One bind a profile adds to every container job (LUMI: the multi-node set)."""
+
+    path: str  # on the host; also the destination unless `dst` is given
+    dst: str = ""
+    ro: bool = False
+    multi_node: bool = False  # only for jobs on more than one node
+    # Exists only on compute nodes (LUMI's /opt/cray, libcxi): never checked on the
+    # submitting host, where it may well be missing.
+    node_local: bool = False
+    # Only when a path of the job (run dir, project, checkpoints, a bind) lies under one
+    # of these (LUMI: /scratch and /flash are symlinks into /pfs).
+    when_under: tuple[str, ...] = ()
+
+
+# Host variables that cross into the container besides the job's own (NAME or PREFIX*):
+# the ones ML programs and their libraries read. --env adds any other.
+PASS_ENV = (
+    *("USER", "LOGNAME", "LANG", "LC_*", "TZ", "TERM", "WANDB_*", "HF_*", "HUGGING_FACE_*"),
+    *("MLFLOW_*", "COMET_*", "NEPTUNE_*", "TORCH_*", "TORCHINDUCTOR_*", "TRITON_*", "JAX_*"),
+    *("XLA_*", "TF_*", "NCCL_*", "RCCL_*", "MIOPEN_*", "FI_*", "CXI_*", "CUDA_*", "ROCR_*"),
+    *("HIP_*", "HSA_*", "OMP_*", "MKL_*", "OPENBLAS_*"),
+)
+
+
+@dataclass(frozen=True)
+class ContainerSettings(_Record):
+    """How a site runs containers: the runtime, where images live, what every job binds."""
+
+    runtime: Literal["apptainer", "charliecloud"] = "apptainer"
+    # The runtime's program; "" = apptainer, else singularity, whichever is on PATH.
+    command: str = ""
+    image_dirs: tuple[str, ...] = ()  # where a bare image name is looked up
+    image_vars: tuple[str, ...] = ("SIF",)  # variables container modules set to an image
+    flags: tuple[str, ...] = ()  # always given to the runtime
+    gpu_flags: tuple[str, ...] = ()  # given when the job asks for GPUs (--nv on NVIDIA)
+    # Shell text run inside the container before Python starts (LUMI: "$WITH_CONDA").
+    activate: str = ""
+    # The network plugin library the site's images must hold for fast collectives across
+    # nodes (LUMI: librccl-net, from aws-ofi-rccl); `hpclaunch doctor` looks for it.
+    network_plugin: str = ""
+    binds: tuple[ContainerBind, ...] = ()
+    pass_env: tuple[str, ...] = PASS_ENV
+
+
+@dataclass(frozen=True)
+class RemoteSettings(_Record):
+    """[remote]: how a laptop reaches the cluster (ignored on the login node: choose.py)."""
+
+    host: str = ""
+    login_hostnames: tuple[str, ...] = ()
+    forward_env: tuple[str, ...] = ()  # laptop variables a run, sweep or rerun sends
+    ship_limit: str = "2G"  # the most `--ship DIR` sends (a folder outside git)
+
+
+@dataclass(frozen=True)
+class Profile(_Record):
+    name: str
+    description: str = ""
+    kind: Literal["local", "slurm"] = "slurm"
+    discover: bool = False
+    detect_cluster_names: tuple[str, ...] = ()
+    account_required: bool = False
+    account_pattern: str = ""
+    run_root: str = "runs"
+    share: Literal["private", "group"] = "private"  # who reads run folders (filemodes.py)
+    # Used instead of run_root when $SCRATCH is set (generic clusters: "{scratch}/{project}").
+    scratch_run_root: str = ""
+    checkpoint_root: str = ""
+    default_partition: str = ""
+    python: str = "python3"
+    launcher: Literal["srun", "torchrun"] = "srun"
+    gpu_visibility: Literal["all", "per-task"] = "all"
+    gpu_vars: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+    gpu_unset: tuple[str, ...] = ()
+    cpu_bind: Literal["mask", "map", "none"] = "none"
+    cpu_bind_verbose: bool = True
+    one_task_per_gpu: bool = False
+    mem_per_gpu: Optional[str] = None
+    cache_dirs: tuple[str, ...] = ()
+    # Where each node's private folder of the job ($HPCLAUNCH_LOCAL, made fresh with an
+    # unpredictable name) is made, shell text evaluated on each node: the site's per-job
+    # $SLURM_TMPDIR or $TMPDIR when it sets one, else /tmp.
+    local_dir: str = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
+    local_is_ram: bool = False  # /tmp in memory (LUMI): staged data counts against --mem
+    stage_cache_keep: int = 2  # packs kept per source in <run-root>/.stage-cache
+    stage_cache_max: str = "200G"  # all packs together; the least recently used go first
+    node: NodeShape = NodeShape()
+    topology: Optional[Topology] = None
+    env: dict[str, str] = field(default_factory=dict)
+    debug_env: dict[str, str] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+    sbatch_args: tuple[str, ...] = ()
+    # A row's #SBATCH line as this site spells it (options.py: a row with a `line`), "{}"
+    # for the value: e.g. gpus-per-node = "--gres=gpu:{}" where --gpus-per-node is refused.
+    sbatch_lines: dict[str, str] = field(default_factory=dict)
+    partitions: dict[str, Partition] = field(default_factory=dict)
+    container: ContainerSettings = ContainerSettings()
+    cluster_name: str = ""  # filled by discovery
+    wandb_credentials: str = ""  # a file holding the W&B API key (mode 600), e.g. seed 003's
+    remote: RemoteSettings = RemoteSettings()
+    # The fewest seconds between two status calls of any wait (run --wait, logs --follow,
+    # Run.wait(), sweep wait, top): a site whose usage policy asks for fewer calls sets it.
+    min_poll_interval: int = field(default=0, metadata={"before": _poll_floor})
+
+    def partition(self, name: str) -> Optional[Partition]:
+        return self.partitions.get(name)
+
+    def default_partition_name(self) -> str:
+        if self.default_partition:
+            return self.default_partition
+        for name, part in self.partitions.items():
+            if part.default:
+                return name
+        return ""
+
+
+def user_profile_dir(environ: Mapping[str, str]) -> Path:
+    """Where a user's own profiles live (the request's environment decides)."""
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    base = environ.get("XDG_CONFIG_HOME") or str(home / ".config")
+    return Path(base) / "hpclaunch" / "clusters"
+
+
+def _builtin(name: str) -> dict[str, Any]:
+    # A file beside this one, as bootstrap.py is (importlib.resources costs an import).
+    text = (Path(__file__).with_name("clusters") / f"{name}.toml").read_text("utf-8")
+    return loads(text, Path(name), "cluster profile")
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def load_profile(
+    name: str,
+    project_profiles: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Profile:
+    """Built-in < user file < project table, validated into a Profile."""
+    environ = {} if environ is None else environ
+    if not _NAME.match(name) or ".." in name:
+        raise UserError(
+            "--cluster",
+            f"{show(name)} is not a cluster name",
+            "letters, digits, . _ -; at most 64",
+            "Use e.g. --cluster lumi",
+        )
+    data: dict[str, Any] = {}
+    found = False
+    if name in BUILTIN:
+        data = _builtin(name)
+        found = True
+    user_file = user_profile_dir(environ) / f"{name}.toml"
+    if user_file.is_file():
+        data = merge(data, read_toml(user_file, "cluster profile"))
+        found = True
+    if project_profiles and name in project_profiles:
+        data = merge(data, project_profiles[name])
+        found = True
+    if not found:
+        users = list_user_profiles(environ)
+        known = sorted(set(BUILTIN) | set(users) | set(project_profiles or {}))
+        raise UserError(
+            "--cluster",
+            f"unknown cluster {show(name)}",
+            f"known: {', '.join(known)}",
+            f"Pick one, or describe it in {user_file}",
+        )
+    data.setdefault("name", name)
+    try:
+        return Profile.model_validate(data)
+    except ValueError as exc:  # pydantic's ValidationError (pydantic is loaded by then)
+        from pydantic import ValidationError
+
+        if not isinstance(exc, ValidationError):
+            raise
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UserError(
+            f"cluster profile {name}: {where}",
+            err["msg"],
+            "",
+            f"Fix the profile ({user_file} or hpclaunch.toml [clusters.{name}])",
+        ) from None
+
+
+def list_user_profiles(environ: Mapping[str, str]) -> list[str]:
+    folder = user_profile_dir(environ)
+    if not folder.is_dir():
+        return []
+    return sorted(p.stem for p in folder.glob("*.toml"))

@@ -1,0 +1,1 @@
+"""hpclaunch doctor: the checks before submitting and the doctor's job."""

@@ -1,0 +1,340 @@
+"""Follow a run's per-rank log files and print their new lines tagged `[node rank]`.
+
+Files and their layout: docs/internals.md (logs/rank-R.out|err, ranks.tsv, batch.out).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TextIO
+
+from hpclaunch.node import ERR, EXIT, OUT, RANKS_TSV
+from hpclaunch.node import RANK_FILE as RANK_NAME
+from hpclaunch.records.runpaths import ATTEMPT_PREFIX, attempt_numbers
+
+# rank-R.out|err|exit, as node.RANK_FILE names them: group 1 the rank, group 2 the kind.
+RANK_FILE = re.compile(
+    re.escape(RANK_NAME).replace("%d", r"(\d+)").replace("%s", f"({OUT}|{ERR}|{EXIT})") + r"\Z"
+)
+_CHUNK = 1 << 20  # read growth in 1 MiB pieces: a chatty rank must not cost a huge buffer
+_MAX_LINE = 64 << 10  # a line longer than this is printed in pieces (bounds memory per file)
+
+
+class _Tail:
+    """How far one log file has been read, and its unfinished last line."""
+
+    __slots__ = ("ino", "offset", "partial", "path", "rank", "to_err")
+
+    def __init__(self, path: Path, rank: int | None, to_err: bool) -> None:
+        self.path = path
+        self.rank = rank  # None: batch.out
+        self.to_err = to_err
+        self.offset = 0
+        self.ino: int | None = None
+        self.partial = b""
+
+
+class LogFollower:
+    """Print what is new in a run's `logs/`, one complete line at a time, tagged by rank.
+
+    Each poll lists the folder once and stats each followed file once; only the bytes that
+    grew since the last poll are read, so thousands of rank files stay cheap. `rank` limits
+    the rank files followed; `include_batch` decides about `batch.out` independently.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path,
+        out: TextIO,
+        err: TextIO,
+        *,
+        rank: int | None = None,
+        include_batch: bool = True,
+        tag: bool = True,
+    ) -> None:
+        self._dir = Path(log_dir)
+        self._out = out
+        self._err = err
+        self._rank = rank
+        self._include_batch = include_batch
+        self._tag = tag
+        self._tails: dict[str, _Tail] = {}
+        self._order: list[_Tail] = []
+        self._ranks_tsv = _Tail(self._dir / RANKS_TSV, None, False)
+        self._nodes: dict[int, str] = {}
+        self._exited: set[int] = set()
+
+    @property
+    def nodes(self) -> Mapping[int, str]:
+        """Rank -> node, as read from ranks.tsv so far."""
+        return MappingProxyType(self._nodes)
+
+    @property
+    def exited(self) -> frozenset[int]:
+        """Ranks whose rank-R.exit file has been seen."""
+        return frozenset(self._exited)
+
+    def poll(self) -> int:
+        """Print the complete lines that are new since the last call; return how many."""
+        self._discover()
+        self._read_ranks()
+        printed = sum(self._pump(tail) for tail in self._order)
+        if printed:
+            self._out.flush()
+            self._err.flush()
+        return printed
+
+    def drain(self) -> int:
+        """Print everything left, a final line without newline included."""
+        printed = self.poll()
+        for tail in self._order:
+            if tail.partial:
+                printed += self._write(tail, [tail.partial])
+                tail.partial = b""
+        self._out.flush()
+        self._err.flush()
+        return printed
+
+    def _discover(self) -> None:
+        if self._rank is not None:
+            # One rank: its file names are known, no need to list a folder of thousands.
+            names = [RANK_NAME % (self._rank, kind) for kind in (OUT, ERR)]
+            if (self._dir / (RANK_NAME % (self._rank, EXIT))).exists():
+                self._exited.add(self._rank)
+        else:
+            try:
+                with os.scandir(self._dir) as it:
+                    names = [e.name for e in it]
+            except OSError:  # the folder appears once the job starts
+                names = []
+        if self._include_batch:
+            names.append("batch.out")
+        added = False
+        for name in names:
+            if name in self._tails:
+                continue
+            if name == "batch.out":
+                tail = _Tail(self._dir / name, None, True)
+            else:
+                m = RANK_FILE.match(name)
+                if m is None:
+                    continue
+                if m.group(2) == EXIT:
+                    self._exited.add(int(m.group(1)))
+                    continue
+                tail = _Tail(self._dir / name, int(m.group(1)), m.group(2) == ERR)
+            self._tails[name] = tail
+            added = True
+        if added:
+            self._order = sorted(
+                self._tails.values(),
+                key=lambda t: (-1 if t.rank is None else t.rank, t.to_err),
+            )
+
+    def _grown(self, tail: _Tail) -> int:
+        """Bytes to read now (0 when absent or unchanged); restart a replaced/truncated file."""
+        try:
+            st = os.stat(tail.path)
+        except OSError:
+            return 0
+        if st.st_ino != tail.ino or st.st_size < tail.offset:
+            # A requeued job's batch.out is truncated by Slurm; a new file starts over.
+            if tail.ino is not None:
+                tail.offset, tail.partial = 0, b""
+            tail.ino = st.st_ino
+        return max(0, st.st_size - tail.offset)
+
+    def _chunks(self, tail: _Tail) -> Iterator[bytes]:
+        """The bytes that grew, piece by piece, up to the size stat saw (a writer faster
+        than us cannot keep one poll going, and a burst of output is never held whole)."""
+        left = self._grown(tail)
+        if not left:
+            return
+        try:
+            with open(tail.path, "rb") as f:
+                f.seek(tail.offset)
+                while left > 0 and (chunk := f.read(min(_CHUNK, left))):
+                    tail.offset += len(chunk)
+                    left -= len(chunk)
+                    yield chunk
+        except OSError:
+            return  # removed meanwhile: what was read is kept
+
+    def _lines(self, tail: _Tail) -> Iterator[list[bytes]]:
+        """The complete lines that grew, chunk by chunk; over-long ones in pieces."""
+        for chunk in self._chunks(tail):
+            lines = (tail.partial + chunk).split(b"\n")
+            tail.partial = lines.pop()
+            while len(tail.partial) > _MAX_LINE:
+                cut = _utf8_cut(tail.partial, _MAX_LINE)
+                lines.append(tail.partial[:cut])
+                tail.partial = tail.partial[cut:]
+            yield lines
+
+    def _pump(self, tail: _Tail) -> int:
+        return sum(self._write(tail, lines) for lines in self._lines(tail))
+
+    def _read_ranks(self) -> None:
+        for lines in self._lines(self._ranks_tsv):
+            for line in lines:
+                fields = line.decode("utf-8", "replace").split("\t")
+                if len(fields) >= 2 and fields[0].strip().isdigit():
+                    # A requeued rank appends a new line: the latest node wins.
+                    self._nodes[int(fields[0])] = fields[1].strip() or "?"
+
+    def _write(self, tail: _Tail, lines: list[bytes]) -> int:
+        if not lines:
+            return 0
+        if not self._tag:
+            prefix = ""
+        elif tail.rank is None:
+            prefix = "[batch] "
+        else:
+            prefix = f"[{self._nodes.get(tail.rank, '?')} {tail.rank}] "
+        stream = self._err if tail.to_err else self._out
+        terminal = _is_terminal(stream)
+        if prefix and terminal and _colour_allowed:
+            # One colour per rank, so that interleaved ranks stay apart on a terminal.
+            colour = _COLOURS[(tail.rank or 0) % len(_COLOURS)] if tail.rank is not None else "2"
+            prefix = f"\x1b[{colour}m{prefix.rstrip()}\x1b[0m "
+        texts = [_visible(line.decode("utf-8", "replace"), self._tag) for line in lines]
+        if terminal:  # the program's own escapes are shown, not acted on; files keep them
+            texts = [terminal_safe(text) for text in texts]
+        safe_write(stream, "".join(prefix + t + "\n" for t in texts))
+        return len(lines)
+
+
+class AttemptFollower:
+    """A run's logs across its attempts (--requeue): batch.out and a plain run's rank files
+    in logs/, a requeued run's rank files in the latest logs/attempt-N/, switching (and
+    saying so) when the next attempt's folder appears. The same calls as LogFollower."""
+
+    def __init__(
+        self,
+        logs_dir: Path,
+        out: TextIO,
+        err: TextIO,
+        *,
+        rank: int | None = None,
+        include_batch: bool = True,
+        tag: bool = True,
+        announce: bool = True,
+    ) -> None:
+        self._logs = Path(logs_dir)
+        self._streams = (out, err)
+        self._rank, self._tag, self._announce = rank, tag, announce
+        self._base = LogFollower(
+            self._logs, out, err, rank=rank, include_batch=include_batch, tag=tag
+        )
+        self._attempt: tuple[int, LogFollower] | None = None
+
+    @property
+    def rank_dir(self) -> Path:
+        """Where the ranks of the attempt followed now write (logs/ without attempts)."""
+        return self._logs / f"{ATTEMPT_PREFIX}{self._attempt[0]}" if self._attempt else self._logs
+
+    @property
+    def nodes(self) -> Mapping[int, str]:
+        return (self._attempt[1] if self._attempt else self._base).nodes
+
+    @property
+    def exited(self) -> frozenset[int]:
+        return (self._attempt[1] if self._attempt else self._base).exited
+
+    def poll(self) -> int:
+        printed = self._base.poll()
+        numbers = attempt_numbers(self._logs.parent)
+        if numbers and (self._attempt is None or numbers[-1] > self._attempt[0]):
+            if self._attempt is not None:
+                printed += self._attempt[1].drain()
+            number = numbers[-1]
+            if self._announce and number > 0:
+                safe_write(self._streams[1], f"hpclaunch: attempt {number} started\n")
+            follower = LogFollower(
+                self._logs / f"{ATTEMPT_PREFIX}{number}",
+                *self._streams,
+                rank=self._rank,
+                include_batch=False,
+                tag=self._tag,
+            )
+            self._attempt = (number, follower)
+        if self._attempt is not None:
+            printed += self._attempt[1].poll()
+        return printed
+
+    def drain(self) -> int:
+        printed = self.poll()
+        printed += self._base.drain()
+        if self._attempt is not None:
+            printed += self._attempt[1].drain()
+        return printed
+
+
+def _utf8_cut(data: bytes, limit: int) -> int:
+    """An index <= limit that does not split a UTF-8 sequence (so both halves decode)."""
+    cut = limit
+    while cut > limit - 4 and cut > 0 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut if cut > 0 else limit
+
+
+_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
+_colour_allowed = True  # cleared by configure(no_color=True): NO_COLOR (no-color.org)
+
+
+def configure(*, no_color: bool) -> None:
+    """What the CLI learnt from its environment (NO_COLOR set: plain tags everywhere)."""
+    global _colour_allowed
+    _colour_allowed = not no_color
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# What a rank may not send to the user's terminal: ESC unless it starts a colour (SGR)
+# sequence `ESC [ digits;: m`, every other C0 control but TAB, LF, CR and BS, DEL, and the
+# C1 controls (U+0080-U+009F; some terminals act on U+009B as CSI). A program's output
+# could otherwise retitle the window, move the cursor over earlier lines, or send the
+# OSC / DCS sequences some terminals answer by typing text into the user's shell.
+_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+_CONTROL = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]")  # ESC aside
+_UNSAFE = re.compile(r"\x1b(?!\[[0-9;:]*m)|" + _CONTROL.pattern)
+_ESCAPED = {chr(code): f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def terminal_safe(text: str) -> str:
+    """Rank output as it may be shown on a terminal: colours, `\\r` and `\\b` kept, every
+    other control character shown as the text `\\xNN` (so `ESC ] 0 ; t BEL` reads
+    `\\x1b]0;t\\x07`). Only for a terminal: log files and pipes keep the bytes."""
+    # Fast paths, each one pass in C (the full substitution is several times slower):
+    # most lines are printable; most others only add colours, tabs, \r or \b.
+    if text.isprintable():
+        return text
+    if not _CONTROL.search(text) and text.count("\x1b") == len(_SGR.findall(text)):
+        return text
+    return _UNSAFE.sub(lambda found: _ESCAPED[found.group()], text)
+
+
+def _visible(text: str, tagged: bool) -> str:
+    """With tags, show a line as a terminal would: progress bars (`\\r` updates) -> last one."""
+    if not tagged:
+        return text
+    text = text.rstrip("\r")
+    return text.rsplit("\r", 1)[-1] if "\r" in text else text
+
+
+def safe_write(stream: TextIO, text: str) -> None:
+    """Write text even to a stream whose encoding cannot hold it (e.g. ASCII locale)."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        enc = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(enc, "replace").decode(enc, "replace"))

@@ -1,0 +1,1 @@
+"""What travels with a run: project facts, the code snapshot, staged data, containers, venvs."""

@@ -1,0 +1,1 @@
+"""A request -> a checked JobSpec: resources, validation, dependencies."""

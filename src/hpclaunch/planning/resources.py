@@ -1,0 +1,352 @@
+"""Resource checks: nodes, GPUs, tasks, CPUs per task, memory and time, against the
+chosen partition and the node shape (or, locally, this machine and the rank limit).
+
+When a limit breaks because of a product (nodes x tasks, tasks x CPUs), the error
+names the factor the user gave, found in `sources` (which layer gave each value): an
+error about an option the user never typed sends them looking in the wrong place.
+The batch script says, in comments, what a request that left something out got (GPUs
+per node, the time limit) and how to ask for something else.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from hpclaunch.config.profilekinds import runs_here
+from hpclaunch.errors import UserError
+from hpclaunch.config.options import RunOptions
+from hpclaunch.config.profiles import Partition, Profile
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.basics.units import format_memory, format_time, parse_memory
+
+MAX_LOCAL_RANKS = 256
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The checked per-job sizes that go into the JobSpec."""
+
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_mb: Optional[int]
+    mem_per_gpu_mb: Optional[int]
+    time_s: Optional[int]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request and where it goes: what every check reads."""
+
+    profile: Profile
+    part: Optional[Partition]  # None: local, inside an allocation, or no partitions known
+    partition_name: str
+    options: RunOptions
+    sources: Mapping[str, str]
+    local: bool
+    in_allocation: bool
+
+    @property
+    def submitted(self) -> bool:
+        """A new Slurm job, whose sizes the partition's nodes must hold."""
+        return not self.local and not self.in_allocation
+
+    @property
+    def whole_node(self) -> bool:
+        return bool(self.part and self.part.whole_node)
+
+    @property
+    def exclusive(self) -> bool:
+        return self.options.exclusive
+
+
+def check_resources(req: Request) -> Resources:
+    """Every size checked, in the order a user fixes them: nodes, GPUs, tasks, CPUs,
+    memory, time (the first broken one is the one reported)."""
+    node_gpus = _node_gpus(req)
+    nodes = _nodes(req)
+    gpus = _gpus_per_node(req, node_gpus)
+    tasks = positive(
+        "--tasks-per-node", _given(req.options.tasks_per_node, gpus or 1), "tasks per node"
+    )
+    if req.local:
+        _check_local_ranks(nodes, tasks, req.sources)
+    cpus = _cpus_per_task(req, gpus, tasks)
+    if req.submitted:
+        _check_cpus_per_node(tasks, cpus, _usable_cpus(req), req.sources)
+    mem, mem_per_gpu = _memory(req, gpus)
+    return Resources(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        tasks_per_node=tasks,
+        cpus_per_task=cpus,
+        mem_mb=mem,
+        mem_per_gpu_mb=mem_per_gpu,
+        time_s=_time(req),
+    )
+
+
+def _given(value: Optional[int], default: int) -> int:
+    return default if value is None else value
+
+
+def positive(field: str, value: int, what: str) -> int:
+    if value < 1:
+        raise UserError(field, f"{value} {what}", "at least 1", f"Ask for 1 or more {what}")
+    return value
+
+
+# -- what one node offers (a partition's own shape wins over the profile's node) ------
+
+
+def _usable_cpus(req: Request) -> Optional[int]:
+    part_cpus = req.part.cpus if req.part and req.part.cpus else None
+    return req.profile.node.usable_cpus or part_cpus or req.profile.node.cpus
+
+
+def gpus_on_node(profile: Profile, part: Optional[Partition]) -> int:
+    if part and part.gpus is not None:
+        return part.gpus
+    return profile.node.gpus
+
+
+def _node_gpus(req: Request) -> int:
+    return gpus_on_node(req.profile, req.part)
+
+
+def _node_memory(req: Request) -> Optional[int]:
+    part_mem = req.part.memory_mb if req.part and req.part.memory_mb else None
+    return part_mem or req.profile.node.memory_mb
+
+
+# -- the checks -----------------------------------------------------------------------
+
+
+def _nodes(req: Request) -> int:
+    nodes = positive("--nodes", _given(req.options.nodes, 1), "nodes")
+    part, name = req.part, req.partition_name
+    if part and part.max_nodes and nodes > part.max_nodes:
+        raise UserError(
+            "--nodes",
+            f"{nodes} nodes on {name}",
+            f"the partition allows {part.max_nodes} per job",
+            f"Ask for {part.max_nodes} or fewer",
+        )
+    if part and part.nodes and nodes > part.nodes:
+        raise UserError(
+            "--nodes",
+            f"{nodes} nodes on {name}",
+            f"the partition has {part.nodes}",
+            f"Ask for {part.nodes} or fewer",
+        )
+    return nodes
+
+
+def default_gpus(
+    profile: Profile, part: Optional[Partition], exclusive: bool, node_gpus: int
+) -> int:
+    """GPUs per node when --gpus-per-node is not given. On one-task-per-GPU sites (LUMI)
+    every job on a partition is a GPU job: all of a node the job owns (a whole-node
+    partition, or --exclusive), else the partition's `gpus_default` (LUMI's partial-node
+    partitions: 1), else 1. Elsewhere the partition's `gpus_default`, else none. Without
+    a partition (local, inside an allocation) none."""
+    if part is None:
+        return 0
+    if profile.one_task_per_gpu and (part.whole_node or exclusive):
+        return node_gpus
+    if part.gpus_default is not None:
+        return min(part.gpus_default, node_gpus)
+    return min(1, node_gpus) if profile.one_task_per_gpu else 0
+
+
+def _gpus_per_node(req: Request, node_gpus: int) -> int:
+    default = default_gpus(req.profile, req.part, req.exclusive, node_gpus)
+    gpus = _given(req.options.gpus_per_node, default)
+    if gpus < 0:
+        raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
+    if gpus > node_gpus and not req.in_allocation:
+        where = f"nodes of {req.partition_name}" if req.part else f"{req.profile.name} nodes"
+        raise UserError(
+            "--gpus-per-node",
+            f"{gpus} GPUs per node",
+            f"{where} have {node_gpus}",
+            f"Ask for {node_gpus} or fewer" if node_gpus else "Drop --gpus-per-node",
+        )
+    return gpus
+
+
+def _check_local_ranks(nodes: int, tasks: int, sources: Mapping[str, str]) -> None:
+    if nodes * tasks <= MAX_LOCAL_RANKS:
+        return
+    if tasks > MAX_LOCAL_RANKS:  # one node alone is too many, whatever -N says
+        field = "--tasks-per-node"
+    else:
+        field = _blame(sources, (("nodes", "--nodes"), ("tasks_per_node", "--tasks-per-node")))
+    if field == "--nodes":
+        fix = f"Use at most {_count(max(1, MAX_LOCAL_RANKS // tasks), 'node')} locally, "
+        fix += "or fewer tasks per node"
+    else:
+        most = _count(max(1, MAX_LOCAL_RANKS // nodes), "task")
+        fix = f"Use at most {most} per node locally, or fewer nodes"
+    raise UserError(
+        field,
+        f"{_count(nodes, 'node')} x {_count(tasks, 'task')} = {nodes * tasks} local ranks",
+        f"at most {MAX_LOCAL_RANKS}",
+        fix,
+    )
+
+
+def _cpus_per_task(req: Request, gpus: int, tasks: int) -> int:
+    default = 1
+    # One task per GPU: each gets its GPU's share of the cores (LUMI: 7).
+    if req.profile.node.cpus_per_gpu and gpus and tasks == gpus:
+        default = req.profile.node.cpus_per_gpu
+    return positive("--cpus-per-task", _given(req.options.cpus_per_task, default), "CPUs per task")
+
+
+def _check_cpus_per_node(
+    tasks: int, cpus: int, usable: Optional[int], sources: Mapping[str, str]
+) -> None:
+    # torchrun asks Slurm for one task holding all ranks' CPUs: the same product.
+    if not usable or tasks * cpus <= usable:
+        return
+    # A default CPUs per task is not the user's doing: then the tasks are.
+    field = _blame(
+        sources,
+        (("cpus_per_task", "--cpus-per-task"), ("tasks_per_node", "--tasks-per-node")),
+        fallback="--tasks-per-node",
+    )
+    if field == "--cpus-per-task":
+        fix = f"Use at most {_count(max(1, usable // tasks), 'CPU')} per task or fewer tasks"
+    else:
+        fix = f"Use at most {_count(max(1, usable // cpus), 'task')} per node"
+        fix += " or fewer CPUs per task" if cpus > 1 else ""
+    raise UserError(
+        field,
+        f"{_count(tasks, 'task')} x {_count(cpus, 'CPU')} = {tasks * cpus} per node",
+        f"nodes have {usable} usable cores",
+        fix,
+    )
+
+
+def _memory(req: Request, gpus: int) -> tuple[Optional[int], Optional[int]]:
+    mem, mem_per_gpu = req.options.mem, req.options.mem_per_gpu
+    if mem is not None and mem_per_gpu is not None:
+        raise UserError("--mem", "given together with --mem-per-gpu", "", "Give only one of them")
+    profile = req.profile
+    if mem is None and mem_per_gpu is None and profile.mem_per_gpu and gpus and not req.local:
+        mem_per_gpu = parse_memory(profile.mem_per_gpu, "mem_per_gpu")
+    node_mem = _node_memory(req)
+    if node_mem and mem and mem > node_mem:
+        raise UserError(
+            "--mem",
+            f"{format_memory(mem)} per node",
+            f"nodes have {format_memory(node_mem)}",
+            "Ask for less, or --mem 0 for all of it",
+        )
+    if node_mem and mem_per_gpu and gpus and mem_per_gpu * gpus > node_mem:
+        raise UserError(
+            "--mem-per-gpu",
+            f"{format_memory(mem_per_gpu)} x {gpus} GPUs",
+            f"nodes have {format_memory(node_mem)}",
+            "Ask for less memory per GPU",
+        )
+    return mem, mem_per_gpu
+
+
+def _time(req: Request) -> Optional[int]:
+    time_s = req.options.time
+    part = req.part
+    if part and part.max_time and time_s and time_s > part.max_time:
+        raise UserError(
+            "--time",
+            f"{format_time(time_s)} on {req.partition_name}",
+            f"the partition's limit is {format_time(part.max_time)}",
+            f"Ask for {format_time(part.max_time)} or less, or pick another partition",
+        )
+    return time_s
+
+
+# -- what the dry-run says about defaults ---------------------------------------------
+
+
+def default_notes(spec: JobSpec, profile: Profile) -> list[str]:
+    """Comment lines on what the job gets because the request left it out (GPUs per
+    node, the time limit) and how to ask for something else."""
+    if runs_here(profile.kind) or not spec.partition:  # no partition: a step of an allocation
+        return []
+    given = {key for key, _ in spec.sources}
+    part = profile.partition(spec.partition)
+    notes = []
+    if "gpus_per_node" not in given and spec.gpus_per_node and part is not None:
+        notes.append(_gpus_note(spec, profile, part))
+    if spec.time_s is None:
+        notes.append(_time_note(spec.partition, part))
+    return [
+        "# " + line
+        for note in notes
+        for line in textwrap.wrap(note, 86, break_long_words=False, break_on_hyphens=False)
+    ]
+
+
+def _gpus_note(spec: JobSpec, profile: Profile, part: Partition) -> str:
+    name, gpus, most = spec.partition, spec.gpus_per_node, gpus_on_node(profile, part)
+    count = f"{gpus} GPU{'s' if gpus > 1 else ''} per node by default"
+    if spec.tasks_per_node == gpus:
+        mem = f" and {format_memory(spec.mem_per_gpu_mb)}" if spec.mem_per_gpu_mb else ""
+        count += f" (one rank with {spec.cpus_per_task} CPUs{mem} per GPU)"
+    if part.whole_node:
+        return (
+            f"{name} allocates whole nodes: all {count}; use fewer with --gpus-per-node N "
+            "(the whole node is still allocated)"
+        )
+    if gpus == most and spec.exclusive:
+        return (
+            f"--exclusive takes whole nodes of {name}: all {count}; "
+            "use fewer with --gpus-per-node N"
+        )
+    more = ""
+    if profile.one_task_per_gpu:  # --exclusive: every GPU, ranks bound to their cores
+        bound = ", ranks bound to their GPUs' cores" if profile.cpu_bind != "none" else ""
+        more = f" (all {most} GPUs{bound})"
+    return (
+        f"{name} allocates parts of nodes: {count}; ask for more with --gpus-per-node N "
+        f"(up to {most}) or take whole nodes with --exclusive{more}"
+    )
+
+
+def _time_note(name: str, part: Optional[Partition]) -> str:
+    """Slurm gives a job without --time its partition's DefaultTime (else MaxTime)."""
+    most = format_time(part.max_time) if part and part.max_time else ""
+    ask = f"ask for up to {most} with -t TIME" if most else "ask for a limit with -t TIME"
+    if part and part.default_time:
+        default = format_time(part.default_time)
+        return f"no -t/--time: Slurm gives the job {name}'s default time limit, {default}; {ask}"
+    without = f"its MaxTime, {most}" if most else "its MaxTime"
+    return (
+        f"no -t/--time: Slurm applies {name}'s DefaultTime (scontrol show partition {name} "
+        f"shows it; without one, {without}); {ask}"
+    )
+
+
+# -- naming the field to blame --------------------------------------------------------
+
+
+def _blame(
+    sources: Mapping[str, str], candidates: Sequence[tuple[str, str]], fallback: str = ""
+) -> str:
+    """The field of the value the user typed just now (command line) first, then of one
+    from another layer (project file, environment), else `fallback` (else the first)."""
+    for wanted in (lambda s: s == "cli", lambda s: True):
+        for key, field in candidates:
+            if key in sources and wanted(sources[key]):
+                return field
+    return fallback or candidates[0][1]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

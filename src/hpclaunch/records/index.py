@@ -1,0 +1,112 @@
+"""The per-user run index: one JSON line per run, so that `runs`, `status`, `logs` and
+`cancel` find runs from any directory (refs.py reads what a user types against it).
+
+Appends are one write() on an O_APPEND descriptor, so concurrent runs never interleave
+or lose a line; one cut short by a full disk is taken back. A damaged or foreign line
+(cut short, invalid UTF-8, missing fields, another version's shape) is skipped with a
+warning; it never stops a listing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from hpclaunch.basics import filemodes
+
+Warn = Callable[[str], None]
+
+
+def path(environ: Mapping[str, str]) -> Path:
+    base = environ.get("XDG_DATA_HOME") or str(_home(environ) / ".local" / "share")
+    return Path(base) / "hpclaunch" / "runs.jsonl"
+
+
+def _home(environ: Mapping[str, str]) -> Path:
+    return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+
+
+def add(entry: dict[str, Any], environ: Mapping[str, str]) -> None:
+    target = path(environ)
+    filemodes.make_dirs(target.parent, "private")  # the user's own list of runs: never shared
+    line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
+    fd = filemodes.open_new(target, os.O_WRONLY | os.O_APPEND, "private")
+    try:
+        _append(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _append(fd: int, line: bytes) -> None:
+    """One write() of the whole line. A full disk (or quota) cuts it short: the cut
+    line is taken back, so that the next run's line does not continue it (both would
+    be one damaged line), and OSError(ENOSPC) says the run is not indexed."""
+    written = os.write(fd, line)  # OSError: nothing was written
+    if written == len(line):
+        return
+    end = os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND: just after the bytes written
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_size == end:
+            os.ftruncate(fd, end - written)
+        else:  # another run appended after the cut line: end it instead (skipped on read)
+            os.write(fd, b"\n")
+    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the index line was cut short)")
+
+
+@dataclass
+class Listing:
+    entries: list[dict[str, Any]]  # newest first; the last line for a run id wins
+    skipped: list[str] = field(default_factory=list)  # why lines were ignored
+
+
+def read(environ: Mapping[str, str]) -> Listing:
+    source = path(environ)
+    try:
+        data = source.read_bytes()
+    except FileNotFoundError:
+        return Listing([])
+    except OSError as exc:
+        return Listing([], [f"{source}: unreadable ({exc.strerror}); no runs listed"])
+    by_id: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        entry = _entry(raw)
+        if entry is None:
+            skipped.append(f"{source}:{number}: not a run entry, skipped")
+            continue
+        by_id[entry["run_id"]] = entry
+    entries = sorted(by_id.values(), key=lambda e: e["run_id"], reverse=True)
+    return Listing(entries, skipped)
+
+
+def _entry(raw: bytes) -> Optional[dict[str, Any]]:
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    if not isinstance(entry.get("run_id"), str) or not isinstance(entry.get("run_dir"), str):
+        return None
+    if entry.get("job_id") is not None:
+        entry["job_id"] = str(entry["job_id"])
+    return entry
+
+
+def live(environ: Mapping[str, str], warn: Optional[Warn] = None) -> list[dict[str, Any]]:
+    """Entries whose run folder still exists, newest first."""
+    listing = read(environ)
+    if warn is not None:
+        for line in listing.skipped[:3]:
+            warn(line)
+        if len(listing.skipped) > 3:
+            warn(f"... and {len(listing.skipped) - 3} more damaged index lines")
+    return [e for e in listing.entries if Path(e["run_dir"]).is_dir()]

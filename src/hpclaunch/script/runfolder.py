@@ -1,0 +1,48 @@
+"""What a run folder holds before its job starts, written once for runs and sweeps:
+the job script, the shipped files (the bootstrap's bytecode made here), py-spy where a
+rank is profiled, spec.json and stage.json. run.json is records.py's (`new_record`,
+`write_new`): every writer of a run's folder (launching.py, sweeps/folder.py) calls
+these, so a run and a sweep point hold the same files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+from hpclaunch import node
+from hpclaunch.script import profiling, render
+from hpclaunch.records import runrecord
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.config.jobspec import JobSpec
+
+SPEC_JSON = "spec.json"
+
+
+def write_files(paths: RunPaths, spec: JobSpec, script: str, *, stage_json: bool = True) -> None:
+    """job.sh (the batch script or a sweep's array script), the shipped files (one copy
+    in a sweep folder for all its points), py-spy, spec.json; stage.json with staging
+    unless `stage_json` is False (a sweep's points have their own)."""
+    # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
+    paths.job_sh.write_bytes(script.encode("utf-8", "surrogateescape"))
+    staging = bool(spec.stage or spec.stage_out)
+    if staging and stage_json:
+        runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
+    for source in node.shipped(staging, bool(spec.watch_interval_s)):
+        shutil.copyfile(node.path(source), paths.shipped(source))
+    precompile(paths.shipped(node.BOOTSTRAP))
+    profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks
+    runrecord.write_json(paths.run_dir / SPEC_JSON, spec.to_record())
+
+
+def precompile(module: Path) -> None:
+    """The bootstrap's bytecode, made once here: ranks whose Python is this one load it
+    instead of compiling (others compile once, on the first rank)."""
+    import py_compile
+
+    with contextlib.suppress(py_compile.PyCompileError, OSError):  # else ranks compile it
+        py_compile.compile(str(module), doraise=True)
+
+
+__all__ = ["SPEC_JSON", "precompile", "write_files"]

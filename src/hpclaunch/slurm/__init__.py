@@ -1,0 +1,1 @@
+"""The one runner of Slurm commands and what Slurm says of itself."""
