@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 
-from hpclaunch.payload.containers import ALWAYS_PASS, wrap  # noqa: E402
 from hpclaunch.config.jobspec import Bind, ContainerJob  # noqa: E402
+from hpclaunch.payload.containers import ALWAYS_PASS, wrap  # noqa: E402
 
 STATE = Path(os.environ.get("TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
 IMAGE = STATE / "images" / "debian-python"

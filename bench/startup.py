@@ -47,7 +47,8 @@ CASES = {
     "submit": "`hpclaunch run --cluster slurm --no-snapshot -- true` to the job id",
 }
 IMPORT_PROBE = (
-    "import time; w, c = time.perf_counter(), time.process_time(); import hpclaunch.config.profiles; "
+    "import time; w, c = time.perf_counter(), time.process_time(); "
+    "import hpclaunch.config.profiles; "
     "print(time.perf_counter() - w, time.process_time() - c)"
 )
 JOB_ID = re.compile(r"\bjob (\d+)\b")

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from hpclaunch.errors import UserError
+from hpclaunch.node import ENV_FD_FLAG, EXEC_FLAG, HPCLAUNCH_CONTAINER_PASS
 from hpclaunch.observe import attach
 from hpclaunch.payload import containers
 from hpclaunch.records import runrecord
 from hpclaunch.slurm import commands
-from hpclaunch.errors import UserError
-from hpclaunch.node import ENV_FD_FLAG, EXEC_FLAG, HPCLAUNCH_CONTAINER_PASS
 
 RUN_ID = "20260101-120000-000-abcd"
 

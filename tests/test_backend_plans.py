@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import api, backends, launching
-from hpclaunch.config import profilekinds
 from hpclaunch.backends.base import Launch
 from hpclaunch.backends.localplan import JOB_ID, LOCAL_DIR, PORT
+from hpclaunch.config import profilekinds
 from hpclaunch.records.runrecord import RunRecord
 
 SECRET = "s3cr3t-plan-value-91"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from hpclaunch import api, launching
-from hpclaunch.records import runrecord
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.handle import Run
 from hpclaunch.observe.jobend import JobStatus
+from hpclaunch.records import runrecord
 
 
 class InstantBackend(Backend):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, VENV_BIN
-from hpclaunch.records import index, refs
 from hpclaunch.errors import UserError
+from hpclaunch.records import index, refs
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.config import layering
-from hpclaunch.planning import preparing
 from hpclaunch.errors import UserError
+from hpclaunch.planning import preparing
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
@@ -134,8 +134,8 @@ def test_slurm_runs_go_to_scratch_per_project(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Generic clusters: $SCRATCH/<git top-level folder name> when SCRATCH is set."""
-    from hpclaunch.slurm import discover
     from hpclaunch.config.profiles import Partition
+    from hpclaunch.slurm import discover
 
     monkeypatch.setattr(discover, "slurm_config", lambda: {"ClusterName": "site"})
     monkeypatch.setattr(discover, "partitions", lambda: {"cpu": Partition(default=True)})

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.payload import containers, venvs
-from hpclaunch.errors import UserError
-from hpclaunch.script.launchers import task_argv
-from hpclaunch.node import bootstrap
-from hpclaunch.config.profiles import ContainerBind, ContainerSettings, load_profile
 from hpclaunch.config.jobspec import Bind, ContainerJob, JobSpec
+from hpclaunch.config.profiles import ContainerBind, ContainerSettings, load_profile
+from hpclaunch.errors import UserError
+from hpclaunch.node import bootstrap
+from hpclaunch.payload import containers, venvs
+from hpclaunch.script.launchers import task_argv
 
 BOOT = Path(bootstrap.__file__)
 

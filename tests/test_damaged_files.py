@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import VENV_BIN
-from hpclaunch.records import index, runrecord, runpaths
+from hpclaunch.records import index, runpaths, runrecord
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.records import runrecord
-from hpclaunch.planning.dependencies import After, parse, sbatch_value
-from hpclaunch.errors import UserError
-from hpclaunch.observe.jobend import JobStatus, chain_status
+from hpclaunch.backends.runstatus import why_never_started
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import load_profile
+from hpclaunch.errors import UserError
+from hpclaunch.observe.jobend import JobStatus, chain_status
+from hpclaunch.planning.dependencies import After, parse, sbatch_value
+from hpclaunch.planning.validate import validate
+from hpclaunch.records import runrecord
+from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script.render import plan, preview
-from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.backends.runstatus import why_never_started
-from hpclaunch.planning.validate import validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 

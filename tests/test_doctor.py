@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.doctor import checks as doctor, probejob
 from hpclaunch import node
-from hpclaunch.doctor.checks import FAIL, PASS, WARN, Check, NodeInfo
-from hpclaunch.config.profiles import load_profile
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.doctor import checks as doctor
+from hpclaunch.doctor import probejob
+from hpclaunch.doctor.checks import FAIL, PASS, WARN, Check, NodeInfo
 
 PROBE = node.path("doctor_probe.py")
 

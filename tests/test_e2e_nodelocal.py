@@ -102,7 +102,7 @@ def _lumi_caches(hpc: Hpc) -> None:
     import hpclaunch
     from hpclaunch.config.tomlfiles import read_toml
 
-    lumi = Path(hpclaunch.__file__).with_name("clusters") / "lumi.toml"
+    lumi = Path(hpclaunch.__file__).parent / "config" / "clusters" / "lumi.toml"
     values = read_toml(lumi, "lumi")
     env = {k: v for k, v in values["env"].items() if k.startswith("MIOPEN_")}
     lines = [f"cache_dirs = {json.dumps(values['cache_dirs'])}", "[env]"]

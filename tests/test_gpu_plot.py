@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from hpclaunch.observe import gpu_plot, gpu_metrics
 from hpclaunch.cli.main import cli
 from hpclaunch.errors import UserError
 from hpclaunch.node import gpu_watch
+from hpclaunch.observe import gpu_metrics, gpu_plot
 from test_gpu_top import RUN_ID, _env, make_run, samples, two_by_two, write_csv
 
 

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from hpclaunch.observe import gpu_top, gpu_metrics
-from hpclaunch.records import index, runrecord
 from hpclaunch.cli.main import cli
 from hpclaunch.errors import Interrupted, UserError
 from hpclaunch.node import gpu_watch
 from hpclaunch.node.gpu_watch import Row
+from hpclaunch.observe import gpu_metrics, gpu_top
+from hpclaunch.records import index, runrecord
 
 T0 = 1_800_000_000.0  # the first sample
 RUN_ID = "20270115-080000-000-abcd"

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.script import gpu_watch_lines
 from hpclaunch import node
-from hpclaunch.errors import UserError
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import load_profile
-from hpclaunch.script.render import plan
-from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.errors import UserError
 from hpclaunch.planning.validate import validate
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import gpu_watch_lines
+from hpclaunch.script.render import plan
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 LUMI = {"partition": "small-g", "account": "project_465000000", "time": 600}

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.planning import preparing
-from hpclaunch.script import render
 from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import render
 
 GOLDEN = Path(__file__).parent / "golden"
 LUMI_MD = Path(__file__).resolve().parents[2] / "shared" / "LUMI.md"

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.observe.jobend import (
+    EXIT_OTHER_FAILURE,
+    EXIT_UNKNOWN,
+    JobStatus,
+    first_failure,
+    job_exit_code,
+    normalize_state,
+    wait_and_stream,
+)
 from hpclaunch.observe.logs import LogFollower
-from hpclaunch.observe.jobend import EXIT_OTHER_FAILURE, EXIT_UNKNOWN, JobStatus, first_failure, job_exit_code, normalize_state, wait_and_stream
 
 
 def append(path: Path, data: bytes | str) -> None:

@@ -134,11 +134,11 @@ def test_a_step_of_an_allocation_gets_the_placeholder_for_lumis_caches(tmp_path:
     """Inside an allocation (the step backend) the batch script's lines are not run:
     the step's environment carries the placeholder and where to make the folder, so
     MIOpen's cache still lands in the node's private folder, not at "/miopen"."""
-    from hpclaunch.planning import preparing
-    from hpclaunch.script import render
     from hpclaunch.backends.base import Launch
     from hpclaunch.backends.step import step_env
+    from hpclaunch.planning import preparing
     from hpclaunch.records.runpaths import RunPaths
+    from hpclaunch.script import render
 
     environ = {"USER": "alice", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     cli: dict[str, object] = {"cluster": "lumi", "nodes": "1", "gpus_per_node": "2"}

@@ -294,8 +294,8 @@ def test_path_still_crosses_to_a_cluster_as_itself() -> None:
     line as typed. PATH (and PYTHONPATH, TOKENIZERS_PARALLELISM) are no secrets: the
     laptop's own never replaces the cluster's, and `--env PATH=...` reaches job.sh as
     an ordinary export."""
-    from hpclaunch.remote.forward import sent_environment
     from hpclaunch.config.secretnames import is_secret
+    from hpclaunch.remote.forward import sent_environment
 
     laptop = {"PATH": "/laptop/bin", "PYTHONPATH": "/x", "GITHUB_PAT": "p" * 10,
               "DB_PASS": "q" * 10, "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip

@@ -17,8 +17,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from hpclaunch.config import datarecords, profiles
+from hpclaunch.config.profiles import (
+    ContainerBind,
+    ContainerSettings,
+    NodeShape,
+    Partition,
+    Profile,
+    load_profile,
+)
 from hpclaunch.errors import UserError
-from hpclaunch.config.profiles import ContainerBind, ContainerSettings, NodeShape, Partition, Profile, load_profile
 
 SRC = Path(profiles.__file__).resolve().parents[1]
 RECORDS = (Partition, NodeShape, ContainerBind, ContainerSettings, Profile)

@@ -20,10 +20,10 @@ import pytest
 import hpclaunch
 from conftest import PROGRAMS, REPO
 from hpclaunch import node
-from hpclaunch.planning import preparing
-from hpclaunch.script import render
 from hpclaunch.config.options import RunOptions
+from hpclaunch.planning import preparing
 from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import render
 
 PYSPY = REPO / ".venv" / "bin" / "py-spy"
 LUMI_MD = REPO.parent / "shared" / "LUMI.md"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.config import layering, projectfile, userconfig
-from hpclaunch.planning import preparing
 from hpclaunch.errors import UserError
+from hpclaunch.planning import preparing
 from hpclaunch.remote import choose
 
 PLANTED = '[run]\nexp = "planted"\nsetup = ["touch /tmp/pwned"]\n'

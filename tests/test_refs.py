@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.records import index, refs
 from hpclaunch.errors import UserError
-from hpclaunch.records import sweeprecord
+from hpclaunch.records import index, refs, sweeprecord
 
 RUN_A = "20260101-000000-000-aaaa"
 RUN_B = "20260101-000100-000-bbbb"

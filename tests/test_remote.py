@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.payload import snapshot
 from hpclaunch.errors import UserError
+from hpclaunch.payload import snapshot
 from hpclaunch.remote import choose, forward, ship, wheels
 from hpclaunch.remote.build_id import fingerprint, package_files
 from hpclaunch.remote.handle import option_words

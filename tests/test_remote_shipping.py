@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.payload import snapshot
 from hpclaunch.errors import UserError
+from hpclaunch.payload import snapshot
 from hpclaunch.remote import forward, ship
 from test_snapshot import git
 

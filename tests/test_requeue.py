@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.records import runrecord
-from hpclaunch.script import requeue
-from hpclaunch.records.attempts import Attempt, fold, summary
-from hpclaunch.errors import UserError
-from hpclaunch.node import stage_guard
+from hpclaunch.config.jobspec import JobSpec, Requeue
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import load_profile
-from hpclaunch.script.render import plan
-from hpclaunch.records.runpaths import RunPaths, attempt_numbers, rank_logs
-from hpclaunch.config.jobspec import JobSpec, Requeue
+from hpclaunch.errors import UserError
+from hpclaunch.node import stage_guard
 from hpclaunch.planning.validate import validate
+from hpclaunch.records import runrecord
+from hpclaunch.records.attempts import Attempt, fold, summary
+from hpclaunch.records.runpaths import RunPaths, attempt_numbers, rank_logs
+from hpclaunch.script import requeue
+from hpclaunch.script.render import plan
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.records import index, refs, runpaths
 from hpclaunch.errors import UserError
+from hpclaunch.records import index, refs, runpaths
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

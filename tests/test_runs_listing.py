@@ -105,8 +105,8 @@ def test_runs_asks_slurm_once_for_runs_and_sweep_points_together(
     squeue + at most one sacct serve runs and points alike), not one per kind."""
     from click.testing import CliRunner
 
-    from hpclaunch.slurm import commands
     from hpclaunch.cli.records_cmds import runs_cmd
+    from hpclaunch.slurm import commands
 
     sweep_dir = _ended_sweep(tmp_path)
     for i, path in enumerate(_point_records(sweep_dir)):

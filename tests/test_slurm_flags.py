@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from hpclaunch import api, launching
-from hpclaunch.errors import UserError
 from hpclaunch.config.options import OPTIONS, SLURM_FLAGS, RunOptions
+from hpclaunch.errors import UserError
 
 LUMI = {"cluster": "lumi", "account": "project_465000000", "partition": "small-g"}
 FLAGS = [

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.payload import snapshot
 from hpclaunch.errors import UserError
+from hpclaunch.payload import snapshot
 from hpclaunch.payload.project import git_root
 
 

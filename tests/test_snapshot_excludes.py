@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.payload import codeplan, snapshot, stage
 from hpclaunch.basics import units
-from hpclaunch.errors import UserError
-from hpclaunch.records.runpaths import new_run_id, plan_paths
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.errors import UserError
+from hpclaunch.payload import codeplan, snapshot, stage
+from hpclaunch.records.runpaths import new_run_id, plan_paths
 from test_snapshot import git
 
 SRC = Path(__file__).resolve().parents[1] / "src"

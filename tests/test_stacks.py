@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from hpclaunch.cli.main import cli
 from hpclaunch.observe import attach, stacks
 from hpclaunch.records import runrecord
-from hpclaunch.cli.main import cli
 
 PROGRAMS = Path(__file__).parent / "programs"
 PYSPY = Path(sys.executable).with_name("py-spy")

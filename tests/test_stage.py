@@ -14,12 +14,12 @@ from typing import Optional
 
 import pytest
 
-from hpclaunch.script import render
-from hpclaunch.records import runpaths
-from hpclaunch.payload import stage, stagepack
+from hpclaunch.config.jobspec import JobSpec, StageItem
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
-from hpclaunch.config.jobspec import JobSpec, StageItem
+from hpclaunch.payload import stage, stagepack
+from hpclaunch.records import runpaths
+from hpclaunch.script import render
 
 
 def _tree(root: Path) -> None:

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.script import render
-from hpclaunch.records import runpaths
-from hpclaunch.payload import stage, stagecache
+from hpclaunch.config.jobspec import JobSpec, StageItem
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
-from hpclaunch.config.jobspec import JobSpec, StageItem
+from hpclaunch.payload import stage, stagecache
+from hpclaunch.records import runpaths
+from hpclaunch.script import render
 
 
 def _tree(root: Path) -> None:

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.payload import stage
 from hpclaunch.errors import UserError
+from hpclaunch.payload import stage
 
 PROMPT_S = 10.0  # a refusal takes milliseconds; this only keeps a regression from hanging
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,18 @@ from typing import Optional
 import pytest
 
 from hpclaunch.basics import states
-from hpclaunch.basics.states import ACTIVE, SLURM_STATES, STREAMING, TERMINAL, State, exit_code_for, is_active, is_open, is_streaming, parse
+from hpclaunch.basics.states import (
+    ACTIVE,
+    SLURM_STATES,
+    STREAMING,
+    TERMINAL,
+    State,
+    exit_code_for,
+    is_active,
+    is_open,
+    is_streaming,
+    parse,
+)
 
 MAN_DIR = Path("/usr/share/man/man1")
 PAGES = ("squeue", "sacct")

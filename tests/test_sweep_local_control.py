@@ -156,8 +156,8 @@ def test_a_run_and_a_sweep_point_get_the_same_record_and_files(tmp_path: Path) -
 def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> None:
     """What `cancel SWEEP:I` uses: the recorded point's backend ends it, whichever process
     runs it; the sweep's runner goes on with the other points."""
-    from hpclaunch.records import runrecord
     from hpclaunch.backends import for_record
+    from hpclaunch.records import runrecord
 
     out = tmp_path / "out"
     out.mkdir()

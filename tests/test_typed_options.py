@@ -11,7 +11,7 @@ from hpclaunch.config.options import OPTIONS
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hpclaunch"
 # The layer that builds the typed options, and the two commands that build a raw
 # request for it (as the CLI and the API do): the doctor's run and `rerun`.
-RAW_REQUEST = {"config.py", "options.py", "doctor_job.py", "cli/control.py"}
+RAW_REQUEST = {"config/layering.py", "config/options.py", "doctor/probejob.py", "cli/control.py"}
 
 
 def _modules() -> dict[str, str]:
@@ -38,5 +38,7 @@ def test_no_string_key_reads_of_options_past_config() -> None:
 def test_the_jobspec_is_built_once() -> None:
     modules = _modules()
     built = {name: text.count("JobSpec(") for name, text in modules.items()}
-    assert {name: n for name, n in built.items() if n} == {"validate.py": 1}
-    assert not re.search(r"(?<![.\w])replace\(", modules["preparing.py"])  # dataclasses.replace
+    assert {name: n for name, n in built.items() if n} == {"planning/validate.py": 1}
+    assert not re.search(
+        r"(?<![.\w])replace\(", modules["planning/preparing.py"]
+    )  # dataclasses.replace

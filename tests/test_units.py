@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpclaunch.errors import UserError
 from hpclaunch.basics.units import format_memory, format_time, parse_memory, parse_time
+from hpclaunch.errors import UserError
 
 
 @pytest.mark.parametrize(

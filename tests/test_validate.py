@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from hpclaunch.basics import users
-from hpclaunch.errors import UserError
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import NodeShape, Profile, load_profile
-from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.errors import UserError
 from hpclaunch.planning.validate import MAX_LOCAL_RANKS, validate
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}

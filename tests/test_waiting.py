@@ -12,12 +12,12 @@ from typing import Any, Optional
 
 import pytest
 
-from hpclaunch.records import runrecord
-from hpclaunch.slurm import commands
+from hpclaunch.config.profiles import load_profile
 from hpclaunch.observe import waiting
 from hpclaunch.observe.jobend import JobStatus, wait_and_stream
-from hpclaunch.config.profiles import load_profile
 from hpclaunch.observe.waiting import Backoff
+from hpclaunch.records import runrecord
+from hpclaunch.slurm import commands
 
 
 class Clock:
@@ -188,7 +188,9 @@ def test_follow_to_end_uses_the_same_back_off(tmp_path: Path, monkeypatch: Any) 
 
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    runrecord.create(run_dir, {"run_id": "r1", "backend": "slurm", "job_id": "9", "state": "PENDING"})
+    runrecord.create(
+        run_dir, {"run_id": "r1", "backend": "slurm", "job_id": "9", "state": "PENDING"}
+    )
     clock = Clock()
     calls: list[float] = []
 

@@ -26,14 +26,14 @@ _EXPORTS = {
     "get": "api",
     "Run": "handle",
     "RemoteRun": "remote.handle",
-    "RunRecord": "records",
+    "RunRecord": "records.runrecord",
     "HpclaunchError": "errors",
     "UserError": "errors",
     "SlurmError": "errors",
-    "State": "states",
-    "JobSpec": "spec",
-    "Profile": "profiles",
-    "load_profile": "profiles",
+    "State": "basics.states",
+    "JobSpec": "config.jobspec",
+    "Profile": "config.profiles",
+    "load_profile": "config.profiles",
 }
 
 __all__ = [
@@ -55,13 +55,13 @@ __all__ = [
 
 if TYPE_CHECKING:
     from hpclaunch.api import get, run, runs
+    from hpclaunch.basics.states import State
+    from hpclaunch.config.jobspec import JobSpec
+    from hpclaunch.config.profiles import Profile, load_profile
     from hpclaunch.errors import HpclaunchError, SlurmError, UserError
     from hpclaunch.handle import Run
-    from hpclaunch.config.profiles import Profile, load_profile
     from hpclaunch.records.runrecord import RunRecord
     from hpclaunch.remote.handle import RemoteRun
-    from hpclaunch.config.jobspec import JobSpec
-    from hpclaunch.basics.states import State
 
 
 def __getattr__(name: str) -> Any:

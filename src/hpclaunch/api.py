@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from hpclaunch.records import index, runrecord
 from hpclaunch import launching
-from hpclaunch.basics import states
 from hpclaunch.backends import runstatus
+from hpclaunch.basics import states
 from hpclaunch.basics.environ import environment
+from hpclaunch.config.options import BY_NAME, Option
 from hpclaunch.errors import UserError, show
 from hpclaunch.handle import Run
-from hpclaunch.config.options import BY_NAME, Option
+from hpclaunch.records import index, runrecord
 from hpclaunch.remote.handle import RemoteRun
 
 _API_ONLY = ("cwd", "environ", "remote")

@@ -18,19 +18,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from hpclaunch.payload import codeplan, project
-from hpclaunch.basics import filemodes
-from hpclaunch.records import index, runrecord, runpaths
 from hpclaunch import node
-from hpclaunch.script import render, runfolder
-from hpclaunch.config import secretnames
 from hpclaunch.backends import pick
 from hpclaunch.backends.base import Backend, Launch
-from hpclaunch.errors import HpclaunchError
-from hpclaunch.planning.preparing import Prepared, prepare_spec
-from hpclaunch.payload.snapshot import human
-from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.basics import filemodes
 from hpclaunch.basics.states import State
+from hpclaunch.config import secretnames
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.payload import codeplan, project
+from hpclaunch.payload.snapshot import human
+from hpclaunch.planning.preparing import Prepared, prepare_spec
+from hpclaunch.records import index, runpaths, runrecord
+from hpclaunch.script import render, runfolder
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,9 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
                 # now with each part's size and mtime.
                 limits = stagecache.limits(prepared.profile)
                 stage.pack_all(spec.stage, limits=limits, environ=req.environ)
-                runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
+                runrecord.write_json(
+                    paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths)
+                )
         job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
     except OSError as exc:
         runpaths.remove(paths)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from hpclaunch.config.profilekinds import runs_here
 
 if TYPE_CHECKING:  # base imports render, which imports modules that ask kinds.py
+    from hpclaunch.backends.base import Backend
     from hpclaunch.config.profiles import Profile
     from hpclaunch.records.runrecord import RunRecord
-    from hpclaunch.backends.base import Backend
 
 
 def chosen(profile: Profile, in_allocation: bool) -> type[Backend]:

@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from hpclaunch.backends.requests import DryRun
+from hpclaunch.basics.states import State
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.observe.jobend import JobStatus, chain_status, wait_and_stream
+from hpclaunch.observe.waiting import for_cluster
+from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script.render import BatchPlan
-from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.basics.states import State
-from hpclaunch.observe.waiting import for_cluster
-from hpclaunch.backends.requests import DryRun
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord

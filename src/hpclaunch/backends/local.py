@@ -18,22 +18,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from hpclaunch import node
-from hpclaunch.script import render
-from hpclaunch.basics import shell
-from hpclaunch.errors import HpclaunchError
-from hpclaunch.observe.jobend import JobStatus
-from hpclaunch.node import stage_guard
-from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.basics.states import State
-from hpclaunch.basics.users import with_user
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localplan import local_dry_run, local_plan, local_values
+from hpclaunch.backends.localreaper import Watchdog, process_start
 from hpclaunch.backends.localsettle import cancel_point, cancel_recorded, settled
 from hpclaunch.backends.localtasks import LocalPlan, LocalTasks, local_job_id
 from hpclaunch.backends.requests import DryRun
-from hpclaunch.backends.localreaper import Watchdog, process_start
+from hpclaunch.basics import shell
+from hpclaunch.basics.states import State
+from hpclaunch.basics.users import with_user
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.node import stage_guard
+from hpclaunch.observe.jobend import JobStatus
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.script import render
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord

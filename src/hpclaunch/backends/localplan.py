@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hpclaunch.script import render
-from hpclaunch.config import secretnames
-from hpclaunch.basics import shell
-from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.basics.users import with_user
 from hpclaunch.backends.base import Launch
 from hpclaunch.backends.localtasks import LocalPlan, free_port, short_hostname, step_env
 from hpclaunch.backends.requests import DryRun
+from hpclaunch.basics import shell
+from hpclaunch.basics.users import with_user
+from hpclaunch.config import secretnames
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.script import render
 
 JOB_ID = "<job id>"  # local_job_id(), drawn at the start
 PORT = "<free port>"  # free_port(), found at the start

@@ -14,10 +14,10 @@ import signal
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from hpclaunch.records import runrecord
-from hpclaunch.basics import states
-from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.backends.localreaper import LAUNCHER_GONE, launcher_alive, launcher_gone
+from hpclaunch.basics import states
+from hpclaunch.records import runrecord
+from hpclaunch.records.runrecord import RunRecord
 
 CANCEL_REQUESTED = "cancel_requested"  # in a point's run.json: its runner ends it
 NOT_STARTED = "cancelled before it started"

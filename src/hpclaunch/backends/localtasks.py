@@ -23,10 +23,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpclaunch.observe.logs import LogFollower
-from hpclaunch.observe.jobend import exit_code_of, first_failure
-from hpclaunch.node.stage_guard import signals_held  # the same guard the staging tars start under
 from hpclaunch.backends.localreaper import Watchdog
+from hpclaunch.node.stage_guard import signals_held  # the same guard the staging tars start under
+from hpclaunch.observe.jobend import exit_code_of, first_failure
+from hpclaunch.observe.logs import LogFollower
 
 _TICK_S = 0.1  # how often task states and logs are looked at
 _SETTLE_S = 1.0  # how long SIGKILLed groups may take to disappear

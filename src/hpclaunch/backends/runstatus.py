@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpclaunch.records import runrecord
-from hpclaunch.basics import states
 from hpclaunch.backends import for_record
+from hpclaunch.basics import states
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.observe.jobend import JobStatus, chain_status, job_exit_code
-from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import rank_logs
+from hpclaunch.records.runrecord import RunRecord
 
 if TYPE_CHECKING:
     from hpclaunch.backends.base import Backend

@@ -13,18 +13,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Optional
 
-from hpclaunch.script import render
-from hpclaunch.config import secretnames
-from hpclaunch.slurm import commands
+from hpclaunch.backends.base import ArrayLaunch, Backend, Launch
+from hpclaunch.backends.requests import DryRun
 from hpclaunch.basics import states
+from hpclaunch.basics.users import with_user
+from hpclaunch.config import secretnames
 from hpclaunch.errors import SlurmError
 from hpclaunch.observe.jobend import JobStatus
 from hpclaunch.records.runrecord import RunRecord
+from hpclaunch.script import render
 from hpclaunch.script.render import BatchPlan
 from hpclaunch.script.requeue import CHAIN_JOBS
-from hpclaunch.basics.users import with_user
-from hpclaunch.backends.base import ArrayLaunch, Backend, Launch
-from hpclaunch.backends.requests import DryRun
+from hpclaunch.slurm import commands
 from hpclaunch.slurm.arraytasks import SACCT_FIELDS, SQUEUE_ARGV, TaskKey, parse_sacct, parse_squeue
 
 # hpclaunch resolves these into the script; sbatch must not override the script's lines.

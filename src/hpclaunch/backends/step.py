@@ -10,19 +10,19 @@ import time
 from collections.abc import Sequence
 from typing import Optional, TextIO
 
-from hpclaunch.script import gpu_watch_lines, render
 from hpclaunch import node
-from hpclaunch.config import secretnames
-from hpclaunch.basics import shell
-from hpclaunch.slurm import commands
-from hpclaunch.observe.logs import LogFollower
-from hpclaunch.observe.jobend import JobStatus, exit_code_of, first_failure
-from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.basics.states import State
-from hpclaunch.basics.users import with_user
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.local import run_setup
 from hpclaunch.backends.requests import DryRun
+from hpclaunch.basics import shell
+from hpclaunch.basics.states import State
+from hpclaunch.basics.users import with_user
+from hpclaunch.config import secretnames
+from hpclaunch.observe.jobend import JobStatus, exit_code_of, first_failure
+from hpclaunch.observe.logs import LogFollower
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import gpu_watch_lines, render
+from hpclaunch.slurm import commands
 
 _POLL_S = 0.2
 _WATCH_STOP_S = 5.0

@@ -1,1 +1,2 @@
-"""Small shared basics every layer uses: the environment, file modes, shell quoting, users, states, units."""
+"""Small shared basics every layer uses: the environment, file modes, shell quoting, users,
+states, units."""

@@ -49,9 +49,9 @@ Examples:
 def attach_cmd(
     run: str, node: Optional[str], container: bool, as_json: bool, command: tuple[str, ...]
 ) -> int:
-    from hpclaunch.observe import attach
     from hpclaunch.backends import runstatus
     from hpclaunch.errors import UserError
+    from hpclaunch.observe import attach
 
     if as_json and not command:
         raise UserError(

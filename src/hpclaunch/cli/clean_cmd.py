@@ -46,8 +46,8 @@ def clean_cmd(
 
     With --stage-cache: remove every pack of the stage cache but those a queued or
     running job uses (one squeue call) or a run started in the last minute."""
-    from hpclaunch.node.stage_guard import leftovers
     from hpclaunch.basics.users import user_name
+    from hpclaunch.node.stage_guard import leftovers
 
     env = environ()
     if stage_cache:

@@ -57,10 +57,10 @@ def create_cmd(
     as_json: bool,
 ) -> int:
     from hpclaunch.config import layering
+    from hpclaunch.errors import UserError
     from hpclaunch.payload import containers, project, venvs
     from hpclaunch.planning import preparing
     from hpclaunch.records import runpaths
-    from hpclaunch.errors import UserError
 
     cwd = Path.cwd()
     environ = common.environ()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import click
 
-from hpclaunch.errors import UserError, _one_line
 from hpclaunch.cli.attach_cmd import attach_cmd
 from hpclaunch.cli.clean_cmd import clean_cmd
 from hpclaunch.cli.control import cancel_cmd, rerun_cmd
@@ -20,6 +19,7 @@ from hpclaunch.cli.run_cmd import run_cmd
 from hpclaunch.cli.stack_cmd import stack_cmd
 from hpclaunch.cli.sweep_cmd import sweep_group
 from hpclaunch.cli.top_cmd import top_cmd
+from hpclaunch.errors import UserError, _one_line
 
 EPILOG = """\b
 Examples:

@@ -11,8 +11,8 @@ from typing import Optional, Union
 
 import click
 
-from hpclaunch.observe.logs import AttemptFollower, LogFollower
 from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.observe.logs import AttemptFollower, LogFollower
 
 
 @click.command("logs", epilog=RUN_ARG_HELP)
@@ -37,9 +37,9 @@ def logs_cmd(
 ) -> int:
     """Print a run's output, each line tagged [node rank]; stderr lines go to stderr.
     A run with --requeue shows its latest attempt (--attempt N for another)."""
-    from hpclaunch.records import runrecord
     from hpclaunch.errors import UserError
     from hpclaunch.handle import Run
+    from hpclaunch.records import runrecord
     from hpclaunch.records.runpaths import attempt_numbers, rank_logs
 
     run_dir = find_run_dir(run)

@@ -70,9 +70,9 @@ def _run_here(argv: Optional[list[str]]) -> object:
     """The click group; its usage errors in one line, its Abort as the interrupt it was."""
     import click
 
-    from hpclaunch.observe import logs
     from hpclaunch.basics.environ import environment
     from hpclaunch.cli.group import _usage_line, cli
+    from hpclaunch.observe import logs
 
     logs.configure(no_color=bool(environment().get("NO_COLOR")))
     try:

@@ -43,10 +43,10 @@ def plot_cmd(
     A PNG needs matplotlib (pip install 'hpclaunch[plot]'): without it a hint, exit code
     0 if --data was written, else 1. A run without GPU samples: one line saying why,
     exit code 1."""
-    from hpclaunch.observe import gpu_plot, gpu_metrics
-    from hpclaunch.records import runrecord
     from hpclaunch.backends import runstatus
     from hpclaunch.node import METRICS
+    from hpclaunch.observe import gpu_metrics, gpu_plot
+    from hpclaunch.records import runrecord
 
     asked = gpu_plot.parse_size(size) if size is not None else None
     run_dir = find_run_dir(run)

@@ -35,8 +35,8 @@ def setup_cmd(host: str, python: str, extras: tuple[str, ...]) -> int:
     Slurm's commands and controller, rsync; a refusal leaves nothing behind. Run it
     again after upgrading hpclaunch here: later commands refuse a cluster whose
     hpclaunch differs from this one, file for file."""
-    from hpclaunch.remote.setup import setup
     from hpclaunch.cli.common import environ
+    from hpclaunch.remote.setup import setup
 
     wanted = [name for item in extras for name in item.split(",") if name]
     return setup(host, python, environ(), wanted)
@@ -48,8 +48,8 @@ def setup_cmd(host: str, python: str, extras: tuple[str, ...]) -> int:
 def check_cmd(host: str, python: str) -> int:
     """One table of what works on HOST: connection, multiplexing, Python, Slurm, rsync,
     hpclaunch (the same build as here?), a writable ~/.hpclaunch. Exit 1 on a FAIL."""
-    from hpclaunch.remote.setup import check_rows
     from hpclaunch.cli.common import environ
+    from hpclaunch.remote.setup import check_rows
 
     rows = check_rows(host, python, environ())
     width = max(len(what) for what, _, _ in rows)

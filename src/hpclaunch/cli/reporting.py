@@ -12,10 +12,10 @@ import signal
 from dataclasses import replace
 from typing import Optional, TextIO
 
-from hpclaunch.config import layering
 from hpclaunch import launching
-from hpclaunch.records import runrecord
 from hpclaunch.basics import states
+from hpclaunch.config import layering
+from hpclaunch.records import runrecord
 from hpclaunch.records.runrecord import RunRecord
 
 

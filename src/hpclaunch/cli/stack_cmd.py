@@ -10,8 +10,8 @@ import click
 from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 
 if TYPE_CHECKING:
-    from hpclaunch.records.runrecord import RunRecord
     from hpclaunch.observe.stacks import Group, Target
+    from hpclaunch.records.runrecord import RunRecord
 
 
 @click.command("stack", epilog=RUN_ARG_HELP)
@@ -25,8 +25,8 @@ def stack_cmd(run: str, rank: Optional[int], as_json: bool) -> int:
 
     Needs py-spy where the nodes can run it: pip install 'hpclaunch[stack]'.
     Exit code 0 when every asked rank's stack was taken, else 1."""
-    from hpclaunch.observe import stacks
     from hpclaunch.backends import runstatus
+    from hpclaunch.observe import stacks
 
     record = runstatus.refresh_one(find_run_dir(run))
     targets, ended = _asked(record, rank)
@@ -75,9 +75,9 @@ def _print(run_id: str, job_id: str, groups: list[Group], ended: dict[int, int])
 def _asked(record: RunRecord, rank: Optional[int]) -> tuple[list[Target], dict[int, int]]:
     """The running ranks to look at, and those that have ended; a run or rank that has
     nothing running is refused in one line."""
-    from hpclaunch.observe import stacks
     from hpclaunch.basics import states
     from hpclaunch.errors import UserError
+    from hpclaunch.observe import stacks
 
     rid, state = record.run_id, record.state
     if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):

@@ -11,8 +11,8 @@ from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 
 
 def _span(text: str) -> int:
-    from hpclaunch.errors import UserError, show
     from hpclaunch.basics.units import parse_time
+    from hpclaunch.errors import UserError, show
 
     try:
         return parse_time(text, "--span")
@@ -54,9 +54,9 @@ def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
 
     Exit code 0; 1 when the run has no GPU samples, with one line on stderr saying why
     (no GPUs asked, --no-watch, no GPU tool on the nodes, not started yet)."""
-    from hpclaunch.observe import gpu_top, gpu_metrics
-    from hpclaunch.basics import states
     from hpclaunch.backends import runstatus
+    from hpclaunch.basics import states
+    from hpclaunch.observe import gpu_metrics, gpu_top
 
     span_s = _span(span)
     run_dir = find_run_dir(run)

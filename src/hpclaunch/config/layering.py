@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from hpclaunch.basics.units import parse_memory, parse_size, parse_time
 from hpclaunch.config import projectfile
-from hpclaunch.errors import UserError, show
 from hpclaunch.config.options import BY_NAME, RunOptions
 from hpclaunch.config.projectfile import PROJECT_FILE
-from hpclaunch.basics.units import parse_memory, parse_size, parse_time
+from hpclaunch.errors import UserError, show
 
 # sbatch reads these itself; hpclaunch resolves them into the spec so the script shows them.
 SBATCH_ENV = {

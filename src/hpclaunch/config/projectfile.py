@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from hpclaunch.config import userconfig
-from hpclaunch.errors import UserError, show
 from hpclaunch.config.tomlfiles import loads
+from hpclaunch.errors import UserError, show
 
 PROJECT_FILE = "hpclaunch.toml"
 _TOLD: set[str] = set()  # warnings already said by this process (the CLI's)

@@ -49,8 +49,8 @@ def extra_names(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
 @lru_cache(maxsize=4)
 def _read_names(path: str) -> frozenset[str]:
     # Imported here: a command forwarded over SSH imports this module, rarely a config.
-    from hpclaunch.errors import UserError
     from hpclaunch.config.userconfig import load_path
+    from hpclaunch.errors import UserError
 
     try:
         names = load_path(Path(path)).secret_names

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from hpclaunch.errors import UserError, show
 from hpclaunch.config.tomlfiles import loads
+from hpclaunch.errors import UserError, show
 
 CONFIG_NAME = "config.toml"
 

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.basics import filemodes, shell
 from hpclaunch import launching, node
+from hpclaunch.basics import filemodes, shell
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.doctor.checks import FAIL, PASS, WARN, Check, failed, preflight
 from hpclaunch.handle import Run
-from hpclaunch.config.jobspec import JobSpec
 
 PROBE = "doctor_probe.py"
 ALLREDUCE_MIB = 64

@@ -23,14 +23,22 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
-from hpclaunch.payload import containers
-from hpclaunch.slurm import commands
 from hpclaunch.basics import states
+from hpclaunch.config.jobspec import MASK, Bind, ContainerJob, is_secret
 from hpclaunch.config.profilekinds import runs_here
 from hpclaunch.errors import UserError, show
-from hpclaunch.node import ENV_FD_FLAG, EXEC_FLAG, HPCLAUNCH_CONTAINER_PASS, HPCLAUNCH_VENV, LOADER, PYTHON_FLAGS, RUN_DIR_NAME
+from hpclaunch.node import (
+    ENV_FD_FLAG,
+    EXEC_FLAG,
+    HPCLAUNCH_CONTAINER_PASS,
+    HPCLAUNCH_VENV,
+    LOADER,
+    PYTHON_FLAGS,
+    RUN_DIR_NAME,
+)
+from hpclaunch.payload import containers
 from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.config.jobspec import MASK, Bind, ContainerJob, is_secret
+from hpclaunch.slurm import commands
 
 SPEC = "spec.json"
 # The image's Python starts the exec-only bootstrap, as it started the job's tasks (every

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from hpclaunch.config import layering
-from hpclaunch.records import runrecord
 from hpclaunch.basics import states
+from hpclaunch.config import layering
 from hpclaunch.node import EVENTS, GPU_CSV, INPUT_BOUND, LOGS, METRICS, gpu_watch
+from hpclaunch.records import runrecord
 from hpclaunch.records.runrecord import RunRecord
 
 Row = gpu_watch.Row

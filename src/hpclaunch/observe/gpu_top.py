@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from hpclaunch.observe import gpu_metrics
 from hpclaunch.basics import states
 from hpclaunch.errors import Interrupted
+from hpclaunch.observe import gpu_metrics
 from hpclaunch.observe.gpu_metrics import InputBound, Series
 from hpclaunch.records.runrecord import RunRecord
 

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Protocol, TextIO
 
 from hpclaunch.basics import states
-from hpclaunch.observe import waiting
-from hpclaunch.observe.logs import RANK_FILE, AttemptFollower, safe_write
 
 # Re-exported: callers take these from here.
 from hpclaunch.basics.states import EXIT_OTHER_FAILURE as EXIT_OTHER_FAILURE
 from hpclaunch.basics.states import EXIT_UNKNOWN as EXIT_UNKNOWN
+from hpclaunch.observe import waiting
+from hpclaunch.observe.logs import RANK_FILE, AttemptFollower, safe_write
 
 _LOG_POLL_S = 0.2
 _DRAIN_WAIT_S = 2.0

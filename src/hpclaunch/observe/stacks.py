@@ -26,12 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hpclaunch.slurm import commands
-from hpclaunch.observe.attach import job_to_join
 from hpclaunch.config.profilekinds import runs_here
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import RANK_END, RANK_START
+from hpclaunch.observe.attach import job_to_join
 from hpclaunch.records.runrecord import RunRecord, event_lines
+from hpclaunch.slurm import commands
 
 PYSPY_FIX = "pip install 'hpclaunch[stack]' (or py-spy) where the nodes can run it"
 TIMEOUT_S = 120.0  # the whole srun step; each py-spy gets NODE_CODE's own 20 s

@@ -1,1 +1,2 @@
-"""What travels with a run: project facts, the code snapshot, staged data, containers, venvs."""
+"""What travels with a run: project facts, the code snapshot, staged data, containers,
+venvs."""

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.payload import snapshot
 from hpclaunch.payload.project import git_root
 from hpclaunch.records.runpaths import RunPaths, absolute
-from hpclaunch.config.jobspec import JobSpec
 
 CODE = "code"  # the snapshot's folder inside the run directory
 DIFF = "git.diff"

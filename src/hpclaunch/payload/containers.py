@@ -22,14 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from hpclaunch.records import runpaths
-from hpclaunch.errors import UserError, show
-from hpclaunch.node import SQUASHFS
+from hpclaunch.basics.shell import Word
+from hpclaunch.basics.users import _uid_name
+from hpclaunch.config.jobspec import Bind, ContainerJob, StageItem
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import ContainerSettings, Profile
-from hpclaunch.basics.shell import Word
-from hpclaunch.config.jobspec import Bind, ContainerJob, StageItem
-from hpclaunch.basics.users import _uid_name
+from hpclaunch.errors import UserError, show
+from hpclaunch.node import SQUASHFS
+from hpclaunch.records import runpaths
 
 ENV_FD = 3
 # Static text (no user value in it): export the task's whole environment into fd 3, then

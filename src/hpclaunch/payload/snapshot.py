@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch.basics import filemodes
+from hpclaunch.basics.units import format_size
 from hpclaunch.errors import UserError
 from hpclaunch.payload.project import GIT_TIMEOUT, git_root
 from hpclaunch.payload.project import git as _git
-from hpclaunch.basics.units import format_size
 
 FIELD = "code snapshot"
 FIX = "Use --no-snapshot to run the live project folder instead"

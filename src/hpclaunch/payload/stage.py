@@ -29,16 +29,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TextIO
 
-from hpclaunch.payload.containers import SQUASHFS_MAGIC
+from hpclaunch.basics.units import format_memory
+from hpclaunch.config.jobspec import StageItem
 from hpclaunch.errors import UserError, show
 from hpclaunch.node import ARCHIVE, DIRECTORY, FILE, LINKS_PART, PACK_PART, SQUASHFS
-from hpclaunch.records.runpaths import absolute
+from hpclaunch.payload.containers import SQUASHFS_MAGIC
 from hpclaunch.payload.snapshot import human
-from hpclaunch.config.jobspec import StageItem
 from hpclaunch.payload.stagepack import check_pack, tar_part
 from hpclaunch.payload.stagepack import parts as parts
 from hpclaunch.payload.stagepack import split as split
-from hpclaunch.basics.units import format_memory
+from hpclaunch.records.runpaths import absolute
 
 if TYPE_CHECKING:
     from hpclaunch.payload.stagecache import Limits

@@ -141,8 +141,8 @@ def in_use(environ: Mapping[str, str]) -> Optional[set[str]]:
     """The packs the user's queued and running jobs use, from ONE squeue call (each job's
     batch script lies in its run or sweep folder, whose spec.json lists its staged items);
     None when squeue cannot answer. Without Slurm here, no job can use one."""
-    from hpclaunch.slurm import commands
     from hpclaunch.basics.users import user_name
+    from hpclaunch.slurm import commands
 
     if shutil.which("squeue") is None:
         return set()

@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from hpclaunch.version import __version__
-from hpclaunch.payload.containers import runtime_argv
+from hpclaunch.config.jobspec import ContainerJob
 from hpclaunch.errors import HpclaunchError, UserError, show
 from hpclaunch.node import LIST_ONLY, VENV_CONSTRAINTS, VENV_PROBE, VENV_RECORD, path
-from hpclaunch.config.jobspec import ContainerJob
+from hpclaunch.payload.containers import runtime_argv
+from hpclaunch.version import __version__
 
 _CONSTRAINT = re.compile(r"The user requested \(constraint\) ([A-Za-z0-9_.\-]+)==(\S+)")
 _CAUSE = re.compile(r"^\s*(\S.* depends on .*|The user requested (?!\(constraint\)).*)$")

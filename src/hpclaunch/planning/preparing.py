@@ -12,15 +12,15 @@ from typing import Any, Optional
 
 from hpclaunch import backends
 from hpclaunch.config import layering, projectfile
-from hpclaunch.payload import containers, project, stage, venvs
-from hpclaunch.planning import dependencies
-from hpclaunch.slurm import discover
-from hpclaunch.records import runpaths
-from hpclaunch.errors import UserError
+from hpclaunch.config.jobspec import NO_PARTS, ContainerJob, JobSpec, Parts, StageItem
 from hpclaunch.config.options import SLURM_FLAGS, RunOptions
 from hpclaunch.config.profiles import Profile, load_profile
-from hpclaunch.config.jobspec import NO_PARTS, ContainerJob, JobSpec, Parts, StageItem
+from hpclaunch.errors import UserError
+from hpclaunch.payload import containers, project, stage, venvs
+from hpclaunch.planning import dependencies
 from hpclaunch.planning.validate import Checked, check
+from hpclaunch.records import runpaths
+from hpclaunch.slurm import discover
 
 
 @dataclass(frozen=True)

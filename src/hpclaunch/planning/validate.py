@@ -14,18 +14,18 @@ from pathlib import PurePosixPath
 from typing import Optional
 
 from hpclaunch import backends
-from hpclaunch.script import gpu_watch_lines, profiling, requeue
-from hpclaunch.slurm import sbatchargs
-from hpclaunch.planning.dependencies import check_chain
-from hpclaunch.errors import UserError, show
+from hpclaunch.basics.shell import check_name
+from hpclaunch.basics.users import user_name
+from hpclaunch.config.jobspec import NO_PARTS, JobSpec, Launcher, Parts, Profiling, Requeue
 from hpclaunch.config.options import RunOptions, slurm_lines
 from hpclaunch.config.profiles import Partition, Profile
-from hpclaunch.planning.resources import MAX_LOCAL_RANKS, Request, Resources, check_resources
 from hpclaunch.config.secretnames import is_secret
-from hpclaunch.basics.shell import check_name
-from hpclaunch.config.jobspec import NO_PARTS, JobSpec, Launcher, Parts, Profiling, Requeue
 from hpclaunch.config.topology import map_cpu_bind, mask_cpu_bind
-from hpclaunch.basics.users import user_name
+from hpclaunch.errors import UserError, show
+from hpclaunch.planning.dependencies import check_chain
+from hpclaunch.planning.resources import MAX_LOCAL_RANKS, Request, Resources, check_resources
+from hpclaunch.script import gpu_watch_lines, profiling, requeue
+from hpclaunch.slurm import sbatchargs
 
 __all__ = ["MAX_LOCAL_RANKS", "Checked", "check", "default_job_name", "validate"]
 _EXP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.records import index
 from hpclaunch.errors import UserError, show
-from hpclaunch.records.index import Warn
+from hpclaunch.records import index
 from hpclaunch.records import sweeprecord as sweep_record
+from hpclaunch.records.index import Warn
 
 Entry = dict[str, Any]
 RUN_FORMS = "a run id, a unique prefix, a job id or last"

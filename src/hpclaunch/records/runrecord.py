@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpclaunch.basics import filemodes
-from hpclaunch.records.attempts import Attempt, fold
-from hpclaunch.errors import HpclaunchError
-from hpclaunch.records.locking import exclusive
-from hpclaunch.node import EVENTS, INPUT_BOUND
-from hpclaunch.records.runpaths import RECORD
-from hpclaunch.config.secretnames import masked, names_in
-from hpclaunch.config.jobspec import MASK, is_secret
 from hpclaunch.basics.states import State
+from hpclaunch.config.jobspec import MASK, is_secret
+from hpclaunch.config.secretnames import masked, names_in
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.node import EVENTS, INPUT_BOUND
+from hpclaunch.records.attempts import Attempt, fold
+from hpclaunch.records.locking import exclusive
+from hpclaunch.records.runpaths import RECORD
 
 
 @dataclass

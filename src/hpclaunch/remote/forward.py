@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
-from hpclaunch.errors import UserError
-from hpclaunch.config.secretnames import is_secret
 from hpclaunch.basics.shell import check_name
+from hpclaunch.config.secretnames import is_secret
+from hpclaunch.errors import UserError
 from hpclaunch.remote.build_id import fingerprint
 from hpclaunch.remote.ssh import Connection, Host
 

@@ -16,10 +16,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from hpclaunch.config.options import BY_NAME
 from hpclaunch.errors import HpclaunchError, UserError
 from hpclaunch.node import RESULT_JSON
-from hpclaunch.config.options import BY_NAME
-from hpclaunch.remote.forward import SERVE, config_forward_env, profile_remote, project_names, request, sent_environment, ship_code, used_names
+from hpclaunch.remote.forward import (
+    SERVE,
+    config_forward_env,
+    profile_remote,
+    project_names,
+    request,
+    sent_environment,
+    ship_code,
+    used_names,
+)
 from hpclaunch.remote.ssh import Connection, Host
 
 

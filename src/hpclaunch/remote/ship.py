@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hpclaunch.basics.units import format_size
 from hpclaunch.errors import UserError
 from hpclaunch.payload.project import git, git_root
 from hpclaunch.payload.snapshot import NEVER_SHIPPED, RUN_ID, STAGE_CACHE, never_shipped
-from hpclaunch.basics.units import format_size
 from hpclaunch.remote.ssh import Connection
 
 PROJECTS = ".hpclaunch/projects"  # relative to the remote home (ssh starts there)

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from hpclaunch import node
 from hpclaunch.basics import shell
-from hpclaunch.errors import UserError, show
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import Profile
+from hpclaunch.errors import UserError, show
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.config.jobspec import JobSpec
 
 DEFAULT_INTERVAL_S = 2.0
 INTERVAL_RANGE_S = (0.5, 600.0)  # below: the sampler's own cost; above: nothing to see

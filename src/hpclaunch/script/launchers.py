@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import os
 
-from hpclaunch.node import ENV_FD_FLAG, EXEC_FLAG, HPCLAUNCH_ARGV, HPCLAUNCH_FORWARD_SIGNALS, PYTHON_FLAGS
 from hpclaunch.basics.shell import Template, Var, Word
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.node import (
+    ENV_FD_FLAG,
+    EXEC_FLAG,
+    HPCLAUNCH_ARGV,
+    HPCLAUNCH_FORWARD_SIGNALS,
+    PYTHON_FLAGS,
+)
 
 
 def bootstrap_argv(python: str, bootstrap: str, program: tuple[str, ...]) -> list[Word]:

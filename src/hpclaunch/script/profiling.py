@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch import node
-from hpclaunch.errors import UserError, show
-from hpclaunch.config.options import BY_NAME, RunOptions
-from hpclaunch.config.profiles import Profile
-from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.basics.shell import Word
 from hpclaunch.config.jobspec import JobSpec, Profiling
+from hpclaunch.config.options import BY_NAME, RunOptions
+from hpclaunch.config.profiles import Profile
+from hpclaunch.errors import UserError, show
+from hpclaunch.records.runpaths import RunPaths
 
 TOOLS = BY_NAME["profiler"].choices
 # Profilers the nodes must have on PATH (py-spy is shipped; torch is the program's own).

@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 
 from hpclaunch import node
-from hpclaunch.script import profiling, render
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.script import profiling, render
 
 SPEC_JSON = "spec.json"
 

@@ -3,9 +3,9 @@ the staging guards' end, --requeue's trap and decision, a --chain member's end).
 
 from __future__ import annotations
 
-from hpclaunch.script import gpu_watch_lines, requeue
-from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import gpu_watch_lines, requeue
 
 
 def launch_lines(

@@ -13,9 +13,9 @@ import shutil
 from collections.abc import Mapping
 from typing import Optional
 
-from hpclaunch.slurm import commands
-from hpclaunch.config.profiles import Partition
 from hpclaunch.basics.units import parse_time
+from hpclaunch.config.profiles import Partition
+from hpclaunch.slurm import commands
 
 _TIMEOUT_S = 15.0
 

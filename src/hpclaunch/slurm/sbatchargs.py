@@ -4,9 +4,9 @@ profile's [sbatch_lines] (a registry row's #SBATCH line respelled for the site).
 
 from __future__ import annotations
 
-from hpclaunch.errors import UserError, show
 from hpclaunch.config.options import BY_NAME, OPTIONS
 from hpclaunch.config.profiles import Profile
+from hpclaunch.errors import UserError, show
 
 # sbatch options hpclaunch models itself: passing them raw would contradict the plan.
 MODELED = {

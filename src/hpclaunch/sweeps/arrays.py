@@ -13,9 +13,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Optional
 
-# The status of array tasks is the Slurm backend's; these names stay here for callers.
-from hpclaunch.slurm.arraytasks import SACCT_FIELDS, SQUEUE_ARGV, TaskKey, TaskState, expand, parse_sacct, parse_squeue, tasks_by_job_id
 from hpclaunch.errors import UserError
+
+# The status of array tasks is the Slurm backend's; these names stay here for callers.
+from hpclaunch.slurm.arraytasks import (
+    SACCT_FIELDS,
+    SQUEUE_ARGV,
+    TaskKey,
+    TaskState,
+    expand,
+    parse_sacct,
+    parse_squeue,
+    tasks_by_job_id,
+)
 
 # slurm.conf(5) defaults, used when `scontrol show config` does not print the key.
 DEFAULT_MAX_ARRAY_SIZE: Final = 1001

@@ -11,17 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.version import __version__
-from hpclaunch.payload import codeplan
 from hpclaunch import launching, node
-from hpclaunch.records import runrecord, runpaths
-from hpclaunch.script import render, runfolder
-from hpclaunch.config.secretnames import masked
 from hpclaunch.basics.states import State
-from hpclaunch.records import sweeprecord
+from hpclaunch.config.secretnames import masked
+from hpclaunch.payload import codeplan
+from hpclaunch.records import runpaths, runrecord, sweeprecord
+from hpclaunch.script import render, runfolder
 from hpclaunch.sweeps import script
 from hpclaunch.sweeps.plans import SweepPlan
 from hpclaunch.sweeps.points import Point
+from hpclaunch.version import __version__
 
 
 def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from hpclaunch.config import layering
-from hpclaunch.slurm import discover, commands
 from hpclaunch.basics import users
+from hpclaunch.config import layering
+from hpclaunch.slurm import commands, discover
 from hpclaunch.sweeps import arrays
 
 if TYPE_CHECKING:

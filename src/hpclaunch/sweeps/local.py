@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from hpclaunch.records import runrecord
-from hpclaunch.script import render
-from hpclaunch.basics import states
 from hpclaunch.backends.base import Backend, Launch
-from hpclaunch.backends.localsettle import CANCEL_REQUESTED
 from hpclaunch.backends.localreaper import process_start
-from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.backends.localsettle import CANCEL_REQUESTED
+from hpclaunch.basics import states
 from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.records import sweeprecord
+from hpclaunch.records import runrecord, sweeprecord
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import render
 from hpclaunch.sweeps import script
 from hpclaunch.sweeps.points import Point
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpclaunch import launching
-from hpclaunch.records import runpaths
 from hpclaunch.config.secretnames import secret_values
+from hpclaunch.records import runpaths
 from hpclaunch.sweeps import arrays, script
 from hpclaunch.sweeps.points import Point
 

@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.records import runrecord
-from hpclaunch.slurm import commands
 from hpclaunch.basics import states
 from hpclaunch.errors import HpclaunchError
+from hpclaunch.records import runrecord, sweeprecord
+from hpclaunch.slurm import commands
 from hpclaunch.sweeps import arrays, script
-from hpclaunch.records import sweeprecord
 from hpclaunch.sweeps.points import Point
 from hpclaunch.sweeps.space import SpaceParam
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from hpclaunch.errors import UserError
 from hpclaunch.config.tomlfiles import loads as toml_loads
+from hpclaunch.errors import UserError
 
 ParamValue = Union[str, int, float, bool]
 # (params, extra program args, source) of one configuration

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch import node
-from hpclaunch.script import requeue
 from hpclaunch.basics import shell
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.records.sweeprecord import PARAMS_ENV, POINT_END, POINT_START, POINTS
+from hpclaunch.script import requeue
 from hpclaunch.script.launchers import encode_argv
 from hpclaunch.script.render import directives
-from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.sweeps.points import Point, format_value, params_json
-from hpclaunch.records.sweeprecord import PARAMS_ENV, POINT_END, POINT_START, POINTS
 
 HPCLAUNCH_SWEEP_ID = "HPCLAUNCH_SWEEP_ID"
 HPCLAUNCH_POINT = "HPCLAUNCH_POINT"  # 0-based

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from hpclaunch.errors import UserError, show
 from hpclaunch.config.tomlfiles import read_toml
+from hpclaunch.errors import UserError, show
 
 if TYPE_CHECKING:
     import optuna
