@@ -23,13 +23,13 @@ from typing import Any, Optional
 
 import pytest
 
-from hpclaunch.slurm import discover
-from hpclaunch.planning import preparing, resources
-from hpclaunch.script import render
-from hpclaunch.errors import UserError
-from hpclaunch.config.profiles import load_profile
-from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.config.profiles import load_profile
+from hpclaunch.errors import UserError
+from hpclaunch.planning import preparing
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import defaultnotes, render
+from hpclaunch.slurm import discover
 from test_lumi_golden import CWD, ENVIRON, LUMI_MD, MASKS, RUN_ID
 from test_lumi_golden import GOLDEN as STANDARD_GOLDEN
 
@@ -137,7 +137,12 @@ def test_the_default_is_partition_data_not_partition_names(tmp_path: Path) -> No
     environ = {**ENVIRON, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     assert _plan({"partition": "part-g"}, environ)[0].gpus_per_node == 1
     assert _shape(_plan({"partition": "pair-g"}, environ)[0]) == (2, 2, 7, MEM_60G, None)
-    for module in ("resources.py", "validate.py", "render.py"):
+    for module in (
+        "planning/resources.py",
+        "planning/validate.py",
+        "script/render.py",
+        "script/defaultnotes.py",
+    ):
         text = (SRC / module).read_text(encoding="utf-8")
         assert "small-g" not in text and "dev-g" not in text, module
 
@@ -204,7 +209,7 @@ def test_sinfo_default_time_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_runs_get_no_partition_notes() -> None:
     profile = load_profile("local")
     spec = JobSpec(cluster="local", program=("x",))
-    assert resources.default_notes(spec, profile) == []
+    assert defaultnotes.default_notes(spec, profile) == []
 
 
 # -- golden files ----------------------------------------------------------------------

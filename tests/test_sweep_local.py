@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from hpclaunch.backends import sweepstate
 from hpclaunch.errors import UserError
-from hpclaunch.sweeps import ops, sweepstate
+from hpclaunch.sweeps import ops
 from sweeptools import most_at_once
 
 PROGRAMS = Path(__file__).parent / "programs"

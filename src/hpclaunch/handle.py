@@ -18,18 +18,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from hpclaunch import node
-from hpclaunch.records import runrecord
-from hpclaunch.basics import states
-from hpclaunch.backends import runstatus
-from hpclaunch.observe import waiting
-from hpclaunch.backends import for_record, of_record
+from hpclaunch.backends import for_record, of_record, runstatus
 from hpclaunch.backends.base import cancel_all
+from hpclaunch.basics import states
 from hpclaunch.errors import UserError
 from hpclaunch.launching import Started, finish
+from hpclaunch.observe import waiting
 from hpclaunch.observe.logs import AttemptFollower, LogFollower
+from hpclaunch.records import runrecord
+from hpclaunch.records.runpaths import CANCELLED_FILE, RunPaths, rank_logs
 from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.script.requeue import CANCELLED_FILE
-from hpclaunch.records.runpaths import RunPaths, rank_logs
 
 _POLL_S = 0.25  # how often new log lines are looked for (the state: waiting.Backoff)
 

@@ -24,8 +24,7 @@ def cancel_cmd(run: str, as_json: bool) -> int:
     hpclaunch process that supervises them records how the run ended). A sweep (its id,
     or `last` when a sweep is the newest) has every open point cancelled, a point
     (SWEEP:I) only itself, as `sweep cancel` does: on Slurm and locally alike."""
-    from hpclaunch.backends import runstatus
-    from hpclaunch.backends import for_record
+    from hpclaunch.backends import for_record, runstatus
     from hpclaunch.handle import Run
     from hpclaunch.records.refs import run_or_sweep, sweep_of
 
@@ -70,10 +69,11 @@ def _check_cancellable(record: RunRecord, has_job: bool) -> None:
 def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> int:
     """A sweep's open points (all, or those) as `sweep cancel` ends them: one call per
     array on Slurm; a local sweep's process records each one CANCELLED."""
-    from hpclaunch.errors import UserError
-    from hpclaunch.script.requeue import CANCELLED_FILE
-    from hpclaunch.sweeps import ops, sweepstate
+    from hpclaunch.backends import sweepstate
     from hpclaunch.backends.runstatus import is_open
+    from hpclaunch.errors import UserError
+    from hpclaunch.records.runpaths import CANCELLED_FILE
+    from hpclaunch.sweeps import ops
 
     sweep = sweepstate.refresh(folder)
     chosen = [
@@ -116,11 +116,11 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
     default the original run's code snapshot (edits made since do not count).
 
     Secret values were never recorded: they come from your environment again."""
-    from hpclaunch.records import runrecord
-    from hpclaunch.config import secretnames
     from hpclaunch.api import request
-    from hpclaunch.errors import UserError
     from hpclaunch.cli.reporting import run_and_report
+    from hpclaunch.config import secretnames
+    from hpclaunch.errors import UserError
+    from hpclaunch.records import runrecord
 
     record = runrecord.load(find_run_dir(run))
     if (not record.options and "options" not in record.to_dict()) or not record.cwd:

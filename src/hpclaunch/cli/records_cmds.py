@@ -54,10 +54,10 @@ def _listing(
     state. An ended sweep's line comes from the tally kept in its sweep.json when it was
     first seen ended, so that its points' records are not read again (10 ended sweeps of
     1,000 points are 10,000 files). A damaged record is skipped (said), never the end."""
-    from hpclaunch.records import index, runrecord
     from hpclaunch.api import check_state
-    from hpclaunch.sweeps import ops, sweepstate
-    from hpclaunch.records import sweeprecord
+    from hpclaunch.backends import sweepstate
+    from hpclaunch.records import index, runrecord, sweeprecord
+    from hpclaunch.sweeps import ops
 
     wanted = check_state(state) if state else None
     entries = [e for e in index.live(env, warn) if not exp or e.get("exp") == exp]
@@ -165,10 +165,10 @@ def _row(rec: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
 def status_cmd(run: str, as_json: bool) -> int:
     """Show a run's state, job id, exit code and where it lives."""
-    from hpclaunch.basics import states
     from hpclaunch.backends import runstatus
-    from hpclaunch.records.attempts import summary as attempt_lines
+    from hpclaunch.basics import states
     from hpclaunch.cli.reporting import summary
+    from hpclaunch.records.attempts import summary as attempt_lines
 
     run_dir = find_run_dir(run)
     record = runstatus.refresh_one(run_dir)

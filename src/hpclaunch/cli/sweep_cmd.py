@@ -136,8 +136,8 @@ def submit_cmd(
     **options: Any,
 ) -> int:
     from hpclaunch.api import request
-    from hpclaunch.sweeps.plans import SweepOptions
     from hpclaunch.cli.sweep_report import submit_and_report
+    from hpclaunch.sweeps.plans import SweepOptions
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     req = request(program, given, argv=sys.argv)
@@ -190,10 +190,10 @@ def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_j
 def wait_cmd(sweep: str, interval: Optional[float]) -> int:
     """Follow SWEEP until every point ended: exit 0 when all completed, else the
     lowest-index failed point's code. Only the points still open are read again."""
-    from hpclaunch.observe import waiting
-    from hpclaunch.sweeps import ops
-    from hpclaunch.records import sweeprecord
     from hpclaunch.cli.common import environ, find_sweep_dir
+    from hpclaunch.observe import waiting
+    from hpclaunch.records import sweeprecord
+    from hpclaunch.sweeps import ops
 
     env = environ()
     folder = find_sweep_dir(sweep)
@@ -225,9 +225,9 @@ def retry_cmd(sweep: str, failed: bool, points: Optional[str]) -> int:
 @click.option("--points", metavar="3,7", help="Just these points (default: every open one).")
 def cancel_cmd(sweep: str, points: Optional[str]) -> int:
     """Cancel every pending or running point of SWEEP, or just some (one scancel)."""
-    from hpclaunch.sweeps import ops
-    from hpclaunch.records import sweeprecord
     from hpclaunch.cli.common import find_sweep_dir
+    from hpclaunch.records import sweeprecord
+    from hpclaunch.sweeps import ops
 
     folder = find_sweep_dir(sweep)
     total = len(sweeprecord.load(folder)["points"])
@@ -242,8 +242,8 @@ def cancel_cmd(sweep: str, points: Optional[str]) -> int:
 @click.argument("parallel", metavar="P", type=int)
 def throttle_cmd(sweep: str, parallel: int) -> int:
     """At most P points of SWEEP at once from now on (scontrol update ArrayTaskThrottle)."""
-    from hpclaunch.sweeps import ops
     from hpclaunch.cli.common import find_sweep_dir
+    from hpclaunch.sweeps import ops
 
     folder = find_sweep_dir(sweep)
     done = ops.throttle(folder, parallel)
@@ -290,8 +290,9 @@ def plot_cmd(
     sample standard deviation (n-1) of the points that share an x (repeats over seed),
     one series per value of --by. Optuna sweeps default to the optimisation history.
     A PNG needs matplotlib (pip install 'hpclaunch[plot]'); without it, a text table."""
-    from hpclaunch.sweeps import plot, sweepstate
+    from hpclaunch.backends import sweepstate
     from hpclaunch.cli.common import find_sweep_dir
+    from hpclaunch.sweeps import plot
 
     folder = find_sweep_dir(sweep)
     found = sweepstate.refresh(folder)

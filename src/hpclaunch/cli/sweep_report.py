@@ -8,11 +8,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from hpclaunch.backends import sweepstate
+from hpclaunch.backends.runstatus import is_open
 from hpclaunch.launching import Request
 from hpclaunch.records.refs import sweep_dir
-from hpclaunch.sweeps import ops, submit, sweepstate
+from hpclaunch.sweeps import ops, submit
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
-from hpclaunch.backends.runstatus import is_open
 
 
 def submit_and_report(
@@ -160,8 +161,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
-    from hpclaunch.records import sweeprecord
     from hpclaunch.cli.common import environ
+    from hpclaunch.records import sweeprecord
 
     env = environ()
     folder = sweep_dir(ref, env)

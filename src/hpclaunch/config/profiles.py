@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from hpclaunch.config.datarecords import _field, _Record
-from hpclaunch.errors import UserError, show
-from hpclaunch.config.tomlfiles import loads, merge, read_toml
 from hpclaunch.basics.units import parse_memory, parse_time
+from hpclaunch.config.datarecords import _field, _Record
+from hpclaunch.config.tomlfiles import loads, merge, read_toml
+from hpclaunch.errors import UserError, show
 
 if TYPE_CHECKING:
     from hpclaunch.config.topology import Topology
@@ -276,3 +276,10 @@ def list_user_profiles(environ: Mapping[str, str]) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.stem for p in folder.glob("*.toml"))
+
+
+def gpus_on_node(profile: Profile, part: Optional[Partition]) -> int:
+    """GPUs on a node of the partition (its own count, else the profile's node)."""
+    if part and part.gpus is not None:
+        return part.gpus
+    return profile.node.gpus

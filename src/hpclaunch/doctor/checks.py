@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from hpclaunch import backends
-from hpclaunch.slurm import discover, commands
-from hpclaunch.config.profiles import Profile
-from hpclaunch.planning.resources import gpus_on_node
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.config.profiles import Profile, gpus_on_node
+from hpclaunch.slurm import commands, discover
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 # sinfo states (%T) a node can run a new job in; anything else (drained, down, ...) not.

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from hpclaunch.errors import UserError
-from hpclaunch.observe.gpu_metrics import Reader, Series
 from hpclaunch.node import gpu_watch
-from hpclaunch.sweeps.plot import DEFAULT_SIZE, DPI, HINT, parse_size
+from hpclaunch.observe.figure import DEFAULT_SIZE, DPI, HINT, parse_size
+from hpclaunch.observe.gpu_metrics import Reader, Series
 
 __all__ = ["HINT", "METRICS", "default_size", "parse_size", "png", "write_data"]
 

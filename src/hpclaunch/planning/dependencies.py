@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.basics import states
-from hpclaunch.errors import UserError, show
 from hpclaunch.config.options import RunOptions
+from hpclaunch.errors import UserError, show
 from hpclaunch.records.refs import run_or_sweep
 
 CONDITIONS = {"ok": "afterok", "any": "afterany", "notok": "afternotok"}
@@ -120,7 +120,7 @@ def _run_state(run_dir: Path) -> tuple[str, str, list[str], bool]:
 
 
 def _sweep_state(sweep_dir: Path) -> tuple[str, str, list[str], bool]:
-    from hpclaunch.sweeps import sweepstate
+    from hpclaunch.backends import sweepstate
 
     sweep = sweepstate.refresh_all([sweep_dir])[0]
     counts = sweep.counts()

@@ -1,9 +1,9 @@
 """A requeued run's attempts, folded from the events its batch shell appended.
 
 The batch shell of a `--requeue` run writes `attempt_start` (attempt, job id, nodes) and
-`attempt_end` (reason, why, exit code) to events.jsonl (requeue.py); Slurm's own
+`attempt_end` (reason, why, exit code) to events.jsonl (script/requeue.py); Slurm's own
 requeues (a node failure, a preemption without the signal) leave an attempt with no end
-of its own, followed by the next attempt's start. No I/O here: records.py reads the file.
+of its own, followed by the next attempt's start. No I/O here: runrecord.py reads the file.
 """
 
 from __future__ import annotations
@@ -12,13 +12,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from hpclaunch.script import requeue
+# attempt_end reasons, as the batch shell writes them (script/requeue.py's text)
+REQUEUED, ENDED, DONE, BUDGET, CANCELLED, REQUEUE_FAILED = (
+    "requeued",
+    "ended",
+    "done",
+    "budget",
+    "cancelled",
+    "requeue-failed",
+)
 
 _REASONS = {
-    requeue.ENDED: "ended",
-    requeue.DONE: "done: the program wrote its done marker",
-    requeue.CANCELLED: "cancelled while being requeued",
-    requeue.REQUEUE_FAILED: "scontrol requeue failed",
+    ENDED: "ended",
+    DONE: "done: the program wrote its done marker",
+    CANCELLED: "cancelled while being requeued",
+    REQUEUE_FAILED: "scontrol requeue failed",
 }
 _WHY = {"time-limit": "time limit", "preempted": "preempted"}
 
@@ -30,16 +38,16 @@ class Attempt:
     nodes: str = ""
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
-    reason: str = ""  # as the batch shell wrote it (requeue.REQUEUED, ...); "" no end seen
+    reason: str = ""  # as the batch shell wrote it (REQUEUED, ...); "" no end seen
     why: str = ""  # time-limit | preempted
     exit_code: Optional[int] = None  # the ranks' step, as the batch shell saw it
 
     def describe(self, last: bool) -> str:
         """How the attempt ended, in words ("" for the last one while it has no end)."""
         why = _WHY.get(self.why, self.why)
-        if self.reason == requeue.REQUEUED:
+        if self.reason == REQUEUED:
             return f"requeued by hpclaunch ({why})" if why else "requeued by hpclaunch"
-        if self.reason == requeue.BUDGET:
+        if self.reason == BUDGET:
             spent = "the requeue budget is spent"
             return f"stopped: {spent} ({why})" if why else f"stopped: {spent}"
         if self.reason:

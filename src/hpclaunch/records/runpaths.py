@@ -57,6 +57,7 @@ class RunPaths:
         return self.run_dir / EVENTS
 
 
+CANCELLED_FILE = "cancelled"  # in the run folder: `hpclaunch cancel` asked for the end
 ATTEMPT_PREFIX = "attempt-"  # logs/attempt-N/: the ranks' logs of attempt N (--requeue)
 
 

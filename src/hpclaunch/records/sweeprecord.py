@@ -22,10 +22,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.records import runrecord
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import EVENTS, RESULT_JSON
-from hpclaunch.script.requeue import CANCELLED_FILE
+from hpclaunch.records import runrecord
+from hpclaunch.records.runpaths import CANCELLED_FILE
 
 SWEEP_JSON = "sweep.json"
 POINTS = "points"

@@ -8,18 +8,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpclaunch.payload import containers, stagepack
-from hpclaunch.script import gpu_watch_lines, profiling, requeue, scriptend
 from hpclaunch import node
 from hpclaunch.basics import shell
-from hpclaunch.script.launchers import launcher_env, task_argv
+from hpclaunch.basics.shell import Join, Template, Var, Word
+from hpclaunch.basics.units import format_memory, format_time
+from hpclaunch.config.jobspec import MASK, JobSpec, StageItem, is_secret
 from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.profiles import Profile
-from hpclaunch.planning.resources import default_notes
+from hpclaunch.payload import containers, stagepack
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.basics.shell import Join, Template, Var, Word
-from hpclaunch.config.jobspec import MASK, JobSpec, StageItem, is_secret
-from hpclaunch.basics.units import format_memory, format_time
+from hpclaunch.script import gpu_watch_lines, profiling, requeue, scriptend
+from hpclaunch.script.defaultnotes import default_notes
+from hpclaunch.script.launchers import launcher_env, task_argv
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch.basics import shell
+from hpclaunch.basics.units import format_time
+from hpclaunch.config.jobspec import Requeue
+from hpclaunch.config.options import RunOptions
 from hpclaunch.errors import UserError
 from hpclaunch.node import HPCLAUNCH_ATTEMPT, HPCLAUNCH_REQUEUE_SIGNAL
-from hpclaunch.config.options import RunOptions
-from hpclaunch.records.runpaths import ATTEMPT_PREFIX
-from hpclaunch.config.jobspec import Requeue
-from hpclaunch.basics.units import format_time
+from hpclaunch.records.attempts import BUDGET, CANCELLED, DONE, ENDED, REQUEUE_FAILED, REQUEUED
+from hpclaunch.records.runpaths import ATTEMPT_PREFIX, CANCELLED_FILE
 
 PERIODIC_S = 30  # slurmctld's time-limit check interval (PERIODIC_TIMEOUT in its source)
 MARGIN_S = 15  # kept back from --signal-before for stage-out and `scontrol requeue`
@@ -44,16 +45,6 @@ MAX_REQUEUES = 1000  # a typo guard, far above any real campaign
 CHAIN_JOBS = "chain.jobs"  # in the run folder: a chain's job ids, one per line
 DONE_FILE = "hpclaunch-done"  # in HPCLAUNCH_CHECKPOINT_DIR: the program says it is done
 REQUEUED_MARK = "requeued-"  # + attempt, in the run folder: this attempt queued the next
-CANCELLED_FILE = "cancelled"  # in the run folder: `hpclaunch cancel` asked for the end
-# attempt_end reasons, as the batch shell writes them
-REQUEUED, ENDED, DONE, BUDGET, CANCELLED, REQUEUE_FAILED = (
-    "requeued",
-    "ended",
-    "done",
-    "budget",
-    "cancelled",
-    "requeue-failed",
-)
 HPCLAUNCH_RESUME = "HPCLAUNCH_RESUME"
 HPCLAUNCH_DONE_FILE = "HPCLAUNCH_DONE_FILE"
 

@@ -11,15 +11,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
-from hpclaunch.slurm import discover
-from hpclaunch.records import runrecord
-from hpclaunch.observe import waiting
-from hpclaunch.backends import for_record
-from hpclaunch.errors import UserError, show
-from hpclaunch.basics.states import State
+from hpclaunch.backends import for_record, sweepstate
 from hpclaunch.backends.runstatus import is_open
-from hpclaunch.sweeps import arrays, sweepstate
-from hpclaunch.records import sweeprecord
+from hpclaunch.basics.states import State
+from hpclaunch.errors import UserError, show
+from hpclaunch.observe import waiting
+from hpclaunch.records import runrecord, sweeprecord
+from hpclaunch.slurm import discover
+from hpclaunch.sweeps import arrays
 from hpclaunch.sweeps.local import LocalSweep
 
 if TYPE_CHECKING:
@@ -80,7 +79,9 @@ def wait(
 
     def ask(_: float) -> Optional[str]:
         seen = now[0]
-        seen = now[0] = sweepstate.refresh(sweep_dir) if seen is None else sweepstate.refresh_open(seen)
+        seen = now[0] = (
+            sweepstate.refresh(sweep_dir) if seen is None else sweepstate.refresh_open(seen)
+        )
         shown.show(seen)
         if not seen.active():
             return None

@@ -25,15 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.errors import UserError, show
 from hpclaunch.basics.states import State
+from hpclaunch.errors import UserError, show
+from hpclaunch.observe.figure import DPI, HINT, parse_size
 
-DPI = 100  # with figsize = pixels / DPI the PNG has exactly the requested pixels
-DEFAULT_SIZE = (800, 500)
-HINT = "hpclaunch: hint: pip install 'hpclaunch[plot]' for a PNG"
 CSV_COLUMNS = ("series", "x", "mean", "std", "n", "min", "max")
-_SIZE = re.compile(r"([0-9]{1,5})[xX]([0-9]{1,5})")
-_SIZE_RANGE = (50, 10000)  # beyond this matplotlib would allocate gigabytes
 
 
 @dataclass(frozen=True)
@@ -175,21 +171,6 @@ def history(sweep_id: str, rows: Sequence[Mapping[str, Any]], metric: str, direc
         best.append(Stat(label, float(row["index"]), top, 0.0, 1, top, top))
     shown = [Series(metric, values), Series(f"best ({direction})", best)]
     return Plot(sweep_id, metric, "point", None, shown, history=True, direction=direction)
-
-
-def parse_size(text: Optional[str]) -> tuple[int, int]:
-    if text is None:
-        return DEFAULT_SIZE
-    low, high = _SIZE_RANGE
-    found = _SIZE.fullmatch(text.strip())
-    if not found or not all(low <= int(v) <= high for v in found.groups()):
-        raise UserError(
-            "--size",
-            f"{show(text)} is not WIDTHxHEIGHT in pixels",
-            f"{low} to {high} each",
-            "Write e.g. --size 800x500",
-        )
-    return int(found.group(1)), int(found.group(2))
 
 
 def number_text(value: float) -> str:

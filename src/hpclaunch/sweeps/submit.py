@@ -14,17 +14,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpclaunch.basics import filemodes, users
-from hpclaunch.records import index, runpaths
 from hpclaunch import launching
-from hpclaunch.script import render
 from hpclaunch.backends import pick
 from hpclaunch.backends.base import ArrayLaunch
 from hpclaunch.backends.base import ArrayPart as ArrayJob
-from hpclaunch.errors import HpclaunchError, UserError
+from hpclaunch.basics import filemodes, users
 from hpclaunch.config.secretnames import mask_text as masked
+from hpclaunch.errors import HpclaunchError, UserError
+from hpclaunch.records import index, runpaths, sweeprecord
+from hpclaunch.script import render
 from hpclaunch.sweeps import arrays, folder, script
-from hpclaunch.records import sweeprecord
 from hpclaunch.sweeps.limits import queued_jobs, site_limits
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 from hpclaunch.sweeps.points import Point, build_points, check_placeholders
@@ -214,9 +213,9 @@ def check_trial_python(trial_cmd: Sequence[str]) -> None:
 def _modules() -> list[Any]:
     import optuna
 
-    import hpclaunch
+    from hpclaunch import version  # in the package's own folder, without its face
 
-    return [hpclaunch, optuna]
+    return [version, optuna]
 
 
 def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, TextIO
 
+from hpclaunch.backends.sweepstate import Sweep
 from hpclaunch.basics import states
 from hpclaunch.basics.states import State
-from hpclaunch.sweeps.sweepstate import Sweep
 
 
 def tally(sweep: Sweep) -> dict[str, int]:

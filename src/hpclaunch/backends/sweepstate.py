@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.records import runrecord
 from hpclaunch.backends import runstatus
-from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.basics.states import State
 from hpclaunch.backends.runstatus import is_open
-from hpclaunch.records import sweeprecord
+from hpclaunch.basics.states import State
+from hpclaunch.records import runrecord, sweeprecord
+from hpclaunch.records.runrecord import RunRecord
 
 
 @dataclass
