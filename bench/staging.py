@@ -9,7 +9,7 @@ private /tmp in the ways one would do it by hand, and the way `hpclaunch run --s
   hpclaunch          `hpclaunch run -N 2 --tasks-per-node 2 --stage DATASET -- true`: the
                      per-node unpack its guard task reports in <run_dir>/stage/ready-<node>,
                      and the whole stage of an unchanged dataset = the submit-side reuse
-                     decision (stage.plan(): the manifest walk and its hash) + the slowest
+                     decision (stage.plan_stage(): the manifest walk and its hash) + the slowest
                      node's unpack
 
 Every baseline runs as one Slurm step on both nodes at once (`srun -N2`), as the testbed's
@@ -17,7 +17,7 @@ unprivileged user, and is timed inside each task ($EPOCHREALTIME around the copy
 srun start-up); a rep counts its slowest task. Cold reps drop the page cache (as root)
 before each run; warm reps follow one discarded warm-up. It also times building the tar
 (stage.pack_all on an empty cache; `tar -cf` beside it) and the code snapshot of this
-repository (snapshot.plan + snapshot.make), prints PASS/MISS against the targets, and
+repository (snapshot.plan_snapshot + snapshot.make), prints PASS/MISS against the targets, and
 rewrites its section of docs/benchmarks.md.
 
     export "$(sudo bash testbed/up.sh | tail -n 1)"; sudo apt-get install -y rsync
@@ -291,7 +291,7 @@ def clean_nodes() -> None:
 USER_TIMER = """
 import io, json, os, subprocess, sys, time
 from pathlib import Path
-from hpclaunch import stage
+from hpclaunch.payload import stage
 what, src, cwd, root = sys.argv[1:5]
 res = {}
 if what == "tar":
@@ -300,7 +300,7 @@ if what == "tar":
     res["s"] = time.perf_counter() - t0
 else:
     t0 = time.perf_counter()
-    items = stage.plan([src], Path(cwd), Path(root))
+    items = stage.plan_stage([src], Path(cwd), Path(root))
     reused = all(os.path.exists(i.archive) for i in items)  # what pack_all() checks
     t1 = time.perf_counter()
     res.update(plan_s=t1 - t0, reused=reused, archive=items[0].archive, bytes=items[0].size)
@@ -436,7 +436,7 @@ def measure_pack(reps: int) -> dict[str, Any]:
 
 
 def measure_snapshot(reps: int) -> dict[str, Any]:
-    """The code snapshot of this repository: snapshot.plan + snapshot.make (as root)."""
+    """The code snapshot of this repository: snapshot.plan_snapshot + snapshot.make (as root)."""
     data: dict[str, Any] = {}
     for mode in MODES:
         for rep in range(reps + (0 if mode == "cold" else 1)):
@@ -445,7 +445,7 @@ def measure_snapshot(reps: int) -> dict[str, Any]:
             if mode == "cold":
                 drop_caches()
             t0 = time.perf_counter()
-            p = snapshot.plan(REPO)
+            p = snapshot.plan_snapshot(REPO)
             t1 = time.perf_counter()
             stats = snapshot.make(p, dest / "code", exclude=REPO / "runs")
             t2 = time.perf_counter()
@@ -520,7 +520,7 @@ def parts_table(copies: dict[str, Any], pack: dict[str, Any], snap: dict[str, An
         lines.append(f"| {label} | {fmt(c)} | {fmt(w)} | {len(c)}/{len(w)} |")
 
     row(
-        "reuse decision at submit (`stage.plan()`: manifest walk + hash)",
+        "reuse decision at submit (`stage.plan_stage()`: manifest walk + hash)",
         copies,
         "hpclaunch",
         "plan_s",
@@ -528,7 +528,7 @@ def parts_table(copies: dict[str, Any], pack: dict[str, Any], snap: dict[str, An
     row("building the tar: `stage.pack_all()`, empty cache", pack, "pack")
     row("building a tar by hand: `tar -cf`", pack, "tar")
     row("code snapshot of this repository: plan + make", snap, "snapshot")
-    row("… `snapshot.plan()` (two `git ls-files`)", snap, "snapshot", "plan_s")
+    row("… `snapshot.plan_snapshot()` (two `git ls-files`)", snap, "snapshot", "plan_s")
     row("… `snapshot.make()` (copies and links)", snap, "snapshot", "make_s")
     row(
         "`hpclaunch run --stage … --wait` wall (submit → exit, scheduling included)",

@@ -173,7 +173,7 @@ ENV = {"PATH": "/usr/bin:/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID":
 
 def test_a_command_without_a_terminal(tmp_path: Path) -> None:
     rec = _load(_run(tmp_path))
-    p = attach.plan(rec, TARGET, ["hostname"], container=False, pty=False, environ=ENV)
+    p = attach.plan_attach(rec, TARGET, ["hostname"], container=False, pty=False, environ=ENV)
     assert p.argv == (
         "srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "-w", "node2",
         f"--chdir={tmp_path}", "hostname",
@@ -187,9 +187,9 @@ def test_a_command_without_a_terminal(tmp_path: Path) -> None:
 def test_a_shell_on_a_terminal_is_the_login_shell_under_a_pty(tmp_path: Path) -> None:
     rec = _load(_run(tmp_path))
     env = {**ENV, "SHELL": "/bin/zsh"}
-    p = attach.plan(rec, TARGET, [], container=False, pty=True, environ=env)
+    p = attach.plan_attach(rec, TARGET, [], container=False, pty=True, environ=env)
     assert p.argv[-3:] == ("--pty", "/bin/zsh", "-l")
-    p = attach.plan(rec, TARGET, [], container=False, pty=True, environ=ENV)
+    p = attach.plan_attach(rec, TARGET, [], container=False, pty=True, environ=ENV)
     assert p.argv[-3:] == ("--pty", "bash", "-l")
 
 
@@ -197,14 +197,14 @@ def test_the_runs_public_env_and_venv(tmp_path: Path) -> None:
     run_dir = _run(tmp_path)
     spec = {"env": {"LR": "0.1", "WANDB_API_KEY": "***"}, "venv": "/v", "container": None}
     (run_dir / "spec.json").write_text(json.dumps(spec))
-    p = attach.plan(_load(run_dir), TARGET, ["env"], container=False, pty=False, environ=ENV)
+    p = attach.plan_attach(_load(run_dir), TARGET, ["env"], container=False, pty=False, environ=ENV)
     assert p.env["LR"] == "0.1" and "WANDB_API_KEY" not in p.env
     assert p.env["VIRTUAL_ENV"] == "/v" and p.env["PATH"] == "/v/bin:/usr/bin:/bin"
 
 
 def test_container_refused_for_a_run_without_one(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=f"--container: {RUN_ID} runs without a container"):
-        attach.plan(_load(_run(tmp_path)), TARGET, [], container=True, pty=True, environ=ENV)
+        attach.plan_attach(_load(_run(tmp_path)), TARGET, [], container=True, pty=True, environ=ENV)
 
 
 def _container_spec(image: str, cwd: str) -> dict[str, Any]:
@@ -230,7 +230,7 @@ def test_container_enters_the_image_as_the_tasks_do(tmp_path: Path) -> None:
     spec = _container_spec("/images/img", "/work/code")
     (run_dir / "spec.json").write_text(json.dumps(spec))
     rec = _load(run_dir)
-    p = attach.plan(rec, TARGET, ["nvidia-smi"], container=True, pty=False, environ=ENV)
+    p = attach.plan_attach(rec, TARGET, ["nvidia-smi"], container=True, pty=False, environ=ENV)
     boot = str(run_dir / "bootstrap.py")
     assert p.argv[7:] == (
         "--chdir=/work/code", "bash", "-c", containers.WRAPPER, "hpclaunch-task",
@@ -240,7 +240,7 @@ def test_container_enters_the_image_as_the_tasks_do(tmp_path: Path) -> None:
     passed = p.env[HPCLAUNCH_CONTAINER_PASS].split()
     assert {"SLURM_*", "HPCLAUNCH_*", "NCCL_*", "LR", "HF_TOKEN", "TERM"} <= set(passed)
     assert p.env["HPCLAUNCH_VENV"] == "/v" and "VIRTUAL_ENV" not in p.env
-    shell = attach.plan(rec, TARGET, [], container=True, pty=True, environ=ENV)
+    shell = attach.plan_attach(rec, TARGET, [], container=True, pty=True, environ=ENV)
     assert shell.argv[-2:] == (EXEC_FLAG, "bash")  # not a login shell: keeps the venv's PATH
 
 
@@ -254,7 +254,7 @@ def test_a_sweep_points_spec_and_bootstrap_are_the_sweeps(tmp_path: Path) -> Non
         {"run_id": "sweep1:0", "run_dir": str(point), "backend": "slurm", "job_id": "9_0",
          "state": "RUNNING", "sweep_id": "sweep1"},
     )  # fmt: skip
-    p = attach.plan(_load(point), TARGET, ["true"], container=True, pty=False, environ=ENV)
+    p = attach.plan_attach(_load(point), TARGET, ["true"], container=True, pty=False, environ=ENV)
     assert str(sweep / "bootstrap.py") in p.argv
 
 

@@ -1,4 +1,4 @@
-"""Each backend renders its own request, chosen once (launching.plan): a local --dry-run
+"""Each backend renders its own request, chosen once (launching.plan_run): a local --dry-run
 shows every rank's command and environment, and that is what the start runs; a step of
 an allocation shows its srun line; Slurm the script and sbatch line (tests/golden)."""
 
@@ -92,7 +92,7 @@ def test_a_local_dry_run_is_what_the_start_runs(tmp_path: Path) -> None:
         cwd=tmp_path,
         environ=environ,
     )
-    planned = launching.plan(req)
+    planned = launching.plan_run(req)
     launch = Launch(planned.spec, planned.plan, planned.paths, planned.code.cwd, environ)
     shown = planned.backend.dry_run(launch).data["ranks"]
     started = launching.start(req, planned)
@@ -137,7 +137,7 @@ def test_inside_an_allocation_the_dry_run_shows_the_srun_step(
         ("python3", "t.py", SECRET), {"cluster": "slurm", "env": ["MY_TOKEN"]},
         cwd=tmp_path, environ=environ,
     )  # fmt: skip
-    planned = launching.plan(req)
+    planned = launching.plan_run(req)
     assert planned.backend.step_of_allocation
     text = launching.preview(planned, environ, as_json=False)
     assert text.startswith("# Inside job 77: no sbatch; the run is one step of this allocation")

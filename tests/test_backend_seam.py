@@ -48,7 +48,7 @@ def test_a_small_backend_drives_the_orchestrator(tmp_path: Path) -> None:
         ("python3", "train.py"), {"cluster": "local", "nodes": 2}, cwd=tmp_path, environ=environ
     )
     backend = InstantBackend()
-    started = launching.start(req, launching.plan(req), backend)
+    started = launching.start(req, launching.plan_run(req), backend)
     assert runrecord.load(started.paths.run_dir).state == "PENDING"
     code, state = launching.finish(started, io.StringIO(), io.StringIO())
     assert (code, state) == (0, "COMPLETED")
@@ -65,7 +65,7 @@ def test_a_refused_start_leaves_nothing(tmp_path: Path) -> None:
 
     environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)}
     req = api.request(("true",), {"cluster": "local"}, cwd=tmp_path, environ=environ)
-    planned = launching.plan(req)
+    planned = launching.plan_run(req)
     with pytest.raises(RuntimeError):
         launching.start(req, planned, Refusing())
     assert not planned.paths.run_dir.exists()

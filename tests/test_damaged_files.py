@@ -122,7 +122,7 @@ def test_concurrent_record_writers_lose_nothing(tmp_path: Path) -> None:
 def test_index_appends_from_many_processes_stay_whole(tmp_path: Path) -> None:
     env = {"XDG_DATA_HOME": str(tmp_path)}
     code = (
-        "import sys; from hpclaunch import index\n"
+        "import sys; from hpclaunch.records import index\n"
         "for n in range(100):\n"
         "    index.add({'run_id': f'{sys.argv[1]}-{n:03d}', 'run_dir': 'x' * 3000}, "
         f"{env!r})\n"

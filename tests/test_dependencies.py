@@ -19,7 +19,7 @@ from hpclaunch.planning.validate import validate
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.script.render import plan, preview
+from hpclaunch.script.render import plan_batch, preview
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
@@ -74,7 +74,7 @@ def test_refusals(values: dict[str, Any], cluster: str, step: bool, expected: st
 def test_chain_script_and_preview(tmp_path: Path) -> None:
     spec = _spec({"chain": 3, "time": 600})
     run = tmp_path / "run"
-    batch = plan(spec, load_profile("slurm"), RunPaths("r1", run, run / "ckpt"), tmp_path)
+    batch = plan_batch(spec, load_profile("slurm"), RunPaths("r1", run, run / "ckpt"), tmp_path)
     script = batch.script
     assert "HPCLAUNCH_ATTEMPT=${1:-0}" in script
     assert "#SBATCH --kill-on-invalid-dep=yes" in script
@@ -94,7 +94,9 @@ def test_dependency_directive(tmp_path: Path) -> None:
 
     spec = replace(_spec({"time": 600}), dependency="afterok:11")
     run = tmp_path / "run"
-    script = plan(spec, load_profile("slurm"), RunPaths("r1", run, run / "c"), tmp_path).script
+    script = plan_batch(
+        spec, load_profile("slurm"), RunPaths("r1", run, run / "c"), tmp_path
+    ).script
     assert "#SBATCH --dependency=afterok:11\n#SBATCH --kill-on-invalid-dep=yes\n" in script
 
 

@@ -230,7 +230,7 @@ def test_a_job_accepted_on_a_full_disk_is_a_warning_naming_job_folder_and_fix() 
         run_dir.mkdir(parents=True)
         runrecord.create(run_dir, {"run_id": "r1", "state": "CREATED"})
         env = {"XDG_DATA_HOME": str(mount / "xdg")}
-        req = launching.Request({}, ("true",), mount, env)
+        req = launching.LaunchRequest({}, ("true",), mount, env)
         paths = runpaths.RunPaths("r1", run_dir, run_dir / "checkpoints")
         filler = fill(mount)
         entry = {"run_id": "r1", "run_dir": str(run_dir), "job_id": "4242", "pad": "p" * 8000}
@@ -275,7 +275,7 @@ def test_a_launcher_pid_of_another_user_is_no_sign_of_life() -> None:
             time.sleep(0.05)
         started = locking.process_start(pid)  # the worst case: even the start time matches
         code = (
-            "from hpclaunch.backends.watchdog import launcher_alive, launcher_gone;"
+            "from hpclaunch.backends.localreaper import launcher_alive, launcher_gone;"
             f"print(launcher_alive({pid}, {started}), launcher_gone({pid}, {started}))"
         )
         said = _as_user("hpcuser", code)

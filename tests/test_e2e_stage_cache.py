@@ -106,7 +106,7 @@ def test_a_pack_planted_by_another_user_is_never_unpacked(hpc: Hpc) -> None:
     runs = hpc.cwd / "runs"
     runs.mkdir(mode=0o777)
     runs.chmod(0o777)
-    [item] = stage.plan(["data"], hpc.cwd, runs)  # what the victim's run will look for
+    [item] = stage.plan_stage(["data"], hpc.cwd, runs)  # what the victim's run will look for
     pack = Path(item.archive)
     planted = hpc.cwd / "planted"
     planted.mkdir()

@@ -346,14 +346,16 @@ def test_max_job_count_checked_by_a_counter_only_for_large_sweeps(hpc: Hpc) -> N
 _COUNTED_REFRESH = """
 import json, sys
 from pathlib import Path
-from hpclaunch import records, slurmcmd, tracking
+from hpclaunch.records.runrecord import runrecord
+from hpclaunch.slurm import commands
+from hpclaunch.backends import runstatus
 ran = []
 for name in ("run", "query"):
-    def counted(argv, *args, _real=getattr(slurmcmd, name), **kwargs):
+    def counted(argv, *args, _real=getattr(commands, name), **kwargs):
         ran.append(argv[0])
         return _real(argv, *args, **kwargs)
-    setattr(slurmcmd, name, counted)
-found = tracking.refresh([records.load(Path(p)) for p in sys.argv[1:]])
+    setattr(commands, name, counted)
+found = runstatus.refresh([runrecord.load(Path(p)) for p in sys.argv[1:]])
 print(json.dumps({"calls": ran, "found": [[r.state, r.exit_code] for r in found]}))
 """
 

@@ -19,7 +19,7 @@ from hpclaunch.errors import UserError
 from hpclaunch.planning.validate import validate
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import gpu_watch_lines
-from hpclaunch.script.render import plan
+from hpclaunch.script.render import plan_batch
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 LUMI = {"partition": "small-g", "account": "project_465000000", "time": 600}
@@ -41,7 +41,7 @@ def _spec(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) 
 def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:
     run = tmp_path / "run"
     paths = RunPaths("r1", run, run / "checkpoints")
-    return plan(_spec(values), load_profile("lumi"), paths, tmp_path).script
+    return plan_batch(_spec(values), load_profile("lumi"), paths, tmp_path).script
 
 
 def test_on_by_default_for_gpu_jobs_only() -> None:
@@ -95,7 +95,7 @@ def test_no_watch_leaves_the_script_as_it_was(tmp_path: Path) -> None:
     script = _script(tmp_path, {"no_watch": True})
     assert "HPCLAUNCH_WATCH" not in script and "gpu_watch.py" not in script
     assert "&\n" not in script  # the ranks' step in the foreground, as before
-    assert plan(_spec({"no_watch": True}), load_profile("lumi"), _paths(tmp_path), tmp_path)
+    assert plan_batch(_spec({"no_watch": True}), load_profile("lumi"), _paths(tmp_path), tmp_path)
 
 
 def _paths(tmp_path: Path) -> RunPaths:
@@ -104,10 +104,10 @@ def _paths(tmp_path: Path) -> RunPaths:
 
 def test_the_plan_carries_the_watch_for_a_step_and_the_files_to_ship(tmp_path: Path) -> None:
     spec = _spec({"gpus_per_node": 1}, step=True)
-    batch = plan(spec, load_profile("lumi"), _paths(tmp_path), tmp_path)
+    batch = plan_batch(spec, load_profile("lumi"), _paths(tmp_path), tmp_path)
     assert batch.watch_argv[:2] == ("srun", "--overlap"), batch.watch_argv
     assert node.shipped(False, True) == [node.LOADER, node.BOOTSTRAP, node.GPU_WATCH]
     assert node.shipped(True, False) == [node.LOADER, node.BOOTSTRAP, node.STAGE_GUARD]
-    assert not plan(
+    assert not plan_batch(
         _spec({"no_watch": True}), load_profile("lumi"), _paths(tmp_path), tmp_path
     ).watch_argv

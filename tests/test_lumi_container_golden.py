@@ -67,7 +67,7 @@ def _script(tmp_path: Path, extra: dict[str, object]) -> str:
         run_dir=run_dir,
         checkpoint_dir=Path(spec.checkpoint_root) / spec.exp / RUN_ID / "checkpoints",
     )
-    script = render.plan(spec, resolved.profile, paths, CWD).script
+    script = render.plan_batch(spec, resolved.profile, paths, CWD).script
     return script.replace(str(images), SIF_DIR)
 
 

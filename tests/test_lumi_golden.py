@@ -52,7 +52,7 @@ def _script(extra: dict[str, object] | None = None) -> str:
         run_dir=run_dir,
         checkpoint_dir=Path(spec.checkpoint_root) / spec.exp / RUN_ID / "checkpoints",
     )
-    return render.plan(spec, resolved.profile, paths, CWD).script
+    return render.plan_batch(spec, resolved.profile, paths, CWD).script
 
 
 def test_lumi_script_matches_golden_file() -> None:

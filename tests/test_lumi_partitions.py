@@ -50,7 +50,7 @@ def _plan(
         run_dir=Path(spec.run_root) / spec.exp / RUN_ID,
         checkpoint_dir=Path(spec.checkpoint_root) / spec.exp / RUN_ID / "checkpoints",
     )
-    return spec, render.plan(spec, resolved.profile, paths, CWD)
+    return spec, render.plan_batch(spec, resolved.profile, paths, CWD)
 
 
 def _said(extra: dict[str, object], environ: Optional[dict[str, str]] = None) -> str:

@@ -145,7 +145,7 @@ def test_a_step_of_an_allocation_gets_the_placeholder_for_lumis_caches(tmp_path:
     cli.update(partition="small-g", account="project_465000000", time="10")
     resolved = preparing.prepare_spec(cli, ("python", "train.py"), tmp_path, environ)
     paths = RunPaths(run_id="r", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "c")
-    plan = render.plan(resolved.spec, resolved.profile, paths, tmp_path)
+    plan = render.plan_batch(resolved.spec, resolved.profile, paths, tmp_path)
     launch = Launch(resolved.spec, plan, paths, tmp_path, {**environ, "SLURM_JOB_ID": "9"})
     env = step_env(launch)
     assert env["MIOPEN_USER_DB_PATH"] == node.LOCAL_UNSET + "/miopen"

@@ -159,7 +159,7 @@ def test_a_snapshot_copy_is_narrowed_to_its_folders_share(tmp_path: Path) -> Non
         run_dir = tmp_path / f"run-{share_mode:o}"
         run_dir.mkdir(mode=share_mode)
         run_dir.chmod(share_mode)
-        snapshot.make(snapshot.plan(project), run_dir / "code")
+        snapshot.make(snapshot.plan_snapshot(project), run_dir / "code")
         got = {n: stat.S_IMODE((run_dir / "code" / n).stat().st_mode) for n in want}
         assert got == want
 

@@ -53,7 +53,7 @@ def test_builtin_profiles_skip_pydantic_and_equal_its_result() -> None:
 
 def test_slurm_profile_and_discovered_partitions_never_import_pydantic() -> None:
     code = (
-        "import sys; from hpclaunch import profiles as p; p.load_profile('slurm'); "
+        "import sys; from hpclaunch.config import profiles as p; p.load_profile('slurm'); "
         "p.load_profile('local'); p.Partition.model_validate({'nodes': 2, 'max_time': 3600, "
         "'cpus': 8, 'gpus': 0, 'memory_mb': 1000, 'default': True}); "
         "assert 'pydantic' not in sys.modules, 'pydantic imported'"

@@ -121,7 +121,7 @@ def _lumi_env(extra: dict[str, object]) -> dict[str, str]:
     resolved = preparing.prepare_spec(cli, ("python", "train.py"), cwd, environ)
     run_dir = Path("/scratch/p/alice/hpclaunch/default/RUN")
     paths = RunPaths(run_id="RUN", run_dir=run_dir, checkpoint_dir=run_dir / "checkpoints")
-    plan = render.plan(resolved.spec, resolved.profile, paths, cwd)
+    plan = render.plan_batch(resolved.spec, resolved.profile, paths, cwd)
     # The exported values as bash reads them (simple words are written unquoted).
     return {k: v[1:-1] if v[:1] == '"' else v for k, v in _exports(plan.script)}
 

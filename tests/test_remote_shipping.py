@@ -77,7 +77,7 @@ def test_credentials_are_never_snapshotted(tmp_path: Path) -> None:
     git(root, "commit", "-qm", "x")  # tracked, and still never snapshotted
     (root / ".env").write_text("TOKEN=x\n")  # untracked, not ignored
     (root / ".env.local").write_text("TOKEN=y\n")  # ignored: would be linked
-    plan = snapshot.plan(root)
+    plan = snapshot.plan_snapshot(root)
     assert sorted(plan.files) == [".gitignore", "train.py"]
     assert plan.links == ()
     snapshot.make(plan, tmp_path / "snap")

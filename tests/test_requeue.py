@@ -22,7 +22,7 @@ from hpclaunch.records import runrecord
 from hpclaunch.records.attempts import Attempt, fold, summary
 from hpclaunch.records.runpaths import RunPaths, attempt_numbers, rank_logs
 from hpclaunch.script import requeue
-from hpclaunch.script.render import plan
+from hpclaunch.script.render import plan_batch
 
 ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
@@ -103,7 +103,7 @@ def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:
     spec = _spec({"time": 600, **values})
     run = tmp_path / "run"
     paths = RunPaths("r1", run, run / "checkpoints")
-    return plan(spec, load_profile("lumi"), paths, tmp_path).script
+    return plan_batch(spec, load_profile("lumi"), paths, tmp_path).script
 
 
 def test_script_asks_slurm_for_the_signal_and_is_valid_bash(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _script(tmp_path: Path, options: dict[str, Any]) -> str:
     req = api.request(("python", "t.py"), options, cwd=tmp_path, environ=_env(tmp_path))
-    return launching.plan(req).plan.script
+    return launching.plan_run(req).plan.script
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -134,7 +134,7 @@ def test_a_trailing_line_break_from_the_environment_is_refused(tmp_path: Path) -
     env = {**_env(tmp_path), "SBATCH_RESERVATION": "AI_day\n"}
     req = api.request(("python", "t.py"), LUMI, cwd=tmp_path, environ=env)
     with pytest.raises(UserError, match=r"^--reservation: 'AI_day\\n' is not allowed"):
-        launching.plan(req)
+        launching.plan_run(req)
 
 
 def test_a_row_is_refused_as_a_raw_sbatch_arg(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_the_short_flags_are_sbatchs(tmp_path: Path) -> None:
 def test_a_local_run_names_them_as_ignored(tmp_path: Path) -> None:
     options = {"cluster": "local", "qos": "normal", "nodelist": "n1"}
     req = api.request(("true",), options, cwd=tmp_path, environ=_env(tmp_path))
-    notes = launching.plan(req).notes
+    notes = launching.plan_run(req).notes
     assert any("--qos, --nodelist do not apply to a local run" in n for n in notes), notes
 
 

@@ -48,14 +48,14 @@ def repo(tmp_path: Path) -> Path:
 
 
 def snap(root: Path, dest: Path, exclude: Path | None = None) -> snapshot.SnapshotStats:
-    return snapshot.make(snapshot.plan(root), dest, exclude)
+    return snapshot.make(snapshot.plan_snapshot(root), dest, exclude)
 
 
 def test_tracked_and_untracked_copied_with_modes(repo: Path, tmp_path: Path) -> None:
     (repo / "notes.txt").write_text("untracked, not ignored\n")
     (repo / "debug.log").write_text("ignored\n")
     os.utime(repo / "train.py", (1_000_000_000, 1_000_000_000))
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert p.root == repo.resolve()
     assert p.files == (".gitignore", "notes.txt", "run.sh", "src/model.py", "train.py")
     assert p.links == ("data", "debug.log")
@@ -87,7 +87,7 @@ def test_ignored_folder_is_linked_and_relative_arguments_resolve(
 
 def test_tracked_but_deleted_file_is_skipped(repo: Path, tmp_path: Path) -> None:
     (repo / "src" / "model.py").unlink()
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert "src/model.py" not in p.files
     snapshot.make(p, tmp_path / "snap")
     assert not (tmp_path / "snap" / "src").exists()
@@ -101,7 +101,7 @@ def test_odd_file_names(repo: Path, tmp_path: Path) -> None:
     with open(raw, "wb") as f:
         f.write(b"bytes")
     git(repo, "add", "with space.py")
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     for name in [*names, os.fsdecode(b"latin1-\xe9.txt")]:
         assert name in p.files
     snapshot.make(p, tmp_path / "snap")
@@ -122,7 +122,7 @@ def test_edit_after_make_does_not_change_the_snapshot(repo: Path, tmp_path: Path
 
 def test_symlinks_stay_symlinks(repo: Path, tmp_path: Path) -> None:
     (repo / "latest.py").symlink_to("train.py")
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert dict(p.largest)["latest.py"] == 0
     snapshot.make(p, tmp_path / "snap")
     assert os.readlink(tmp_path / "snap" / "latest.py") == "train.py"
@@ -130,7 +130,7 @@ def test_symlinks_stay_symlinks(repo: Path, tmp_path: Path) -> None:
 
 def test_check_limit(repo: Path) -> None:
     (repo / "weights.bin").write_bytes(b"\0" * 3_000_000)
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert p.largest[0] == ("weights.bin", 3_000_000)
     snapshot.check_limit(p, 10 * 1024 * 1024)  # under the limit: no error
     with pytest.raises(UserError) as err:
@@ -171,12 +171,12 @@ def test_outside_git(tmp_path: Path) -> None:
     assert git_root(tmp_path) is None
     assert snapshot.diff(tmp_path) == ""
     with pytest.raises(UserError, match="not inside a git repository"):
-        snapshot.plan(tmp_path)
+        snapshot.plan_snapshot(tmp_path)
 
 
 def test_plan_from_a_subfolder_uses_the_top_level(repo: Path) -> None:
     assert git_root(repo / "src") == repo.resolve()
-    assert snapshot.plan(repo / "src") == snapshot.plan(repo)
+    assert snapshot.plan_snapshot(repo / "src") == snapshot.plan_snapshot(repo)
 
 
 def test_exclude_the_run_folder_inside_the_project(repo: Path) -> None:
@@ -190,12 +190,12 @@ def test_exclude_the_run_folder_inside_the_project(repo: Path) -> None:
     # folder and its first snapshot), given to plan() or only to make().
     (repo / ".gitignore").write_text("data/\n")
     (repo / "runs" / "r0" / "old.txt").write_text("old\n")
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert "runs/r0/old.txt" in p.files  # no run root given, r0 is not a run folder's name
     assert not any(f.startswith("runs/exp/") for f in p.files)  # but this one is
     snapshot.make(p, run_dir / "code2", exclude=repo / "runs")
     assert not (run_dir / "code2" / "runs").exists()
-    p = snapshot.plan(repo, [repo / "runs"])
+    p = snapshot.plan_snapshot(repo, [repo / "runs"])
     assert not any(f.startswith("runs/") for f in p.files) and p.left_out == ("runs",)
     snapshot.make(p, run_dir / "code3")
     assert not (run_dir / "code3" / "runs").exists()
@@ -217,7 +217,7 @@ def test_folder_of_ignored_files_is_linked_once(repo: Path, tmp_path: Path) -> N
     (repo / "out").mkdir()
     (repo / "out" / "a.log").write_text("log")
     (repo / "src" / "__pycache__").mkdir()
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert p.links == ("data", "out")  # and never the live __pycache__
     snapshot.make(p, tmp_path / "snap")
     assert (tmp_path / "snap" / "out").is_symlink()
@@ -231,7 +231,7 @@ def test_submodule_is_copied_as_a_tree(repo: Path, tmp_path: Path) -> None:
     git(lib, "add", "-A")
     git(lib, "commit", "-qm", "x")
     git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
-    p = snapshot.plan(repo)
+    p = snapshot.plan_snapshot(repo)
     assert "lib" in p.files
     stats = snapshot.make(p, tmp_path / "snap")
     assert (tmp_path / "snap" / "lib" / "pkg" / "core.py").read_text() == "CORE = 1\n"

@@ -71,7 +71,7 @@ def tree(folder: Path) -> list[str]:
 def plan_and_make(
     root: Path, dest: Path, leave_out: list[Path]
 ) -> tuple[snapshot.SnapshotPlan, list[str]]:
-    p = snapshot.plan(root, leave_out)
+    p = snapshot.plan_snapshot(root, leave_out)
     snapshot.make(p, dest)
     return p, tree(dest)
 
@@ -101,14 +101,14 @@ def test_a_run_root_given_relative_or_through_a_symlink(
     (proj / "out" / "keep.txt").write_text("kept: only out/runs is the run root\n")
     (proj / "out" / "runs" / "a.txt").write_text("output")
     monkeypatch.chdir(proj / "src")
-    assert snapshot.plan(proj, [Path("../out/runs")]).files == want
+    assert snapshot.plan_snapshot(proj, [Path("../out/runs")]).files == want
     alias = tmp_path / "scratch-runs"  # --run-root /scratch/... that is a link into the project
     alias.symlink_to(proj / "out" / "runs")
-    assert snapshot.plan(proj, [alias]).files == want
+    assert snapshot.plan_snapshot(proj, [alias]).files == want
     # The project reached through a symlink (/home -> /gpfs/home), the run root too.
     home = tmp_path / "home"
     home.symlink_to(proj)
-    p = snapshot.plan(home, [home / "out" / "runs"])
+    p = snapshot.plan_snapshot(home, [home / "out" / "runs"])
     assert p.files == want
     snapshot.make(p, tmp_path / "snap", exclude=home / "out" / "runs")
     assert not (tmp_path / "snap" / "out" / "runs").exists()
@@ -119,8 +119,8 @@ def test_a_run_root_that_is_a_symlink_in_the_project_is_left_out(
 ) -> None:
     (tmp_path / "scratch").mkdir()
     (proj / "runs").symlink_to(tmp_path / "scratch")  # untracked, not ignored: a copied link
-    assert "runs" in snapshot.plan(proj).files
-    assert "runs" not in snapshot.plan(proj, [proj / "runs"]).files
+    assert "runs" in snapshot.plan_snapshot(proj).files
+    assert "runs" not in snapshot.plan_snapshot(proj, [proj / "runs"]).files
 
 
 def test_a_run_root_outside_the_project_changes_nothing(proj: Path, tmp_path: Path) -> None:
@@ -128,8 +128,8 @@ def test_a_run_root_outside_the_project_changes_nothing(proj: Path, tmp_path: Pa
     (proj / "runs" / "config.yaml").write_text("user code that is not a run\n")
     outside = tmp_path / "elsewhere" / "runs"
     earlier_runs(outside)
-    assert snapshot.plan(proj, [outside]) == snapshot.plan(proj)
-    assert "runs/config.yaml" in snapshot.plan(proj, [outside]).files
+    assert snapshot.plan_snapshot(proj, [outside]) == snapshot.plan_snapshot(proj)
+    assert "runs/config.yaml" in snapshot.plan_snapshot(proj, [outside]).files
 
 
 @pytest.mark.parametrize("level", [0, 1, 2])
@@ -137,9 +137,9 @@ def test_a_run_root_at_or_above_the_project_never_leaves_the_project_out(
     proj: Path, tmp_path: Path, level: int
 ) -> None:
     root = [proj, proj.parent, proj.parent.parent][level]
-    full = snapshot.plan(proj)
-    assert snapshot.plan(proj, [root]) == full
-    stats = snapshot.make(snapshot.plan(proj, [root]), tmp_path / "snap", exclude=root)
+    full = snapshot.plan_snapshot(proj)
+    assert snapshot.plan_snapshot(proj, [root]) == full
+    stats = snapshot.make(snapshot.plan_snapshot(proj, [root]), tmp_path / "snap", exclude=root)
     assert stats.files == len(full.files) == 3 and stats.links == 1
 
 
@@ -174,7 +174,7 @@ def test_git_is_not_asked_to_walk_earlier_run_folders(
         return names
 
     monkeypatch.setattr(snapshot, "_ls_files", spy)
-    found = snapshot.plan(proj, [tmp_path / "scratch" / "runs"])
+    found = snapshot.plan_snapshot(proj, [tmp_path / "scratch" / "runs"])
     assert "runs/notes.md" in found.files and "train.py" in found.files
     output = re.compile(rf"(^|/)({re.escape(stage.CACHE)}|{snapshot.RUN_ID.pattern})/")
     assert [n for n in listed if output.search(n)] == []
@@ -188,7 +188,7 @@ def test_a_nested_repository_holding_the_run_root(proj: Path, tmp_path: Path) ->
     earlier_runs(lib / "runs")
     (lib / "outs").mkdir()
     (lib / "outs" / "big.bin").write_bytes(b"\0" * 4096)
-    p = snapshot.plan(proj, [lib / "outs"])
+    p = snapshot.plan_snapshot(proj, [lib / "outs"])
     assert "lib" in p.files
     assert p.total_bytes == sum(
         (proj / f).stat().st_size for f in (".gitignore", "src/model.py", "train.py")
@@ -217,7 +217,7 @@ def _plan_code(
 
 
 def test_plan_code_leaves_this_runs_folders_out(proj: Path) -> None:
-    full = snapshot.plan(proj).files
+    full = snapshot.plan_snapshot(proj).files
     for folder in ("src/out", "src/ckpt", "default", ".stage-cache"):
         (proj / folder).mkdir(parents=True)
         (proj / folder / "x.txt").write_text("output")
@@ -284,7 +284,7 @@ def test_format_size_gives_back_the_shortest_slurm_form(text: str) -> None:
 
 def test_a_limit_under_one_megabyte_is_kept_exactly(proj: Path) -> None:
     (proj / "big.bin").write_bytes(b"\0" * 2048)
-    p = snapshot.plan(proj)
+    p = snapshot.plan_snapshot(proj)
     snapshot.check_limit(p, 4 << 10)
     snapshot.check_limit(p, 0)  # no limit
     with pytest.raises(UserError) as err:

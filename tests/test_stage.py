@@ -55,7 +55,7 @@ def test_pack_is_reused_until_a_file_changes(tmp_path: Path) -> None:
     src = tmp_path / "data"
     _tree(src)
     root = tmp_path / "runs"
-    [item] = stage.plan(["data"], tmp_path, root)
+    [item] = stage.plan_stage(["data"], tmp_path, root)
     assert item.size == 4 and not Path(item.archive).exists()
     stage.pack_all((item,), io.StringIO())
     inodes = [os.stat(p).st_ino for p in stage.parts(item.archive)]
@@ -64,12 +64,12 @@ def test_pack_is_reused_until_a_file_changes(tmp_path: Path) -> None:
         with tarfile.open(part) as tar:
             names += tar.getnames()
     assert sorted(names) == ["a", "a/b", "a/b/x.txt", "empty", "top.txt"]
-    [again] = stage.plan(["data"], tmp_path, root)
+    [again] = stage.plan_stage(["data"], tmp_path, root)
     assert again.archive == item.archive
     stage.pack_all((again,), io.StringIO())
     assert [os.stat(p).st_ino for p in stage.parts(item.archive)] == inodes
     os.utime(src / "a" / "b" / "x.txt", ns=(1, 1))
-    [touched] = stage.plan(["data"], tmp_path, root)
+    [touched] = stage.plan_stage(["data"], tmp_path, root)
     assert touched.archive != item.archive
 
 
@@ -102,7 +102,7 @@ def test_node_side_unpacks_copies_back_and_cleans(tmp_path: Path) -> None:
     src = tmp_path / "data"
     _tree(src)
     (tmp_path / "one.bin").write_bytes(b"1")
-    items = stage.plan(["data", "one.bin:ONE"], tmp_path, tmp_path / "runs")
+    items = stage.plan_stage(["data", "one.bin:ONE"], tmp_path, tmp_path / "runs")
     stage.pack_all(items, io.StringIO())
     spec = JobSpec(cluster="local", program=("x",), nodes=2, stage=items,
                    stage_out=(("out", str(tmp_path / "res")),))  # fmt: skip
@@ -181,7 +181,7 @@ def test_parts_unpack_side_by_side_into_read_only_folders(
             (src / f"d{d}" / "deep" / f"f{f}").write_text(f"{d}-{f}")
     (src / "d3").chmod(0o555)
     try:
-        [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+        [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
         stage.pack_all((item,), io.StringIO())
         assert len(stage.parts(item.archive)) == 1 + 8
         local = tmp_path / "local"

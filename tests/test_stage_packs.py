@@ -81,7 +81,7 @@ def test_a_symlink_leading_out_of_the_tree_is_refused_at_pack_time(
     (src / "inner").mkdir()
     (src / "up").symlink_to("..")
     (src / name).symlink_to(target)
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     with pytest.raises(UserError) as caught:
         stage.pack_all((item,), io.StringIO())
     assert "points outside the staged folder" in str(caught.value)
@@ -100,7 +100,7 @@ def test_links_are_made_last_and_point_inside(tmp_path: Path) -> None:
     (src / "dangling").symlink_to("nowhere")
     (src / "loop").symlink_to("loop")
     (src / "ro").chmod(0o555)
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     stage.pack_all((item,), io.StringIO())
     assert sorted(os.listdir(item.archive)) == [
         ".source",
@@ -122,7 +122,7 @@ def test_the_guard_makes_no_link_out_of_the_tree_nor_under_another(tmp_path: Pat
 
     src = tmp_path / "data"
     _tree(src)
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     stage.pack_all((item,), io.StringIO())
     links = Path(item.archive) / "links.tar"
     with tarfile.open(links, "w") as tar:
@@ -139,7 +139,7 @@ def test_a_part_changed_after_packing_is_not_unpacked(tmp_path: Path) -> None:
     since (here: the same size, another mtime) before unpacking anything."""
     src = tmp_path / "data"
     _tree(src)
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     stage.pack_all((item,), io.StringIO())
     recorded = _guard_json(tmp_path, (item,))["items"][0]["parts"]  # type: ignore[index]
     assert [p[0] for p in recorded] == ["part-00.tar", "part-01.tar"]
@@ -174,7 +174,7 @@ def test_a_cache_folder_others_can_write_is_refused(tmp_path: Path, how: str) ->
         if how == "another owner":
             os.chown(cache, os.getuid() + 4242, -1)
     with pytest.raises(UserError) as caught:
-        stage.plan(["data"], tmp_path, tmp_path / "runs")
+        stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     line = str(caught.value)
     assert f"the pack cache {cache} is" in line and "\n" not in line
     assert "chmod go-w" in line
@@ -186,7 +186,7 @@ def test_the_cache_is_made_private(tmp_path: Path) -> None:
     _tree(src)
     old = os.umask(0)
     try:
-        [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+        [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
         stage.pack_all((item,), io.StringIO())
     finally:
         os.umask(old)
@@ -198,9 +198,9 @@ def test_the_cache_is_made_private(tmp_path: Path) -> None:
 _PACK_WHEN_TOLD = """
 import io, os, sys, time
 from pathlib import Path
-from hpclaunch import stage
+from hpclaunch.payload import stage
 cwd, go = Path(sys.argv[1]), Path(sys.argv[2])
-items = stage.plan(["data"], cwd, cwd / "runs")
+items = stage.plan_stage(["data"], cwd, cwd / "runs")
 while not go.exists():
     time.sleep(0.005)
 err = io.StringIO()
@@ -255,7 +255,7 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 def _pack_version(tmp_path: Path, src: Path, version: int, age_s: float) -> str:
     """Pack `src` with version's content and make it last used age_s seconds ago."""
     (src / "v.bin").write_bytes(os.urandom(400 * 1024) + bytes([version]))
-    [item] = stage.plan([f"{src}:{src.name.upper()}"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage([f"{src}:{src.name.upper()}"], tmp_path, tmp_path / "runs")
     stage.pack_all((item,), io.StringIO())
     then = time.time() - age_s
     os.utime(item.archive, (then, then))
@@ -303,7 +303,7 @@ def test_pack_all_prunes_with_the_profile_limits(tmp_path: Path, slurm: None) ->
     first = _pack_version(tmp_path, src, 1, 5000)
     _pack_version(tmp_path, src, 2, 4000)
     (src / "v.bin").write_bytes(b"3")
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     err = io.StringIO()
     stage.pack_all((item,), err, stagecache.Limits(keep=2, max_bytes=2**40), {})
     assert not os.path.exists(first) and os.path.isdir(item.archive)
@@ -313,7 +313,7 @@ def test_pack_all_prunes_with_the_profile_limits(tmp_path: Path, slurm: None) ->
 def test_stage_json_lists_parts_of_the_run_written(tmp_path: Path) -> None:
     src = tmp_path / "data"
     _tree(src)
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     assert _guard_json(tmp_path, (item,))["items"][0]["parts"] == []  # type: ignore[index]
     stage.pack_all((item,), io.StringIO())
     data = json.loads(json.dumps(_guard_json(tmp_path, (item,))))
@@ -326,7 +326,7 @@ def test_hard_linked_files_are_packed_as_files(tmp_path: Path) -> None:
     src = tmp_path / "data"
     _tree(src)
     os.link(src / "sub" / "f.txt", src / "twin.txt")
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     stage.pack_all((item,), io.StringIO())
     assert (_unpack(tmp_path, (item,)) / "twin.txt").read_text() == "dataset"
 

@@ -107,7 +107,7 @@ def _refusal(call: Callable[[], object], fifos: Sequence[Path] = ()) -> UserErro
 
 
 def _plan(src: Path | str, tmp_path: Path) -> Callable[[], object]:
-    return lambda: stage.plan([str(src)], tmp_path, tmp_path / "runs")
+    return lambda: stage.plan_stage([str(src)], tmp_path, tmp_path / "runs")
 
 
 def _socket(path: Path) -> None:
@@ -206,7 +206,7 @@ def test_manifest_and_packing_refuse_a_special_file_that_came_later(tmp_path: Pa
     again and refuse it, and no pack is left behind."""
     src = tmp_path / "data"
     _tree(src)
-    items = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    items = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     os.mkfifo(src / "a" / "late")
     err = _refusal(lambda: stage.manifest(str(src)), [src / "a" / "late"])
     assert f"{src}/a/late is a FIFO" in str(err)
@@ -225,7 +225,7 @@ def test_symlinks_to_files_folders_or_nothing_are_still_packed_as_links(
     (src / "to-dir").symlink_to("a")
     (src / "dangling").symlink_to("nowhere")
     (src / "loop").symlink_to("loop")
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     links = [rel for rel, *_ in stage.manifest(str(src)) if os.path.islink(src / rel)]
     assert links == ["dangling", "loop", "to-dir", "to-file"]
     stage.pack_all((item,), io.StringIO())
@@ -237,10 +237,10 @@ def test_symlinks_to_files_folders_or_nothing_are_still_packed_as_links(
 _PLAN_AS_USER = """
 import sys
 from pathlib import Path
-from hpclaunch import stage
+from hpclaunch.payload import stage
 from hpclaunch.errors import UserError
 try:
-    stage.plan([sys.argv[1]], Path(sys.argv[2]), Path(sys.argv[2]) / "runs")
+    stage.plan_stage([sys.argv[1]], Path(sys.argv[2]), Path(sys.argv[2]) / "runs")
 except UserError as exc:
     print(exc)
 else:
@@ -267,7 +267,7 @@ def shared_tmp() -> Iterator[Path]:
 
 
 def _planned_line(src: Path, cwd: Path, modes: Sequence[tuple[Path, int]]) -> str:
-    """Set the modes, then stage.plan's refusal (or 'planned') as the user it is
+    """Set the modes, then stage.plan_stage's refusal (or 'planned') as the user it is
     about: an unprivileged user who owns the tree when this runs as root (permission
     bits do not stop root); the modes are put back after."""
     user = _unprivileged() if os.geteuid() == 0 else None
@@ -278,7 +278,7 @@ def _planned_line(src: Path, cwd: Path, modes: Sequence[tuple[Path, int]]) -> st
         path.chmod(mode)
     try:
         if user is None:
-            err = _outcome(lambda: stage.plan([str(src)], cwd, cwd / "runs"))
+            err = _outcome(lambda: stage.plan_stage([str(src)], cwd, cwd / "runs"))
             return "planned" if err is None else str(err)
         done = subprocess.run(
             [sys.executable, "-c", _PLAN_AS_USER, str(src), str(cwd)],
@@ -337,7 +337,7 @@ def test_root_reads_everything_so_root_is_not_refused(tmp_path: Path) -> None:
     src = tmp_path / "data"
     _tree(src)
     (src / "top.txt").chmod(0o000)
-    [item] = stage.plan(["data"], tmp_path, tmp_path / "runs")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
     assert item.size == 4
 
 

@@ -109,7 +109,7 @@ def start(
     argv: Sequence[str] = (),
 ) -> Run:
     req = request(program, options, cwd=cwd, environ=environ, argv=argv)
-    started = launching.start(req, launching.plan(req))
+    started = launching.start(req, launching.plan_run(req))
     return Run(started.paths.run_dir, started)
 
 
@@ -121,8 +121,8 @@ def request(
     environ: Optional[Mapping[str, str]] = None,
     argv: Sequence[str] = (),
     reuse_code: Optional[Path] = None,
-) -> launching.Request:
-    return launching.Request(
+) -> launching.LaunchRequest:
+    return launching.LaunchRequest(
         options=dict(options),
         program=program,
         cwd=Path(cwd) if cwd is not None else Path.cwd(),

@@ -34,7 +34,7 @@ from hpclaunch.script import render, runfolder
 
 
 @dataclass(frozen=True)
-class Request:
+class LaunchRequest:
     """What to run, as the CLI or the API received it."""
 
     options: Mapping[str, Any]  # option dest -> value (CLI strings or typed API values)
@@ -75,7 +75,7 @@ class Started:
     notes: tuple[str, ...] = ()
 
 
-def plan(req: Request) -> Planned:
+def plan_run(req: LaunchRequest) -> Planned:
     prepared = prepare_spec(req.options, req.program, req.cwd, req.environ)
     backend = pick(prepared.profile, prepared.in_allocation)
     spec = prepared.spec
@@ -94,7 +94,7 @@ def _render(
     """The batch plan for a job that starts in job_cwd (the snapshot, when there is one)."""
     if spec.container and spec.container.cwd != str(job_cwd):
         spec = replace(spec, container=replace(spec.container, cwd=str(job_cwd)))
-    return spec, render.plan(spec, prepared.profile, paths, job_cwd)
+    return spec, render.plan_batch(spec, prepared.profile, paths, job_cwd)
 
 
 def dry_run_notes(planned: Planned) -> list[str]:
@@ -126,7 +126,7 @@ def preview(planned: Planned, environ: Mapping[str, str], as_json: bool) -> str:
     return secretnames.mask_text(shown.text, secrets)
 
 
-def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> Started:
+def start(req: LaunchRequest, planned: Planned, backend: Optional[Backend] = None) -> Started:
     """Make the run folder, hand the plan to the backend (the profile's, unless one is
     given), record and index the job. Nothing is left behind when any step before the
     backend's acceptance fails."""
@@ -186,7 +186,7 @@ def start(req: Request, planned: Planned, backend: Optional[Backend] = None) -> 
 
 
 def _record_accepted(
-    req: Request,
+    req: LaunchRequest,
     paths: runpaths.RunPaths,
     job_id: str,
     changes: dict[str, Any],
@@ -221,7 +221,7 @@ def _why(exc: BaseException) -> str:
 
 
 def _record_interrupted(
-    req: Request, spec: JobSpec, paths: runpaths.RunPaths, exc: KeyboardInterrupt
+    req: LaunchRequest, spec: JobSpec, paths: runpaths.RunPaths, exc: KeyboardInterrupt
 ) -> None:
     """Nothing remains of a run interrupted while it started but its record, which
     says how it ended (and the index, so that `hpclaunch runs` shows it)."""
@@ -249,7 +249,7 @@ def _write_run_files(
     spec: JobSpec,
     batch: render.BatchPlan,
     backend: Backend,
-    req: Request,
+    req: LaunchRequest,
     code: dict[str, Any],
 ) -> None:
     runfolder.write_files(paths, spec, batch.script)

@@ -36,7 +36,7 @@ def chosen(profile: Profile, in_allocation: bool) -> type[Backend]:
 
 
 def pick(profile: Profile, in_allocation: bool) -> Backend:
-    """The backend that plans and starts a new run (chosen once: launching.plan)."""
+    """The backend that plans and starts a new run (chosen once: launching.plan_run)."""
     return chosen(profile, in_allocation)()
 
 

@@ -66,7 +66,9 @@ def attach_cmd(
     record = runstatus.refresh_one(find_run_dir(run))
     target = attach.find_target(record, node)
     terminal = sys.stdin.isatty() and not as_json
-    plan = attach.plan(record, target, command, container=container, pty=terminal, environ=env)
+    plan = attach.plan_attach(
+        record, target, command, container=container, pty=terminal, environ=env
+    )
     if terminal:
         attach.become(plan)
     code, out, err = attach.call(plan, capture=as_json)

@@ -20,7 +20,7 @@ from hpclaunch.records.runrecord import RunRecord
 
 
 def run_and_report(
-    req: launching.Request,
+    req: launching.LaunchRequest,
     *,
     dry_run: bool,
     wait: bool,
@@ -28,7 +28,7 @@ def run_and_report(
     out: TextIO,
     err: TextIO,
 ) -> int:
-    planned = launching.plan(req)
+    planned = launching.plan_run(req)
     for line in planned.notes:
         err.write(line if line.startswith("hpclaunch:") else f"hpclaunch: warning: {line}")
         err.write("\n")

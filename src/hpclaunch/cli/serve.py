@@ -1,4 +1,4 @@
-"""The cluster's side of a laptop's command: `python -I -c "from hpclaunch.remote.serve
+"""The cluster's side of a laptop's command: `python -I -c "from hpclaunch.cli.serve
 import main; main()"` in ~/.hpclaunch/venv.
 
 The laptop's ssh runs exactly this fixed command line; the request comes as one JSON

@@ -297,7 +297,7 @@ def plot_cmd(
     folder = find_sweep_dir(sweep)
     found = sweepstate.refresh(folder)
     rows = [sweepstate.point_row(found, r) for r in found.points]
-    req = plot.Request(x, metric, by, output, data, size, logx, history, as_text, direction)
+    req = plot.PlotRequest(x, metric, by, output, data, size, logx, history, as_text, direction)
     return plot.run(folder, found.data, rows, req)
 
 

@@ -10,16 +10,16 @@ from typing import Any, Optional
 
 from hpclaunch.backends import sweepstate
 from hpclaunch.backends.runstatus import is_open
-from hpclaunch.launching import Request
+from hpclaunch.launching import LaunchRequest
 from hpclaunch.records.refs import sweep_dir
 from hpclaunch.sweeps import ops, submit
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 
 
 def submit_and_report(
-    req: Request, opts: SweepOptions, *, dry_run: bool, wait: bool, as_json: bool
+    req: LaunchRequest, opts: SweepOptions, *, dry_run: bool, wait: bool, as_json: bool
 ) -> int:
-    sp = submit.plan(req, opts)
+    sp = submit.plan_sweep(req, opts)
     for note in sp.planned.notes:
         print(note, file=sys.stderr)
     if dry_run:

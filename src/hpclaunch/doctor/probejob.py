@@ -74,7 +74,9 @@ def diagnose(
     """Every check: those before submitting, then (when none failed) the job's. Also
     what the JSON output adds: the run and the folder the probes wrote."""
     quiet = {**given, "exp": "doctor", "no_snapshot": True, "no_watch": True}
-    first = launching.plan(launching.Request(quiet, ("python3", "-c", "pass"), cwd, environ))
+    first = launching.plan_run(
+        launching.LaunchRequest(quiet, ("python3", "-c", "pass"), cwd, environ)
+    )
     spec, profile = first.spec, first.prepared.profile
     checks, gpus = preflight(spec, profile)
     if failed(checks):
@@ -83,7 +85,7 @@ def diagnose(
     plugin = profile.container.network_plugin if spec.container else ""
     binds = [b.path for b in profile.container.binds] if spec.container else []
     values = options(given, spec, gpus, folder, profile.local_dir, binds, first.backend.runs_here)
-    req = launching.Request(values, program(python, folder, plugin), cwd, environ)
+    req = launching.LaunchRequest(values, program(python, folder, plugin), cwd, environ)
     run, planned, job = run_job(req, folder, timeout_s, say)
     checks += job
     if planned is not None and run is not None:
@@ -114,14 +116,14 @@ def _text(path: Path) -> str:
 
 
 def run_job(
-    req: launching.Request, folder: Path, timeout_s: float, say: Callable[[str], None]
+    req: launching.LaunchRequest, folder: Path, timeout_s: float, say: Callable[[str], None]
 ) -> tuple[Optional[Run], Optional[launching.Planned], list[Check]]:
     """Submit, wait at most timeout_s (cancelled after: nothing is left in the queue)."""
     with filemodes.writing("private"):  # under the run root: made as private as a run's
         filemodes.make_dirs(folder.parent, "private")
         folder.mkdir()
         shutil.copyfile(node.path(PROBE), folder / PROBE)
-    planned = launching.plan(req)
+    planned = launching.plan_run(req)
     started = launching.start(req, planned)
     run = Run(started.paths.run_dir, started)
     say(f"hpclaunch doctor: job {started.job_id} submitted; waiting (at most {timeout_s:.0f} s)")

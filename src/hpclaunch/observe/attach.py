@@ -309,7 +309,7 @@ def srun_argv(target: Target, pty: bool, cwd: str, command: Sequence[str]) -> li
     return [*argv, *command]
 
 
-def plan(
+def plan_attach(
     record: RunRecord,
     target: Target,
     command: Sequence[str],

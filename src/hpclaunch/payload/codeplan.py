@@ -45,7 +45,7 @@ def plan_code(spec: JobSpec, cwd: Path, paths: RunPaths, reuse: Optional[Path] =
             note=f"hpclaunch: no code snapshot: {cwd} is not in a git repository; "
             "the job runs the folder as it is when it starts",
         )
-    found = snapshot.plan(root, outputs(spec, cwd, paths))
+    found = snapshot.plan_snapshot(root, outputs(spec, cwd, paths))
     snapshot.check_limit(found, spec.snapshot_limit_bytes)
     return CodePlan(cwd=paths.run_dir / CODE / cwd.relative_to(root), root=root, plan=found)
 
@@ -55,7 +55,7 @@ def outputs(spec: JobSpec, cwd: Path, paths: RunPaths) -> list[Path]:
     The run root (relative to cwd, as rundirs places runs) holds the run folders and the
     stage cache; when it is the project or above it, the experiment's folder and the
     stage cache are what lie inside. Earlier runs' folders elsewhere in the project are
-    recognised by snapshot.plan() itself."""
+    recognised by snapshot.plan_snapshot() itself."""
     run_root = absolute(spec.run_root, cwd)
     found = [run_root, run_root / snapshot.STAGE_CACHE, paths.run_dir.parent]
     if spec.checkpoint_root:

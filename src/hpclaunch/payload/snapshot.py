@@ -165,7 +165,7 @@ def _gone(left_out: tuple[str, ...]) -> Callable[[str], bool]:
     return gone
 
 
-def plan(root: Path, leave_out: Iterable[Path] = ()) -> SnapshotPlan:
+def plan_snapshot(root: Path, leave_out: Iterable[Path] = ()) -> SnapshotPlan:
     """What make() copies and links, found with two `git ls-files` calls from the top level.
     leave_out: folders hpclaunch writes (the run root, ...), left out where they lie inside
     the project, ignored by git or not; run folders and stage caches always are."""

@@ -300,7 +300,7 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
     )
 
 
-def plan(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, ...]:
+def plan_stage(values: Iterable[str], cwd: Path, run_root: Path) -> tuple[StageItem, ...]:
     """Every --stage item with its size on a node and what each node unpacks (for a
     directory, the cached pack, a folder of tars: pack_all() writes it when missing)."""
     from hpclaunch.payload import stagecache  # the pack cache: imported by runs that stage

@@ -147,7 +147,7 @@ def _staging(
             "",
             "Submit the job from outside the allocation (hpclaunch run submits with sbatch)",
         )
-    items = stage.plan(options.stage, cwd, runpaths.absolute(checked.run_root, cwd))
+    items = stage.plan_stage(options.stage, cwd, runpaths.absolute(checked.run_root, cwd))
     part = profile.partition(checked.partition)
     space = (part.local_disk_mb if part else None) or profile.node.local_disk_mb
     node_mem = (part.memory_mb if part and part.memory_mb else None) or profile.node.memory_mb

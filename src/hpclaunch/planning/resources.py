@@ -36,7 +36,7 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class Request:
+class ResourceRequest:
     """One request and where it goes: what every check reads."""
 
     profile: Profile
@@ -61,7 +61,7 @@ class Request:
         return self.options.exclusive
 
 
-def check_resources(req: Request) -> Resources:
+def check_resources(req: ResourceRequest) -> Resources:
     """Every size checked, in the order a user fixes them: nodes, GPUs, tasks, CPUs,
     memory, time (the first broken one is the one reported)."""
     node_gpus = _node_gpus(req)
@@ -100,16 +100,16 @@ def positive(field: str, value: int, what: str) -> int:
 # -- what one node offers (a partition's own shape wins over the profile's node) ------
 
 
-def _usable_cpus(req: Request) -> Optional[int]:
+def _usable_cpus(req: ResourceRequest) -> Optional[int]:
     part_cpus = req.part.cpus if req.part and req.part.cpus else None
     return req.profile.node.usable_cpus or part_cpus or req.profile.node.cpus
 
 
-def _node_gpus(req: Request) -> int:
+def _node_gpus(req: ResourceRequest) -> int:
     return gpus_on_node(req.profile, req.part)
 
 
-def _node_memory(req: Request) -> Optional[int]:
+def _node_memory(req: ResourceRequest) -> Optional[int]:
     part_mem = req.part.memory_mb if req.part and req.part.memory_mb else None
     return part_mem or req.profile.node.memory_mb
 
@@ -117,7 +117,7 @@ def _node_memory(req: Request) -> Optional[int]:
 # -- the checks -----------------------------------------------------------------------
 
 
-def _nodes(req: Request) -> int:
+def _nodes(req: ResourceRequest) -> int:
     nodes = positive("--nodes", _given(req.options.nodes, 1), "nodes")
     part, name = req.part, req.partition_name
     if part and part.max_nodes and nodes > part.max_nodes:
@@ -154,7 +154,7 @@ def default_gpus(
     return min(1, node_gpus) if profile.one_task_per_gpu else 0
 
 
-def _gpus_per_node(req: Request, node_gpus: int) -> int:
+def _gpus_per_node(req: ResourceRequest, node_gpus: int) -> int:
     default = default_gpus(req.profile, req.part, req.exclusive, node_gpus)
     gpus = _given(req.options.gpus_per_node, default)
     if gpus < 0:
@@ -191,7 +191,7 @@ def _check_local_ranks(nodes: int, tasks: int, sources: Mapping[str, str]) -> No
     )
 
 
-def _cpus_per_task(req: Request, gpus: int, tasks: int) -> int:
+def _cpus_per_task(req: ResourceRequest, gpus: int, tasks: int) -> int:
     default = 1
     # One task per GPU: each gets its GPU's share of the cores (LUMI: 7).
     if req.profile.node.cpus_per_gpu and gpus and tasks == gpus:
@@ -224,7 +224,7 @@ def _check_cpus_per_node(
     )
 
 
-def _memory(req: Request, gpus: int) -> tuple[Optional[int], Optional[int]]:
+def _memory(req: ResourceRequest, gpus: int) -> tuple[Optional[int], Optional[int]]:
     mem, mem_per_gpu = req.options.mem, req.options.mem_per_gpu
     if mem is not None and mem_per_gpu is not None:
         raise UserError("--mem", "given together with --mem-per-gpu", "", "Give only one of them")
@@ -249,7 +249,7 @@ def _memory(req: Request, gpus: int) -> tuple[Optional[int], Optional[int]]:
     return mem, mem_per_gpu
 
 
-def _time(req: Request) -> Optional[int]:
+def _time(req: ResourceRequest) -> Optional[int]:
     time_s = req.options.time
     part = req.part
     if part and part.max_time and time_s and time_s > part.max_time:

@@ -23,7 +23,12 @@ from hpclaunch.config.secretnames import is_secret
 from hpclaunch.config.topology import map_cpu_bind, mask_cpu_bind
 from hpclaunch.errors import UserError, show
 from hpclaunch.planning.dependencies import check_chain
-from hpclaunch.planning.resources import MAX_LOCAL_RANKS, Request, Resources, check_resources
+from hpclaunch.planning.resources import (
+    MAX_LOCAL_RANKS,
+    ResourceRequest,
+    Resources,
+    check_resources,
+)
 from hpclaunch.script import gpu_watch_lines, profiling, requeue
 from hpclaunch.slurm import sbatchargs
 
@@ -317,7 +322,7 @@ def check(
     partition_name, part = _choose_partition(profile, options, local, in_allocation)
     launcher = options.launcher or profile.launcher
     res = check_resources(
-        Request(profile, part, partition_name, options, sources, local, in_allocation)
+        ResourceRequest(profile, part, partition_name, options, sources, local, in_allocation)
     )
     account = _account(profile, options, local)
     job_name = _job_name(options, program)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # ship.py is imported only for a submission (its imports cost
 
 VENV = ".hpclaunch/venv"  # relative to the remote home
 # -c, not -m: runpy's imports are a few ms on every command.
-SERVE = (f"{VENV}/bin/python", "-I", "-c", "from hpclaunch.remote.serve import main; main()")
+SERVE = (f"{VENV}/bin/python", "-I", "-c", "from hpclaunch.cli.serve import main; main()")
 NOT_SET_UP = 127  # the remote shell's "command not found"
 SUBMITTING = ("run",)
 SWEEP_SUBCOMMANDS = ("status", "wait", "retry", "cancel", "throttle", "plot", "wandb-template")

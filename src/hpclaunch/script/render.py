@@ -267,7 +267,7 @@ def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
     return [*head, *argv]
 
 
-def plan(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
+def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
     fd = containers.ENV_FD if spec.container else 0
     argv = task_argv(spec, profile.python, str(paths.bootstrap), fd)
     if spec.container:

@@ -23,7 +23,7 @@ from hpclaunch.sweeps.points import Point
 from hpclaunch.version import __version__
 
 
-def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
+def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
     code = codeplan.write_code(planned.code, paths, runpaths.absolute(spec.run_root, req.cwd))
     # The array script, the shipped files once for every point, spec.json: as for a run.

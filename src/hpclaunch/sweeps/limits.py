@@ -13,10 +13,10 @@ from hpclaunch.slurm import commands, discover
 from hpclaunch.sweeps import arrays
 
 if TYPE_CHECKING:
-    from hpclaunch.launching import Request
+    from hpclaunch.launching import LaunchRequest
 
 
-def site_limits(req: Request) -> arrays.SiteLimits:
+def site_limits(req: LaunchRequest) -> arrays.SiteLimits:
     """MaxArraySize and MaxJobCount (the cached `scontrol show config`), MaxSubmitJobs
     where an accounting database answers sacctmgr."""
     max_array, max_jobs = arrays.limits_from_config(discover.slurm_config() or {})

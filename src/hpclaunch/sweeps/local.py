@@ -147,7 +147,7 @@ def _run_point(
     env = dict(ls.environ)
     env.update(script.point_env(ls.sweep_id, len(ls.points), point))
     env[script.HPCLAUNCH_POINT] = str(point.index)
-    plan = render.plan(ls.spec, ls.profile, paths, ls.cwd)
+    plan = render.plan_batch(ls.spec, ls.profile, paths, ls.cwd)
     with lock:
         running.add(point.index)
     try:

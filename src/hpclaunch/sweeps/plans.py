@@ -53,7 +53,7 @@ class SweepPlan:
     @property
     def backend(self) -> Backend:
         """The backend that runs the points (a sweep is its own jobs, never steps)."""
-        return self.planned.backend  # chosen once, by submit.plan
+        return self.planned.backend  # chosen once, by submit.plan_sweep
 
     @property
     def local(self) -> bool:

@@ -284,7 +284,7 @@ def _safe(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Request:
+class PlotRequest:
     """What `hpclaunch sweep plot` was asked for."""
 
     x: Optional[str] = None
@@ -306,7 +306,7 @@ def _result_keys(rows: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(keys) or "none: no point has a result yet"
 
 
-def _build(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: Request) -> Plot:
+def _build(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: PlotRequest) -> Plot:
     """Check the request against the sweep and compute what is plotted."""
     options = data.get("sweep") or {}
     optuna = data.get("kind") == "optuna"
@@ -349,7 +349,7 @@ def _build(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: Requ
 
 
 def run(
-    folder: Path, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: Request
+    folder: Path, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: PlotRequest
 ) -> int:
     """Everything after finding the sweep: refuse, compute, write CSV, table or PNG."""
     size = parse_size(req.size)

@@ -40,7 +40,9 @@ def _at_least_one(field: str, value: Optional[int]) -> None:
         raise UserError(field, f"{value} is below 1", "at least 1", f"Give {field} 1 or more")
 
 
-def sweep_points(req: launching.Request, opts: SweepOptions) -> tuple[list[Point], tuple[Any, ...]]:
+def sweep_points(
+    req: launching.LaunchRequest, opts: SweepOptions
+) -> tuple[list[Point], tuple[Any, ...]]:
     """The point table (Optuna: one empty point per trial) and the Optuna space."""
     for field, value in (
         ("--repeat", opts.repeat),
@@ -88,11 +90,11 @@ def sweep_points(req: launching.Request, opts: SweepOptions) -> tuple[list[Point
     return [Point(i, {}) for i in range(opts.trials)], found
 
 
-def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
+def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
     points, found_space = sweep_points(req, opts)
     if (opts.wandb_sweep or opts.count) and not req.program:
         req = replace(req, program=(WANDB_PROGRAM,))  # job.sh's line; the agent's replaces it
-    planned = launching.plan(req)
+    planned = launching.plan_run(req)
     # The points' backend, asked once: a sweep is its own jobs, never steps of an
     # allocation this command runs in (sbatch works inside one too).
     runner = pick(planned.prepared.profile, in_allocation=False)
@@ -111,7 +113,7 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
         )
     token = script.new_token()
     point = script.point_paths(paths, token)
-    template = render.plan(spec, planned.prepared.profile, point, planned.code.cwd).script
+    template = render.plan_batch(spec, planned.prepared.profile, point, planned.code.cwd).script
     parts: list[arrays.ArrayPart] = []
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
     if not planned.backend.foreground:
@@ -133,7 +135,7 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
 WANDB_PROGRAM = "the-W&B-sweep's-command"
 
 
-def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planned) -> _Wandb:
+def _wandb(req: launching.LaunchRequest, opts: SweepOptions, planned: launching.Planned) -> _Wandb:
     """W&B: the sweep id (command line over hpclaunch.toml), the API key as a secret,
     notes for stderr, and the agent command; all empty for other sweeps."""
     if not (opts.wandb_sweep or opts.count):
@@ -218,7 +220,7 @@ def _modules() -> list[Any]:
     return [version, optuna]
 
 
-def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
+def start(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     """Write the sweep and submit its arrays; returns the sweep record. Nothing is left
     behind (folder, index entry) when any step before Slurm's acceptance fails."""
     spec = sp.planned.spec
@@ -251,14 +253,14 @@ def start(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
         ) from None
 
 
-def _launch(req: launching.Request, sp: SweepPlan) -> ArrayLaunch:
+def _launch(req: launching.LaunchRequest, sp: SweepPlan) -> ArrayLaunch:
     # The W&B API key joins the plan's secrets: the job's environment, never a file.
     secret = (*sp.planned.plan.secret_env, *sp.secret_env)
     return array_launch(sp.paths.job_sh, sp.parts, req.environ, secret)
 
 
 def _record_accepted(
-    req: launching.Request,
+    req: launching.LaunchRequest,
     sp: SweepPlan,
     paths: runpaths.RunPaths,
     data: dict[str, Any],
@@ -300,13 +302,13 @@ def replanned(data: Mapping[str, Any], environ: Mapping[str, str]) -> SweepPlan:
     here): the same options, program and cluster, the recorded points."""
     cluster = data.get("cluster")  # the recorded cluster, over the options' own
     options = {**dict(data.get("options") or {}), **({"cluster": cluster} if cluster else {})}
-    req = launching.Request(
+    req = launching.LaunchRequest(
         options, tuple(data.get("command") or ()), Path(str(data["cwd"])), environ
     )
     recorded = dict(data.get("sweep") or {})
     given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
     opts = SweepOptions(**given)
-    sp = plan(req, opts)
+    sp = plan_sweep(req, opts)
     points = [
         Point(int(p["index"]), dict(p.get("params") or {}), tuple(p.get("args") or ()))
         for p in data["points"]
@@ -369,4 +371,4 @@ def describe(sp: SweepPlan, environ: Any) -> str:
     return masked("\n".join(out) + "\n", sp.masked_secrets())
 
 
-__all__ = ["describe", "plan", "start"]
+__all__ = ["describe", "plan_sweep", "start"]
