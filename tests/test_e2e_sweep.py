@@ -346,7 +346,7 @@ def test_max_job_count_checked_by_a_counter_only_for_large_sweeps(hpc: Hpc) -> N
 _COUNTED_REFRESH = """
 import json, sys
 from pathlib import Path
-from hpclaunch.records.runrecord import runrecord
+from hpclaunch.records import runrecord
 from hpclaunch.slurm import commands
 from hpclaunch.backends import runstatus
 ran = []
