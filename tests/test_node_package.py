@@ -34,6 +34,7 @@ PROMISED = {
     node.STAGE_GUARD: (3, 6),
     node.VENV_PROBE: (3, 8),
     node.GPU_WATCH: (3, 6),
+    node.STACK_PROBE: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {
@@ -64,7 +65,7 @@ SHARED = {
 HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
     "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
-    "PROFILES", "PYSPY", "LOCAL_RECORDS",
+    "PROFILES", "PYSPY", "LOCAL_RECORDS", "STACK_PROBE",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

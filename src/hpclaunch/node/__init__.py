@@ -1,6 +1,6 @@
 """The code that runs on the compute nodes (or inside images), not in hpclaunch.
 
-Four files are shipped out of this package:
+These files are shipped out of this package:
 
 - ``bootstrap.py``: in front of the user's program in every task of a job. Runs with the
   image's or the node's ``python3``: Python >= 3.8.
@@ -11,6 +11,8 @@ Four files are shipped out of this package:
   (nvidia-smi, rocm-smi, amd-smi) outside any container: the nodes' ``python3``, >= 3.6.
 - ``doctor_probe.py``: `hpclaunch doctor`'s probe, copied beside the doctor's runs; once
   per node (the nodes' ``python3``) and as every rank's program (the image's).
+- ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
+  ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 
 Rules for those files, checked by tests/test_node_package.py:
 
@@ -41,6 +43,7 @@ LOADER = "bootstrap_loader.py"  # runs the bootstrap from cached bytecode
 STAGE_GUARD = "stage_guard.py"
 GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6)
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
+STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
 BOOTSTRAP_MODULE = "hpclaunch_bootstrap"
@@ -132,7 +135,7 @@ def shipped(staging: bool, watching: bool) -> list[str]:
 
 
 def path(name: str) -> Path:
-    """A shipped file of this package (BOOTSTRAP, STAGE_GUARD, VENV_PROBE), on disk."""
+    """A shipped file of this package (BOOTSTRAP, STAGE_GUARD, VENV_PROBE, ...), on disk."""
     return Path(__file__).with_name(name)
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hpclaunch import node
 from hpclaunch.config.profilekinds import runs_here
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import RANK_END, RANK_START
@@ -37,113 +38,8 @@ PYSPY_FIX = "pip install 'hpclaunch[stack]' (or py-spy) where the nodes can run 
 TIMEOUT_S = 120.0  # the whole srun step; each py-spy gets NODE_CODE's own 20 s
 MISSING = "py-spy is not installed on this node"
 
-# Runs on each node with its own python3 -I -S (3.6+, standard library only). argv[1]:
-# {"pyspy": [paths], "ranks": [[rank, node, pid]], "any_node": bool, "missing": text}.
-# Never fails: every rank gets one JSON line on stdout, {"rank", "node", "pid",
-# "threads"} or {"rank", "node", "error"[, "missing"]}. Messages name no pid, so that
-# equal ones group.
-NODE_CODE = r"""
-import json, os, subprocess, sys
-ARGS = json.loads(sys.argv[1])
-NODE = os.environ.get("SLURMD_NODENAME") or os.uname()[1].split(".")[0]
-LIMIT = 20
-
-
-def say(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def find_pyspy():
-    names = [p for p in ARGS["pyspy"] if p]
-    names += [os.path.join(d, "py-spy") for d in os.environ.get("PATH", "").split(":") if d]
-    for name in names:
-        if os.path.isfile(name) and os.access(name, os.X_OK):
-            return name
-    return None
-
-
-def children(pid):
-    found = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task)) as fh:
-                found += [int(x) for x in fh.read().split()]
-        return found
-    except (OSError, ValueError):
-        pass
-    for name in filter(str.isdigit, os.listdir("/proc")):  # no .../children: the ppids
-        try:
-            with open("/proc/%s/stat" % name) as fh:
-                if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(name))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
-
-
-def is_bootstrap(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            words = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return any(w.endswith(b"bootstrap.py") for w in words)
-
-
-def dump(spy, pid, nonblocking=False):
-    # Under py-spy record (a profiled rank) a second tracer cannot pause the program:
-    # read its memory without stopping it.
-    extra = ["--nonblocking"] if nonblocking else []
-    try:
-        done = subprocess.run([spy, "dump", "--json", *extra, "--pid", str(pid)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        return None, "py-spy gave no answer in %d s" % LIMIT
-    except OSError as exc:
-        return None, "cannot run py-spy: %s" % exc.strerror
-    if done.returncode == 0:
-        try:
-            return json.loads(done.stdout), ""
-        except ValueError:
-            return None, "py-spy printed no JSON"
-    lines = [x.strip() for x in (done.stderr + done.stdout).splitlines() if x.strip()]
-    text = lines[0] if lines else "exit %d" % done.returncode
-    return None, "py-spy: " + text.replace(str(pid), "PID")
-
-
-def rank(spy, number, pid):
-    out = {"rank": number, "node": NODE}
-    if not is_bootstrap(pid):
-        out["error"] = "its task has ended, or runs in a PID namespace of its own"
-        return out
-    queue, first, profiled = children(pid), "", False
-    for _ in range(5):
-        if not queue:
-            break
-        child = queue.pop(0)
-        if is_bootstrap(child):  # a profiled rank: the bootstrap's copy under the profiler
-            queue, profiled = queue + children(child), True
-            continue
-        threads, why = dump(spy, child, profiled)
-        if threads is not None:
-            out.update(pid=child, threads=threads)
-            return out
-        first = first or why
-        queue += children(child)
-    out["error"] = first or "its program has not started yet, or has just ended"
-    return out
-
-
-spy = find_pyspy()
-for number, node, pid in ARGS["ranks"]:
-    if ARGS["any_node"] or node == NODE:
-        if spy is None:
-            say({"rank": number, "node": NODE, "error": ARGS["missing"], "missing": True})
-        else:
-            say(rank(spy, number, pid))
-"""
+# Runs on each node with its own python3 -I -S -c (node/stack_probe.py's text).
+NODE_CODE = node.path(node.STACK_PROBE).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
