@@ -115,6 +115,12 @@ HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
 HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"  # where the node-local folder is made
 HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"  # <run>/nodelocal: its path, per node
 HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
+# bootstrap.PLACEHOLDERS' keys, the per-rank placeholders a sweep's names may not take
+# (tests/test_sweep_points.py keeps the two equal)
+RANK_PLACEHOLDERS = (
+    "rank", "local_rank", "world_size", "local_world_size", "node_rank", "master_addr",
+    "master_port",
+)  # fmt: skip
 PARAM_PREFIX = "HPCLAUNCH_PARAM_"  # + NAME upper-cased: that parameter's value as text
 HPCLAUNCH_POINT_ARGS = "HPCLAUNCH_POINT_ARGS"  # a sweep point's extra arguments, hex, comma-joined
 HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole program line, hex

@@ -30,18 +30,14 @@ from typing import Any, Optional, Union
 
 from hpclaunch.config.tomlfiles import loads as toml_loads
 from hpclaunch.errors import UserError
+from hpclaunch.node import PARAM_PREFIX, RANK_PLACEHOLDERS
 
 ParamValue = Union[str, int, float, bool]
 # (params, extra program args, source) of one configuration
 Config = tuple[dict[str, ParamValue], tuple[str, ...], str]
 
-# bootstrap.PLACEHOLDERS' keys: the bootstrap must not import hpclaunch, so it cannot
-# import them from here; a test keeps the two equal.
-RANK_PLACEHOLDERS = (
-    "rank", "local_rank", "world_size", "local_world_size", "node_rank", "master_addr",
-    "master_port",
-)  # fmt: skip
-PARAM_ENV_PREFIX = "HPCLAUNCH_PARAM_"
+# The in-job code's names, defined once on the host side in hpclaunch.node
+PARAM_ENV_PREFIX = PARAM_PREFIX
 SUFFIXES = (".txt", ".json", ".jsonl", ".toml", ".yaml", ".yml")
 CONFIGS, GRID, REPEAT = "--configs", "--grid", "--repeat"
 
