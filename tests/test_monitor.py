@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.basics import states
 from hpclaunch.observe.jobend import (
     EXIT_OTHER_FAILURE,
     EXIT_UNKNOWN,
     JobStatus,
     first_failure,
     job_exit_code,
-    normalize_state,
     wait_and_stream,
 )
 from hpclaunch.observe.logs import LogFollower
@@ -218,6 +218,12 @@ def test_job_exit_code(
     for i, (rank, rc) in enumerate(ranks):
         exit_file(logs, rank, rc, 100.0 + i)
     assert job_exit_code(state, logs, slurm_code) == expected
+
+
+def normalize_state(state: str) -> str:
+    """Slurm's state as one word, as jobend reads it (jobend.normalize_state, which only
+    this test called, was this line)."""
+    return states.parse(state).value
 
 
 def test_normalize_state() -> None:

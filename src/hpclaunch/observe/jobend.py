@@ -27,12 +27,6 @@ _LOG_POLL_S = 0.2
 _DRAIN_WAIT_S = 2.0
 
 
-def normalize_state(state: str) -> str:
-    """Slurm's state as one word: `CANCELLED by 1000`, `CANCELLED+`, `CA` -> `CANCELLED`;
-    one states.py does not know -> `UNKNOWN`."""
-    return states.parse(state).value
-
-
 def exit_code_of(returncode: int) -> int:
     """A `subprocess` return code as a shell exit status: killed by signal N -> 128+N."""
     return 128 - returncode if returncode < 0 else returncode

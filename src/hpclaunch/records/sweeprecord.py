@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,13 +84,6 @@ def write_new(path: str | os.PathLike[str], text: str) -> None:
     A plain string path is fine: a Path per file was a tenth of a 1,000-point sweep."""
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write(text)
-
-
-def point_events(folder: Path) -> Iterator[dict[str, Any]]:
-    """The point's own events (point_start, point_end), oldest first."""
-    for event in runrecord.event_lines(folder):
-        if event.get("event") in (POINT_START, POINT_END):
-            yield event
 
 
 def point_end(folder: Path, job: str) -> Optional[dict[str, Any]]:
