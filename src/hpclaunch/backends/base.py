@@ -208,7 +208,7 @@ def cancel_all(backend: Backend, jobs: Sequence[str]) -> None:
 
 
 class _Chain:
-    """A --chain's state: its members asked in one call, combined (monitor.chain_status)."""
+    """A --chain's state: its members asked in one call, combined (jobend.chain_status)."""
 
     def __init__(self, backend: Backend, members: Sequence[str], paths: RunPaths) -> None:
         self._backend = backend
@@ -224,7 +224,7 @@ class _Chain:
 
 
 class _OneJob:
-    """The monitor asks about one job; backends answer for many at once."""
+    """jobend asks about one job; backends answer for many at once."""
 
     def __init__(self, backend: Backend, job_id: str) -> None:
         self._backend = backend

@@ -1,5 +1,5 @@
 """The Slurm batch backend: sbatch to start, one squeue + one sacct per refresh for the
-status of any number of jobs, scancel to cancel. Every command goes through slurmcmd.
+status of any number of jobs, scancel to cancel. Every command goes through slurm/commands.py.
 
 Sites rate-limit RPCs per user and ban tools that poll in loops, so `status` never asks
 per job: squeue answers for every job still queued or running, and one sacct call for

@@ -157,7 +157,7 @@ class StepBackend(Backend):
 
 
 class GpuWatchStep:
-    """The GPU watch beside a step's ranks (jobwatch.py says why a step of its own): started
+    """The GPU watch beside a step's ranks (gpu_watch_lines.py says why a step of its own): started
     a second after them, as the batch script does, stopped when they end."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:

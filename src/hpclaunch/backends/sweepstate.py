@@ -1,5 +1,5 @@
 """A sweep as of now: its record and its points' records, brought up to date together
-(tracking.refresh, as any run: the points' own events, one squeue -r, at most one sacct;
+(runstatus.refresh, as any run: the points' own events, one squeue -r, at most one sacct;
 local points from their runner's liveness), and what the status table shows of them.
 """
 
@@ -76,13 +76,13 @@ def refresh_open(sweep: Sweep) -> Sweep:
 
 
 def _bring_up_to_date(sweeps: Sequence[Sweep]) -> None:
-    """Every point of these sweeps in one tracking.refresh (one squeue, at most one sacct)."""
+    """Every point of these sweeps in one runstatus.refresh (one squeue, at most one sacct)."""
     refresh_with_runs(sweeps, ())
 
 
 def refresh_with_runs(sweeps: Sequence[Sweep], runs: Sequence[RunRecord]) -> list[RunRecord]:
     """These sweeps' points and these plain runs brought up to date together, in one
-    tracking.refresh (`hpclaunch runs`: one squeue and at most one sacct for all of them).
+    runstatus.refresh (`hpclaunch runs`: one squeue and at most one sacct for all of them).
     The sweeps change in place; the runs come back, in their order."""
     asked: list[str] = []
     learnt = runstatus.refresh([*runs, *(r for s in sweeps for r in s.points)], asked=asked)

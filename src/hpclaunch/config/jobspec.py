@@ -92,7 +92,7 @@ class Profiling:
 
 @dataclass(frozen=True)
 class Parts:
-    """What the features add to a checked request (preparing.py), each typed: the code
+    """What the features add to a checked request (planning/preparing.py), each typed: the code
     snapshot, --after's dependency, staging, the container and the venv."""
 
     snapshot: bool = False

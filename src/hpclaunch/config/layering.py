@@ -5,7 +5,7 @@ file, and whether it may be read: projectfile.py)
 < environment (HPCLAUNCH_CLUSTER, HPCLAUNCH_CONFIG, SBATCH_ACCOUNT/PARTITION/RESERVATION)
 < command line. Every value is converted to its type here, into one frozen RunOptions
 (options.py): past this module options are typed attributes, never string keys. config
-only layers: it never asks Slurm, packs data or looks inside images (preparing.py does,
+only layers: it never asks Slurm, packs data or looks inside images (planning/preparing.py does,
 where a run starts).
 """
 

@@ -3,7 +3,7 @@
 help text and, for a Slurm flag, its `#SBATCH` line (so they never disagree).
 
 The table IS the typed options object: each field of `RunOptions` is one row (its
-`Option` in the field's metadata), so config.py builds one frozen `RunOptions` and
+`Option` in the field's metadata), so config/layering.py builds one frozen `RunOptions` and
 everything past it reads typed attributes, never string keys. A plain Slurm flag
 (kind "sbatch": --reservation, --qos, ...) is one row and nothing else: its value is
 checked against the row's pattern (`slurm_lines`) and written as the row's `line`, which
@@ -66,7 +66,7 @@ def _row(
 @dataclass(frozen=True)
 class RunOptions:
     """Every `run` option, typed (times in seconds, sizes in MB, --snapshot-limit in
-    bytes), as the layers gave them (config.py); None/False/(): not given."""
+    bytes), as the layers gave them (config/layering.py); None/False/(): not given."""
 
     cluster: Optional[str] = _row(
         "str",

@@ -1,7 +1,7 @@
 """hpclaunch doctor, before anything is submitted: the checks a site can answer from the
 login node (the controller, the partition's nodes and their GPUs, the profile's binds and
 image as far as they can be seen here), the table every check ends in, and the verdict.
-The job that checks the rest: doctor_job.py.
+The job that checks the rest: doctor/probejob.py.
 
 A check that cannot be met (too few nodes up, a partition that does not exist) stops the
 doctor before it submits: it never leaves a job waiting in the queue."""

@@ -176,7 +176,7 @@ def pick_node(nodes: Sequence[str], wanted: Optional[str], run_id: str, job_id: 
 
 
 def find_target(record: RunRecord, wanted: Optional[str]) -> Target:
-    """The record must be up to date (tracking.refresh_one): its state decides."""
+    """The record must be up to date (runstatus.refresh_one): its state decides."""
     check_running(record)
     job_id = job_to_join(record)
     nodes = nodes_from_events(record)
@@ -350,10 +350,10 @@ def plan_attach(
 
 
 def become(p: Plan) -> NoReturn:
-    """The interactive case: hpclaunch becomes srun (slurmcmd.become)."""
+    """The interactive case: hpclaunch becomes srun (commands.become)."""
     commands.become(p.argv, p.env)
 
 
 def call(p: Plan, capture: bool = False) -> tuple[int, str, str]:
-    """srun as a child with hpclaunch's stdin (slurmcmd.attached)."""
+    """srun as a child with hpclaunch's stdin (commands.attached)."""
     return commands.attached(p.argv, p.env, capture)

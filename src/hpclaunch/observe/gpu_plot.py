@@ -30,7 +30,7 @@ ROW_PX = 200  # the default height grows by this per further row of panels
 
 
 class Metric(NamedTuple):
-    column: str  # in the CSV and gpumetrics.Series.values
+    column: str  # in the CSV and gpu_metrics.Series.values
     label: str  # the y axis
     scale: float  # recorded unit -> plotted unit
     top: Optional[float]  # a fixed upper end of the y axis

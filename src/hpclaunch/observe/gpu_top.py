@@ -1,4 +1,4 @@
-"""`hpclaunch top`'s view of a run's GPUs: built from the samples (gpumetrics), shown as
+"""`hpclaunch top`'s view of a run's GPUs: built from the samples (gpu_metrics), shown as
 plain text (the same text, coloured, in the live view), or as JSON.
 
 Two views: a running run's shows each GPU's latest sample and a sparkline of its busy %

@@ -52,7 +52,7 @@ def plan_code(spec: JobSpec, cwd: Path, paths: RunPaths, reuse: Optional[Path] =
 
 def outputs(spec: JobSpec, cwd: Path, paths: RunPaths) -> list[Path]:
     """Where this run's hpclaunch writes: never in its snapshot where inside the project.
-    The run root (relative to cwd, as rundirs places runs) holds the run folders and the
+    The run root (relative to cwd, as runpaths places runs) holds the run folders and the
     stage cache; when it is the project or above it, the experiment's folder and the
     stage cache are what lie inside. Earlier runs' folders elsewhere in the project are
     recognised by snapshot.plan_snapshot() itself."""

@@ -41,7 +41,7 @@ FIX = "Use --no-snapshot to run the live project folder instead"
 # would then write its compiled cache into the live project's folder.
 SKIP_NAMES = frozenset({".git", "__pycache__"})
 # hpclaunch's output, recognised wherever an earlier run put it: <run-root>/<exp>/<run-id>/
-# (rundirs.new_run_id) and <run-root>/.stage-cache/ (stage.CACHE).
+# (runpaths.new_run_id) and <run-root>/.stage-cache/ (stage.CACHE).
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9]{3}-[0-9a-f]{4}")
 STAGE_CACHE = ".stage-cache"
 # Credentials: never copied into a snapshot, never linked there, never shipped to a

@@ -1,4 +1,4 @@
-"""A request -> a validated JobSpec and its profile: the layers (config.py), the cluster
+"""A request -> a validated JobSpec and its profile: the layers (config/layering.py), the cluster
 (asked of Slurm when no layer names one), the profile filled in from sinfo, the checks
 of staging capacity, containers and venvs. Writes nothing: --dry-run stops after this.
 """

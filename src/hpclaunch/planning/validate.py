@@ -221,7 +221,7 @@ def _run_roots(
 @dataclass(frozen=True)
 class Checked:
     """A request checked against its profile, every check passed: what the features
-    (preparing.py: snapshot, --after, staging, container) build their parts on, and
+    (planning/preparing.py: snapshot, --after, staging, container) build their parts on, and
     what `spec` makes the JobSpec of, once, with those parts."""
 
     profile: Profile

@@ -1,6 +1,6 @@
 """Run folders: where a run lives and how its folder is made and undone.
 
-<root>/<exp>/<run-id>/ holds run.json (the record, records.py), events.jsonl (what the
+<root>/<exp>/<run-id>/ holds run.json (the record, records/runrecord.py), events.jsonl (what the
 job's own code reports), spec.json, job.sh, bootstrap.py, logs/ and checkpoints/
 (docs/internals.md).
 """

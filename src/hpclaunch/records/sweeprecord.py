@@ -10,7 +10,7 @@
                       checkpoints/, result.json, events.jsonl, attempts/<n>/ (earlier tries)
 
 Only the host writes sweep.json and the points' run.json (under the folder's lock, as
-records.py does); the job appends point_start/point_end to a point's events.jsonl and,
+records/runrecord.py does); the job appends point_start/point_end to a point's events.jsonl and,
 for Optuna, writes params.env/params.json when it asks for its trial.
 """
 

@@ -1,5 +1,5 @@
 """The GPU watch in a batch job: whether a run has one, and the script lines that start
-and stop it (the sampler itself: node/gpu_watch.py; reading its samples: gpumetrics.py).
+and stop it (the sampler itself: node/gpu_watch.py; reading its samples: gpu_metrics.py).
 
 Why it starts the way it does (docs/watching.md says the same for users):
 

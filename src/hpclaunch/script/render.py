@@ -33,7 +33,7 @@ class BatchPlan:
     task_env: tuple[tuple[str, Word], ...]  # exported before the launch (also for local)
     srun_argv: tuple[Word, ...]
     chain: int = 1  # --chain K: sbatch_argv is submitted K times (member number as $1)
-    # The GPU watch's step (jobwatch.py), empty without one: the batch script starts it,
+    # The GPU watch's step (gpu_watch_lines.py), empty without one: the batch script starts it,
     # and so does a backend that runs the ranks as a step of an allocation.
     watch_argv: tuple[str, ...] = ()
 

@@ -21,7 +21,7 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
 - SLURM_RESTART_COUNT counts every requeue, Slurm's own (node failure, preemption)
   and hpclaunch's, so it is both the attempt number and the budget's count.
 - The batch shell appends attempt_start / attempt_end events to events.jsonl (bash
-  builtins only); records.py folds them into the run's attempts.
+  builtins only); records/runrecord.py folds them into the run's attempts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a run folder holds before its job starts, written once for runs and sweeps:
 the job script, the shipped files (the bootstrap's bytecode made here), py-spy where a
-rank is profiled, spec.json and stage.json. run.json is records.py's (`new_record`,
+rank is profiled, spec.json and stage.json. run.json is records/runrecord.py's (`new_record`,
 `write_new`): every writer of a run's folder (launching.py, sweeps/folder.py) calls
 these, so a run and a sweep point hold the same files.
 """

@@ -4,7 +4,7 @@ A sweep is ONE `sbatch --array` job, split only where the site forces it: every 
 must be < MaxArraySize (slurm.conf(5)). The job script computes `point = offset +
 SLURM_ARRAY_TASK_ID`. Pure: the caller runs the Slurm commands named by the constants
 below and passes their text in, so tests feed recorded output. What Slurm says of the
-tasks (squeue -r, sacct) is parsed in backends/slurmtasks.py, re-exported here.
+tasks (squeue -r, sacct) is parsed in slurm/arraytasks.py, re-exported here.
 """
 
 from __future__ import annotations
