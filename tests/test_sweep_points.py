@@ -17,10 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpclaunch.errors import UserError
-from hpclaunch.node import bootstrap
+from hpclaunch.node import RANK_PLACEHOLDERS, bootstrap
 from hpclaunch.sweeps import points as sp
 from hpclaunch.sweeps.points import (
-    RANK_PLACEHOLDERS,
     Point,
     build_points,
     check_placeholders,
