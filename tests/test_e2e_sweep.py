@@ -244,7 +244,7 @@ def test_a_grid_above_max_array_size_is_split(hpc: Hpc) -> None:
         status = _status(hpc, line["sweep_id"])
         assert [p["index"] for p in status["points"]] == list(range(1003))
         assert {p["state"] for p in status["points"]} == {"PENDING"}
-        last = Path(line["sweep_dir"]) / "points/1002/params.env"
+        last = Path(line["sweep_dir"]) / "points/1002/job.sh"  # its parameters exported
         assert "HPCLAUNCH_PARAM_A=1002" in last.read_text()
     finally:
         hpc.cmd(["scancel", *line["job_ids"]])
@@ -389,3 +389,38 @@ def test_one_refresh_serves_runs_and_points_alike(hpc: Hpc) -> None:
         ["FAILED", 3],
         ["COMPLETED", 0],
     ]
+
+
+def test_a_held_grid_point_is_two_files_until_its_task_makes_the_rest(hpc: Hpc) -> None:
+    """Issue 26 (Performance: a held 1,000-point sweep to its id): the host writes a grid
+    point's job.sh (its parameters exported in it) and run.json, nothing more; the array
+    task makes logs/ and checkpoints/, private, when it starts. Pending points' logs and
+    status cope with the folders not there yet."""
+    out = hpc.folder("out")
+    line = _sweep(hpc, "--grid", "lr=0.5,x y", "--sbatch-arg=--hold", "--",
+                  "python3", POINT, str(out), "--lr={lr}")  # fmt: skip
+    sweep_dir, sweep_id = Path(line["sweep_dir"]), line["sweep_id"]
+    try:
+        for index in (0, 1):
+            assert sorted(os.listdir(sweep_dir / "points" / str(index))) == ["job.sh", "run.json"]
+        status = _status(hpc, sweep_id)
+        assert [p["state"] for p in status["points"]] == ["PENDING"] * 2
+        logs = hpc.run("logs", f"{sweep_id}:1")
+        assert logs.returncode == 0 and "Traceback" not in logs.stderr, logs.stderr
+        assert hpc.cmd(["scontrol", "release", line["job_ids"][0]]).returncode == 0
+        assert hpc.run("sweep", "wait", sweep_id, timeout=240).returncode == 0
+    finally:
+        hpc.cmd(["scancel", *line["job_ids"]])
+    found = _records(out)
+    for index, lr in ((0, "0.5"), (1, "x y")):
+        env = found[f"p{index}-a1-r0"]["env"]
+        assert env["HPCLAUNCH_PARAM_LR"] == lr and json.loads(env["HPCLAUNCH_PARAMS"]) == {"lr": lr}
+        assert env["HPCLAUNCH_POINT"] == str(index) and env["HPCLAUNCH_POINTS"] == "2"
+        assert env["HPCLAUNCH_SWEEP_ID"] == sweep_id
+        assert [bytes.fromhex(a).decode() for a in found[f"p{index}-a1-r0"]["argv"]] == [
+            f"--lr={lr}"
+        ]
+        point = sweep_dir / "points" / str(index)
+        for name in ("logs", "checkpoints"):
+            assert (point / name).is_dir() and (point / name).stat().st_mode & 0o777 == 0o700
+        assert (point / "logs" / "batch.out").is_file()

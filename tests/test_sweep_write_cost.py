@@ -48,5 +48,65 @@ def test_point_folders_are_made_without_failed_mkdirs(
     assert len(points) == 5
     for point in points:
         assert (point / "logs").is_dir() and (point / "checkpoints").is_dir()
-        assert (point / "job.sh").is_file() and (point / "params.env").is_file()
+        # The point's parameters travel in its job.sh (no params.env per point).
+        assert f"export HPCLAUNCH_PARAM_X={point.name}\n" in (point / "job.sh").read_text()
     assert [p for p in failed if "points" in str(p)] == []
+
+
+def _planned_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, points: int) -> Any:
+    """A local grid sweep planned and written (start), its points not run."""
+    from hpclaunch import launching
+    from hpclaunch.sweeps import submit
+    from hpclaunch.sweeps.plans import SweepOptions
+
+    monkeypatch.chdir(tmp_path)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCLAUNCH"))}
+    environ["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    values = ",".join(str(i) for i in range(points))
+    program = (sys.executable, "-c", "pass", "{x}", "{y}")
+    options = {"cluster": "local", "run_root": str(tmp_path / "runs")}
+    req = launching.Request(options, program, tmp_path, environ)
+    sp = submit.plan(req, SweepOptions(grids=(f"x={values}", "y=a b,'q\"")))
+    submit.start(req, sp)
+    return sp
+
+
+def test_point_records_are_made_once_not_per_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A RunRecord and its asdict per point were two thirds of a held 1,000-point
+    submission: one record is made, the other points' laid over it."""
+    from hpclaunch import records
+
+    made: list[int] = []
+    real = records.RunRecord.to_dict
+
+    def counting(self: records.RunRecord) -> dict[str, Any]:
+        made.append(1)
+        return real(self)
+
+    monkeypatch.setattr(records.RunRecord, "to_dict", counting)
+    sp = _planned_sweep(tmp_path, monkeypatch, 20)
+    assert len(sp.points) == 40
+    assert len(made) <= 2
+
+
+def test_point_records_say_what_a_record_made_per_point_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every point's run.json holds what folder.point_record makes for that point (its
+    own id, folders, parameters and command), but the time of writing."""
+    import json
+
+    from hpclaunch.sweeps import folder
+
+    sp = _planned_sweep(tmp_path, monkeypatch, 7)
+    facts = sp.backend.site_facts()
+    for point in sp.points:
+        path = sp.paths.run_dir / "points" / str(point.index) / "run.json"
+        stored = json.loads(path.read_text())
+        made = folder.point_record(sp, point, sp.backend.name, None, **facts).to_dict()
+        stored.pop("submitted_at"), made.pop("submitted_at")
+        assert stored == made
+        assert stored["params"] == dict(point.params) and stored["point"] == point.index
+        assert stored["run_dir"] == str(path.parent)

@@ -1,10 +1,11 @@
 """The sweep folder written: sweep.json, the array script, the shipped files once, the
-code snapshot, and a folder per point (job.sh numbered from the template, params.env,
-run.json). Files in folders made moments ago are written plainly (record.write_new):
-a sweep writes thousands of them, and sweep.json is the commit point."""
+code snapshot, and a folder per point (job.sh numbered from the template, with a grid
+point's parameters; run.json). Files in folders made moments ago are written plainly
+(record.write_new): a sweep writes thousands of them, and sweep.json is the commit point."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -57,7 +58,10 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
 
 
 def _write_points(sp: SweepPlan) -> None:
-    """A folder per point: job.sh (the template, numbered), params.env, logs/."""
+    """A folder per point: job.sh (the template, numbered; a grid point's parameters
+    exported in it), run.json later (write_point_records). Two entries a point: logs/
+    and checkpoints/ are made by the array task when it starts (script.array_script),
+    params.env only by an Optuna point's ask and for a W&B point's agent."""
     spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
     template = script.point_paths(sp.paths, sp.token)  # the token where the number goes
     stage_json = render.stage_json(spec, template)
@@ -66,22 +70,26 @@ def _write_points(sp: SweepPlan) -> None:
     # joins) was a sixth of a 1,000-point submission.
     run_dir, checkpoints = str(template.run_dir), str(template.checkpoint_dir)
     inside = template.checkpoint_dir.parent == template.run_dir
+    # Points run here (a foreground backend) get their folders now, as a run does.
+    host_folders = sp.local
+    head, tail = script.split_head(sp.point_template)
     for point in sp.points:
         index = str(point.index)
         folder = run_dir.replace(sp.token, index)
-        # Three mkdirs a point: logs/ with parents=True first fails (no point folder
-        # yet) and costs a fourth plus a Python exception, a 1,000-point sweep's 1,000.
         os.mkdir(folder)
-        os.mkdir(f"{folder}/logs")
-        if inside:
-            os.mkdir(checkpoints.replace(sp.token, index))
-        else:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/checkpoints
+        if host_folders:
+            os.mkdir(f"{folder}/logs")
+        if not inside:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/...
             os.makedirs(checkpoints.replace(sp.token, index), exist_ok=True)
-        text = script.point_script(sp.point_template, sp.token, point.index)
-        record.write_new(f"{folder}/job.sh", text)
-        if not sp.space:  # an Optuna point writes its own when it asks
+        elif host_folders:
+            os.mkdir(checkpoints.replace(sp.token, index))
+        text = head.replace(sp.token, index)
+        if sp.wandb_sweep:  # the agent's own environment holds them too
             env_text = script.params_env(sweep_id, total, point)
             record.write_new(f"{folder}/{record.PARAMS_ENV}", env_text)
+        elif not sp.space:  # an Optuna point writes its params.env when it asks
+            text += script.params_env(sweep_id, total, point)
+        record.write_new(f"{folder}/job.sh", text + tail.replace(sp.token, index))
         if spec.stage or spec.stage_out:
             stage_json["run_dir"] = folder
             records.write_json(Path(folder, node.STAGE_JSON), stage_json)
@@ -113,7 +121,35 @@ def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[s
     """Every point's run.json, with its array task's id ("123_4") once queued, and what
     the backend keeps of the site (which sacct answers; who runs local points)."""
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    if not sp.points:
+        return
     facts = sp.backend.site_facts()
-    for point in sp.points:
-        entry = point_record(sp, point, data["backend"], task_of.get(point.index), **facts)
-        records.write_new(entry, fresh_folder=True)
+    first = sp.points[0]
+    entry = point_record(sp, first, data["backend"], task_of.get(first.index), **facts)
+    records.write_new(entry, fresh_folder=True)
+    # The other points' records differ from the first's only in these keys: one record
+    # made through records.new_record and laid over per point (a RunRecord and its
+    # asdict per point were two thirds of a 1,000-point submission).
+    base = entry.to_dict()
+    secrets = sp.masked_secrets()
+    program = list(sp.planned.spec.program)
+    template = script.point_paths(sp.paths, sp.token)
+    run_id, run_dir = template.run_id, str(template.run_dir)
+    checkpoints = str(template.checkpoint_dir)
+    for point in sp.points[1:]:
+        index = str(point.index)
+        job = task_of.get(point.index)
+        folder = run_dir.replace(sp.token, index)
+        base.update(
+            run_id=run_id.replace(sp.token, index),
+            run_dir=folder,
+            checkpoint_dir=checkpoints.replace(sp.token, index),
+            point=point.index,
+            job_id=job,
+            job_ids=[job] if job else [],
+            command=[str(word) for word in masked([*program, *point.args], secrets)],
+            params=dict(point.params),
+            submitted_at=time.time(),
+        )
+        text = json.dumps(base, sort_keys=True) + "\n"
+        record.write_new(f"{folder}/{rundirs.RECORD}", text)

@@ -1,12 +1,14 @@
 """The text of a sweep: the array's batch script (one per sweep), each point's job.sh
 (the run's own script, rendered once with a token where the point number goes) and each
-point's params.env. Pure: --dry-run prints exactly this. Shell text comes from shell.py.
+point's parameters (exported in a grid point's job.sh). Pure: --dry-run prints exactly
+this. Shell text comes from shell.py.
 
 The array script maps an array task to its point (offset + SLURM_ARRAY_TASK_ID: a sweep
 split at MaxArraySize keeps continuous point numbers), sends its own output to the
-point's folder, notes the point's start and end in the point's events.jsonl (bash
-builtins only), sources the point's parameters and runs the point's job.sh, which is a
-complete run script (staging, containers, srun or torchrun). An Optuna point asks its
+point's folder (making its logs/ and checkpoints/), notes the point's start and end in
+the point's events.jsonl (bash builtins only), sources an Optuna or W&B point's
+params.env and runs the point's job.sh, which is a complete run script (staging,
+containers, srun or torchrun). An Optuna point asks its
 trial before and tells the result after, with the hpclaunch that submitted.
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from .. import node, requeue, shell
+from .. import filemodes, node, requeue, shell
 from ..launchers import encode_argv
 from ..render import directives
 from ..rundirs import RunPaths
@@ -67,6 +69,26 @@ def params_env(sweep_id: str, points: int, point: Point) -> str:
     return shell.lines([head, *(shell.export(k, v) for k, v in point_env(sweep_id, points, point))])
 
 
+def split_head(point_script: str) -> tuple[str, str]:
+    """A point's job.sh cut after its head (the shebang, #SBATCH lines and comments):
+    a grid point's parameters are exported there, so no params.env is written per
+    point (a 1,000-point sweep wrote 1,000 more files)."""
+    start = 0
+    while True:
+        end = point_script.find("\n", start)
+        if end < 0:
+            return point_script, ""
+        if not point_script.startswith("#", end + 1):
+            return point_script[: end + 1], point_script[end + 1 :]
+        start = end + 1
+
+
+def with_params(point_script: str, sweep_id: str, points: int, point: Point) -> str:
+    """A grid point's job.sh: its parameters exported after the head."""
+    head, tail = split_head(point_script)
+    return head + params_env(sweep_id, points, point) + tail
+
+
 def array_script(
     spec: JobSpec,
     sweep: RunPaths,
@@ -77,7 +99,8 @@ def array_script(
 ) -> str:
     """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`;
     `agent` (W&B: `wandb agent --count 1 ID`) runs instead of the point's job.sh and calls
-    `hpclaunch run`, which runs it."""
+    `hpclaunch run`, which runs it. The point's logs/ and checkpoints/ (inside the point's
+    folder) are made here, when the task starts, not by the host for every point."""
     # Until the point's folder takes over: %A array job id, %a task id (%% a literal %).
     early = shell.sbatch_line("--output", str(sweep.logs).replace("%", "%%") + "/%A_%a.out")
     head = [
@@ -85,6 +108,10 @@ def array_script(
         for line in directives(spec, sweep, cwd)
     ]
     point_dir = shell.Join((str(sweep.run_dir / POINTS) + "/", shell.Var(HPCLAUNCH_POINT)))
+    mode = filemodes.dir_mode(spec.share)
+    # --checkpoint-root elsewhere: the host makes those (their parents too) per point.
+    inside = sweep.run_dir in sweep.checkpoint_dir.parents
+    checkpoints = f' "${POINT_DIR}/checkpoints"' if inside else ""
     events = shell.Join((*point_dir.parts, "/" + node.EVENTS))
     body = [
         "#!/bin/bash",
@@ -99,6 +126,8 @@ def array_script(
         f"{HPCLAUNCH_POINT}=$(( ${{1:-0}} + SLURM_ARRAY_TASK_ID ))",
         f"export {HPCLAUNCH_POINT}",
         f"{POINT_DIR}={shell.word(point_dir)}",
+        "# The point's own folders, private as the host makes them (a retried point has them).",
+        f'[ -d "${POINT_DIR}/logs" ] || mkdir -p -m {mode:o} "${POINT_DIR}/logs"{checkpoints}',
         f'exec >>"${POINT_DIR}/logs/batch.out" 2>&1',
         'HPCLAUNCH_TASK="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
         "# Start and end go to the point's events.jsonl (bash builtins, no process).",
@@ -110,7 +139,9 @@ def array_script(
             "# Optuna: ask this point's trial (a requeued point gets its own again).",
             f'{ask} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_TASK" || HPCLAUNCH_RC=$?',
         ]
-    body += ['if [ -z "${HPCLAUNCH_RC-}" ]; then', f'    . "${POINT_DIR}/{PARAMS_ENV}"']
+    # A grid point's parameters are in its job.sh; an Optuna point's ask writes params.env.
+    params = f'"${POINT_DIR}/{PARAMS_ENV}"'
+    body += ['if [ -z "${HPCLAUNCH_RC-}" ]; then', f"    [ ! -f {params} ] || . {params}"]
     if agent:
         body += [
             "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",

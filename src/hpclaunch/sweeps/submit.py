@@ -346,6 +346,13 @@ def array_entries(
     ]
 
 
+def _point_zero(sp: SweepPlan) -> str:
+    text = script.point_script(sp.point_template, sp.token, 0)
+    if sp.wandb_sweep or sp.space or not sp.points:
+        return text
+    return script.with_params(text, sp.paths.run_id, len(sp.points), sp.points[0])
+
+
 def describe(sp: SweepPlan, environ: Any) -> str:
     """The --dry-run text: the array script, the sbatch line(s), the point table."""
     out = [sp.array_script.rstrip("\n"), ""]
@@ -360,7 +367,7 @@ def describe(sp: SweepPlan, environ: Any) -> str:
     out += [
         "",
         "# each point's job.sh (point 0 shown):",
-        script.point_script(sp.point_template, sp.token, 0).rstrip("\n"),
+        _point_zero(sp).rstrip("\n"),
         "",
     ]
     if sp.wandb_sweep:
