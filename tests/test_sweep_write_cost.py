@@ -110,3 +110,33 @@ def test_point_records_say_what_a_record_made_per_point_says(
         assert stored == made
         assert stored["params"] == dict(point.params) and stored["point"] == point.index
         assert stored["run_dir"] == str(path.parent)
+
+
+def test_sweep_json_is_written_by_the_c_encoder_and_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sweep.json's point table through json's pure-Python encoder (indent=) was a tenth
+    of a held 1,000-point submission, twice (written, then the arrays added)."""
+    import json
+    import json.encoder
+
+    from hpclaunch.sweeps import record
+
+    slow: list[int] = []
+    real = json.encoder._make_iterencode
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        slow.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(json.encoder, "_make_iterencode", counting)
+    points = [{"index": i, "params": {"a": str(i), "b": "x\ny"}} for i in range(50)]
+    data = {"sweep_id": "s", "points": points, "arrays": [], "ünï": None}
+    (tmp_path / "s").mkdir(mode=0o700)
+    record.write(tmp_path / "s", data)
+    assert slow == []
+    assert record.load(tmp_path / "s") == data
+    assert (tmp_path / "s" / "sweep.json").stat().st_mode & 0o777 == 0o600
+    assert record.update(tmp_path / "s", arrays=[{"job_id": "1"}])["points"] == points
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["arrays"] == [{"job_id": "1"}]
+    assert sorted(os.listdir(tmp_path / "s")) == ["sweep.json"]  # nothing aside left
