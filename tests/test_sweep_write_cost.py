@@ -140,3 +140,18 @@ def test_sweep_json_is_written_by_the_c_encoder_and_reads_back(
     assert record.update(tmp_path / "s", arrays=[{"job_id": "1"}])["points"] == points
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["arrays"] == [{"job_id": "1"}]
     assert sorted(os.listdir(tmp_path / "s")) == ["sweep.json"]  # nothing aside left
+
+
+def test_submitting_imports_no_status_wait_or_local_modules() -> None:
+    """The sweep command's submitting path (cli.sweep_report) leaves status, wait and
+    local points' modules unimported: start-up is part of the time to the sweep id."""
+    import subprocess
+
+    probe = (
+        "import sys, hpclaunch.cli.sweep_cmd, hpclaunch.cli.sweep_report; "
+        "print(' '.join(m for m in ('hpclaunch.sweeps.ops', 'hpclaunch.sweeps.local', "
+        "'hpclaunch.sweeps.track') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ..launching import Request
-from ..refs import sweep_dir
-from ..sweeps import ops, submit, track
-from ..sweeps.plans import SweepOptions, SweepPlan
-from ..tracking import is_open
+from ..sweeps import submit
+
+# Submitting imports what it uses and no more (a held 1,000-point sweep to its id is
+# timed against submitit's whole process): status, wait and retry import theirs inside.
+if TYPE_CHECKING:
+    from ..launching import Request
+    from ..sweeps.plans import SweepOptions, SweepPlan
 
 
 def submit_and_report(
@@ -51,6 +53,8 @@ def submit_and_report(
         return run_points(ls, range(len(sp.points)), sys.stderr if as_json else sys.stdout)
     if not wait:
         return 0
+    from ..sweeps import ops
+
     try:
         return ops.wait(
             sp.paths.run_dir, sys.stderr if as_json else sys.stdout, sys.stdout.isatty()
@@ -83,6 +87,10 @@ def print_status(
     direction: Optional[str],
     as_json: bool,
 ) -> int:
+    from ..refs import sweep_dir
+    from ..sweeps import track
+    from ..tracking import is_open
+
     folder = sweep_dir(ref, environ)
     sweep = track.refresh(folder)
     options = sweep.data.get("sweep") or {}
@@ -160,7 +168,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
-    from ..sweeps import record
+    from ..refs import sweep_dir
+    from ..sweeps import ops, record
     from .common import environ
 
     env = environ()
