@@ -244,8 +244,9 @@ def test_a_grid_above_max_array_size_is_split(hpc: Hpc) -> None:
         status = _status(hpc, line["sweep_id"])
         assert [p["index"] for p in status["points"]] == list(range(1003))
         assert {p["state"] for p in status["points"]} == {"PENDING"}
-        last = Path(line["sweep_dir"]) / "points/1002/job.sh"  # its parameters exported
-        assert "HPCLAUNCH_PARAM_A=1002" in last.read_text()
+        # Point 1002's parameters: line 1003 of params.sh, which its task sources.
+        table = (Path(line["sweep_dir"]) / "params.sh").read_text().splitlines()
+        assert len(table) == 1003 and "HPCLAUNCH_PARAM_A=1002 " in table[1002]
     finally:
         hpc.cmd(["scancel", *line["job_ids"]])
 
@@ -391,18 +392,18 @@ def test_one_refresh_serves_runs_and_points_alike(hpc: Hpc) -> None:
     ]
 
 
-def test_a_held_grid_point_is_two_files_until_its_task_makes_the_rest(hpc: Hpc) -> None:
+def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc) -> None:
     """Issue 26 (Performance: a held 1,000-point sweep to its id): the host writes a grid
-    point's job.sh (its parameters exported in it) and run.json, nothing more; the array
-    task makes logs/ and checkpoints/, private, when it starts. Pending points' logs and
-    status cope with the folders not there yet."""
+    point's folder and run.json, nothing more (the sweep's point.sh and params.sh serve
+    every point); the array task makes its job.sh, logs/ and checkpoints/, private, when
+    it starts. Pending points' logs and status cope with them not there yet."""
     out = hpc.folder("out")
     line = _sweep(hpc, "--grid", "lr=0.5,x y", "--sbatch-arg=--hold", "--",
                   "python3", POINT, str(out), "--lr={lr}")  # fmt: skip
     sweep_dir, sweep_id = Path(line["sweep_dir"]), line["sweep_id"]
     try:
         for index in (0, 1):
-            assert sorted(os.listdir(sweep_dir / "points" / str(index))) == ["job.sh", "run.json"]
+            assert os.listdir(sweep_dir / "points" / str(index)) == ["run.json"]
         status = _status(hpc, sweep_id)
         assert [p["state"] for p in status["points"]] == ["PENDING"] * 2
         logs = hpc.run("logs", f"{sweep_id}:1")
@@ -423,4 +424,7 @@ def test_a_held_grid_point_is_two_files_until_its_task_makes_the_rest(hpc: Hpc) 
         point = sweep_dir / "points" / str(index)
         for name in ("logs", "checkpoints"):
             assert (point / name).is_dir() and (point / name).stat().st_mode & 0o777 == 0o700
+        assert (point / "job.sh").stat().st_mode & 0o777 == 0o600
+        assert f"HPCLAUNCH_RUN_ID={sweep_id}:{index}\n" in (point / "job.sh").read_text()
+        assert not [p for p in os.listdir(point) if p.startswith(".job.sh")]
         assert (point / "logs" / "batch.out").is_file()

@@ -1,6 +1,6 @@
 """The sweep folder written: sweep.json, the array script, the shipped files once, the
-code snapshot, and a folder per point (job.sh numbered from the template, with a grid
-point's parameters; run.json). Files in folders made moments ago are written plainly
+code snapshot, point.sh and params.sh (what every point's array task makes its own), and
+a folder per point with its run.json. Files in folders made moments ago are written plainly
 (record.write_new): a sweep writes thousands of them, and sweep.json is the commit point."""
 
 from __future__ import annotations
@@ -58,41 +58,53 @@ def write_sweep(req: launching.Request, sp: SweepPlan) -> dict[str, Any]:
 
 
 def _write_points(sp: SweepPlan) -> None:
-    """A folder per point: job.sh (the template, numbered; a grid point's parameters
-    exported in it), run.json later (write_point_records). Two entries a point: logs/
-    and checkpoints/ are made by the array task when it starts (script.array_script),
-    params.env only by an Optuna point's ask and for a W&B point's agent."""
+    """A folder per point. Points of an array: the folder alone (run.json follows in
+    write_point_records); its task makes the rest when it starts (script.array_script)
+    from what is written here once: point.sh (every point's job.sh, the token where the
+    number goes) and params.sh (a line of exports a point; an Optuna point's ask writes
+    its params.env). Points run here (a foreground backend): job.sh with the point's
+    parameters, logs/ and checkpoints/, as a run's folder."""
     spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
     template = script.point_paths(sp.paths, sp.token)  # the token where the number goes
     stage_json = render.stage_json(spec, template)
     (sp.paths.run_dir / record.POINTS).mkdir(exist_ok=True)
+    if not sp.local:
+        _write_sweep_level(sp)
     # Plain strings from the template's paths: pathlib per point (three paths, five
     # joins) was a sixth of a 1,000-point submission.
     run_dir, checkpoints = str(template.run_dir), str(template.checkpoint_dir)
     inside = template.checkpoint_dir.parent == template.run_dir
-    # Points run here (a foreground backend) get their folders now, as a run does.
-    host_folders = sp.local
     head, tail = script.split_head(sp.point_template)
     for point in sp.points:
         index = str(point.index)
         folder = run_dir.replace(sp.token, index)
         os.mkdir(folder)
-        if host_folders:
-            os.mkdir(f"{folder}/logs")
         if not inside:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/...
             os.makedirs(checkpoints.replace(sp.token, index), exist_ok=True)
-        elif host_folders:
-            os.mkdir(checkpoints.replace(sp.token, index))
-        text = head.replace(sp.token, index)
-        if sp.wandb_sweep:  # the agent's own environment holds them too
-            env_text = script.params_env(sweep_id, total, point)
-            record.write_new(f"{folder}/{record.PARAMS_ENV}", env_text)
-        elif not sp.space:  # an Optuna point writes its params.env when it asks
-            text += script.params_env(sweep_id, total, point)
-        record.write_new(f"{folder}/job.sh", text + tail.replace(sp.token, index))
+        if sp.local:
+            os.mkdir(f"{folder}/logs")
+            if inside:
+                os.mkdir(checkpoints.replace(sp.token, index))
+            text = head.replace(sp.token, index)
+            if not sp.space:  # an Optuna point's parameters come when it asks
+                text += script.params_env(sweep_id, total, point)
+            record.write_new(f"{folder}/job.sh", text + tail.replace(sp.token, index))
         if spec.stage or spec.stage_out:
             stage_json["run_dir"] = folder
             records.write_json(Path(folder, node.STAGE_JSON), stage_json)
+
+
+def _write_sweep_level(sp: SweepPlan) -> None:
+    """point.sh, and params.sh but for Optuna: line i+1 holds point i's exports."""
+    folder = sp.paths.run_dir
+    record.write_new(f"{folder}/{record.POINT_SH}", sp.point_template)
+    if sp.space:
+        return
+    sweep_id, total = sp.paths.run_id, len(sp.points)
+    lines = [""] * (max((p.index for p in sp.points), default=-1) + 1)
+    for point in sp.points:
+        lines[point.index] = script.params_line(sweep_id, total, point)
+    record.write_new(f"{folder}/{record.PARAMS_SH}", "".join(f"{line}\n" for line in lines))
 
 
 def point_record(

@@ -30,7 +30,9 @@ from ..requeue import CANCELLED_FILE
 
 SWEEP_JSON = "sweep.json"
 POINTS = "points"
-PARAMS_ENV = "params.env"  # sourced by the array script before the point's job.sh
+PARAMS_ENV = "params.env"  # an Optuna point's, sourced by the array script before job.sh
+PARAMS_SH = "params.sh"  # line i+1: point i's exports (grid, W&B), read by its array task
+POINT_SH = "point.sh"  # every point's job.sh, a token where its number goes
 PARAMS_JSON = "params.json"  # an Optuna point's parameters, written when it asks
 ATTEMPTS = "attempts"
 POINT_START, POINT_END = records.JOB_START, records.JOB_END  # appended by the array script

@@ -25,7 +25,7 @@ from ..render import directives
 from ..rundirs import RunPaths
 from ..spec import JobSpec
 from .points import Point, format_value, params_json
-from .record import PARAMS_ENV, POINT_END, POINT_START, POINTS
+from .record import PARAMS_ENV, PARAMS_SH, POINT_END, POINT_SH, POINT_START, POINTS
 
 HPCLAUNCH_SWEEP_ID = "HPCLAUNCH_SWEEP_ID"
 HPCLAUNCH_POINT = "HPCLAUNCH_POINT"  # 0-based
@@ -96,11 +96,14 @@ def array_script(
     points: int,
     trial_cmd: Optional[Sequence[str]] = None,
     agent: Optional[Sequence[str]] = None,
+    token: str = "",
 ) -> str:
     """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`;
     `agent` (W&B: `wandb agent --count 1 ID`) runs instead of the point's job.sh and calls
-    `hpclaunch run`, which runs it. The point's logs/ and checkpoints/ (inside the point's
-    folder) are made here, when the task starts, not by the host for every point."""
+    `hpclaunch run`, which runs it. What the host writes once for every point is made the
+    point's own here, when its task starts (a held 1,000-point sweep wrote 6,000 entries):
+    its logs/ and checkpoints/, its job.sh (the sweep's point.sh, `token` -> its number)
+    and its parameters (its line of the sweep's params.sh; Optuna's ask writes params.env)."""
     # Until the point's folder takes over: %A array job id, %a task id (%% a literal %).
     early = shell.sbatch_line("--output", str(sweep.logs).replace("%", "%%") + "/%A_%a.out")
     head = [
@@ -129,6 +132,7 @@ def array_script(
         "# The point's own folders, private as the host makes them (a retried point has them).",
         f'[ -d "${POINT_DIR}/logs" ] || mkdir -p -m {mode:o} "${POINT_DIR}/logs"{checkpoints}',
         f'exec >>"${POINT_DIR}/logs/batch.out" 2>&1',
+        *_job_sh_lines(sweep, token, filemodes.umask_of(spec.share)),
         'HPCLAUNCH_TASK="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
         "# Start and end go to the point's events.jsonl (bash builtins, no process).",
         _event_line(POINT_START, events, with_rc=False),
@@ -139,9 +143,15 @@ def array_script(
             "# Optuna: ask this point's trial (a requeued point gets its own again).",
             f'{ask} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_TASK" || HPCLAUNCH_RC=$?',
         ]
-    # A grid point's parameters are in its job.sh; an Optuna point's ask writes params.env.
-    params = f'"${POINT_DIR}/{PARAMS_ENV}"'
-    body += ['if [ -z "${HPCLAUNCH_RC-}" ]; then', f"    [ ! -f {params} ] || . {params}"]
+    body.append('if [ -z "${HPCLAUNCH_RC-}" ]; then')
+    if trial_cmd:  # the trial's parameters, written by its ask
+        body.append(f'    . "${POINT_DIR}/{PARAMS_ENV}"')
+    else:  # line POINT+1 of params.sh: bash builtins, no process
+        table = shell.quote(str(sweep.run_dir / PARAMS_SH))
+        body += [
+            f'    mapfile -t -s "${HPCLAUNCH_POINT}" -n 1 HPCLAUNCH_PARAMS_LINE <{table}',
+            '    . /dev/stdin <<<"${HPCLAUNCH_PARAMS_LINE[0]-}"',
+        ]
     if agent:
         body += [
             "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",
@@ -176,6 +186,30 @@ def array_script(
         body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
     body.append('exit "$HPCLAUNCH_RC"')
     return shell.lines(body)
+
+
+def _job_sh_lines(sweep: RunPaths, token: str, umask: int) -> list[str]:
+    """The point's job.sh from the sweep's point.sh (once: a requeued or retried point
+    has it), with the share's modes, written aside and renamed."""
+    if not token:
+        return []
+    template = shell.quote(str(sweep.run_dir / POINT_SH))
+    job, aside = f'"${POINT_DIR}/job.sh"', f'"${POINT_DIR}/.job.sh.$$"'
+    return [
+        f"if [ ! -f {job} ]; then",
+        f"    HPCLAUNCH_JOB_SH=$(<{template})",
+        f'    HPCLAUNCH_JOB_SH="${{HPCLAUNCH_JOB_SH//{token}/${HPCLAUNCH_POINT}}}"',
+        f"    ( umask {umask:03o} && printf '%s\\n' \"$HPCLAUNCH_JOB_SH\" >{aside} ) &&",
+        f"        mv -f {aside} {job}",
+        "fi",
+    ]
+
+
+def params_line(sweep_id: str, points: int, point: Point) -> str:
+    """A point's line of params.sh: one export of every variable, each value quoted
+    (shell.quote never writes a newline)."""
+    pairs = point_env(sweep_id, points, point)
+    return "export " + " ".join(f"{shell.check_name(k)}={shell.quote(v)}" for k, v in pairs)
 
 
 def _event_line(kind: str, events: shell.Join, with_rc: bool) -> str:

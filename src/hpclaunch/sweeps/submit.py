@@ -128,7 +128,9 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
         if trial_cmd:
             check_trial_python(trial_cmd)
     agent = list(wb.agent) or None
-    text = script.array_script(spec, paths, planned.code.cwd, len(points), trial_cmd, agent)
+    text = script.array_script(
+        spec, paths, planned.code.cwd, len(points), trial_cmd, agent, token=token
+    )
     return SweepPlan(
         planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
     )
