@@ -152,8 +152,19 @@ def array_script(
             f'    mapfile -t -s "${HPCLAUNCH_POINT}" -n 1 HPCLAUNCH_PARAMS_LINE <{table}',
             '    . /dev/stdin <<<"${HPCLAUNCH_PARAMS_LINE[0]-}"',
         ]
+    body += _run_lines(spec, agent)
+    body += ["fi", _event_line(POINT_END, events, with_rc=True)]
+    if trial_cmd:
+        tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
+        body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
+    body.append('exit "$HPCLAUNCH_RC"')
+    return shell.lines(body)
+
+
+def _run_lines(spec: JobSpec, agent: Optional[Sequence[str]]) -> list[str]:
+    """How the task runs the point: W&B's agent, job.sh under --requeue, or job.sh."""
     if agent:
-        body += [
+        return [
             "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",
             "    # point's job.sh (every rank) and leaves the exit code in wandb-exit.",
             f'    export {WANDB_POINT}="${POINT_DIR}"',
@@ -162,9 +173,9 @@ def array_script(
             f'    exit_file="${POINT_DIR}/{WANDB_EXIT}"',
             '    [ -f "$exit_file" ] && read -r HPCLAUNCH_RC <"$exit_file"',
         ]
-    elif spec.requeue:
+    if spec.requeue:
         sig = spec.requeue.signal
-        body += [
+        return [
             "    # --requeue: Slurm signals this shell only (B:); the point's job.sh, whose trap",
             "    # saves and requeues this task alone (its own SLURM_JOB_ID), gets it from here.",
             f"    trap 'kill -{sig} \"$HPCLAUNCH_POINT_PID\" 2>/dev/null' {sig}",
@@ -178,14 +189,7 @@ def array_script(
             "        while :; do sleep 60 & wait $!; done",
             "    fi",
         ]
-    else:
-        body += [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]
-    body += ["fi", _event_line(POINT_END, events, with_rc=True)]
-    if trial_cmd:
-        tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
-        body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
-    body.append('exit "$HPCLAUNCH_RC"')
-    return shell.lines(body)
+    return [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]
 
 
 def _job_sh_lines(sweep: RunPaths, token: str, umask: int) -> list[str]:
