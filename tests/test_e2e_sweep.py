@@ -406,21 +406,21 @@ def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc)
             assert os.listdir(sweep_dir / "points" / str(index)) == ["run.json"]
         status = _status(hpc, sweep_id)
         assert [p["state"] for p in status["points"]] == ["PENDING"] * 2
-        logs = hpc.run("logs", f"{sweep_id}:1")
-        assert logs.returncode == 0 and "Traceback" not in logs.stderr, logs.stderr
+        for command in ("logs", "show", "status"):
+            done = hpc.run(command, f"{sweep_id}:1")
+            assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert hpc.cmd(["scontrol", "release", line["job_ids"][0]]).returncode == 0
         assert hpc.run("sweep", "wait", sweep_id, timeout=240).returncode == 0
     finally:
         hpc.cmd(["scancel", *line["job_ids"]])
-    found = _records(out)
+    found = {k.split("-a")[0]: v for k, v in _records(out).items() if k.endswith("-r0")}
+    assert sorted(found) == ["p0", "p1"]
     for index, lr in ((0, "0.5"), (1, "x y")):
-        env = found[f"p{index}-a1-r0"]["env"]
+        env = found[f"p{index}"]["env"]
         assert env["HPCLAUNCH_PARAM_LR"] == lr and json.loads(env["HPCLAUNCH_PARAMS"]) == {"lr": lr}
         assert env["HPCLAUNCH_POINT"] == str(index) and env["HPCLAUNCH_POINTS"] == "2"
         assert env["HPCLAUNCH_SWEEP_ID"] == sweep_id
-        assert [bytes.fromhex(a).decode() for a in found[f"p{index}-a1-r0"]["argv"]] == [
-            f"--lr={lr}"
-        ]
+        assert [bytes.fromhex(a).decode() for a in found[f"p{index}"]["argv"]] == [f"--lr={lr}"]
         point = sweep_dir / "points" / str(index)
         for name in ("logs", "checkpoints"):
             assert (point / name).is_dir() and (point / name).stat().st_mode & 0o777 == 0o700

@@ -115,6 +115,8 @@ def array_script(
     # --checkpoint-root elsewhere: the host makes those (their parents too) per point.
     inside = sweep.run_dir in sweep.checkpoint_dir.parents
     checkpoints = f' "${POINT_DIR}/checkpoints"' if inside else ""
+    check = f" && [ -d{checkpoints} ]" if inside else ""
+    logs = f'"${POINT_DIR}/logs"'
     events = shell.Join((*point_dir.parts, "/" + node.EVENTS))
     body = [
         "#!/bin/bash",
@@ -129,8 +131,9 @@ def array_script(
         f"{HPCLAUNCH_POINT}=$(( ${{1:-0}} + SLURM_ARRAY_TASK_ID ))",
         f"export {HPCLAUNCH_POINT}",
         f"{POINT_DIR}={shell.word(point_dir)}",
-        "# The point's own folders, private as the host makes them (a retried point has them).",
-        f'[ -d "${POINT_DIR}/logs" ] || mkdir -p -m {mode:o} "${POINT_DIR}/logs"{checkpoints}',
+        "# The point's own folders, private as the host makes them (a requeued one has them;",
+        "# a retried one that never started has logs/ alone).",
+        f"[ -d {logs} ]{check} || mkdir -p -m {mode:o} {logs}{checkpoints}",
         f'exec >>"${POINT_DIR}/logs/batch.out" 2>&1',
         *_job_sh_lines(sweep, token, filemodes.umask_of(spec.share)),
         'HPCLAUNCH_TASK="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
