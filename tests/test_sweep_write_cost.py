@@ -155,3 +155,38 @@ def test_submitting_imports_no_status_wait_or_local_modules() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []
+
+
+NASTY_VALUES = ["a b\nc", 'it\'s "q" $HOME `x` \\', "ünï €", "", "x=1;y"]
+
+
+def test_a_points_line_of_params_sh_gives_its_task_every_value_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """params.sh replaces a params.env per point: the array script's own lines (mapfile,
+    source) give point i exactly the variables params.env gave it."""
+    import subprocess
+
+    from hpclaunch import launching
+    from hpclaunch.sweeps import script, submit
+    from hpclaunch.sweeps.plans import SweepOptions
+    from hpclaunch.sweeps.points import Point
+
+    monkeypatch.chdir(tmp_path)
+    options = {"cluster": "local", "run_root": str(tmp_path / "runs")}
+    req = launching.Request(options, ("true", "{v}"), tmp_path, {"XDG_DATA_HOME": str(tmp_path)})
+    sp = submit.plan(req, SweepOptions(grids=("v=1,2",)))
+    points = [Point(i, {"v": v, "w": str(i)}) for i, v in enumerate(NASTY_VALUES)]
+    table = sp.paths.run_dir / "params.sh"
+    table.parent.mkdir(parents=True)
+    table.write_text("".join(script.params_line("S", 5, p) + "\n" for p in points))
+    lines = sp.array_script.splitlines()
+    start = next(i for i, line in enumerate(lines) if "mapfile" in line)
+    source = "\n".join(line.strip() for line in lines[start : start + 2])
+    for point in points:
+        probe = f"{source}\nenv -0"
+        env = {"PATH": os.environ["PATH"], "HPCLAUNCH_POINT": str(point.index)}
+        done = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, check=True)
+        seen = dict(item.split("=", 1) for item in done.stdout.decode().split("\0") if "=" in item)
+        expected = dict(script.point_env("S", 5, point))
+        assert {k: seen.get(k) for k in expected} == expected

@@ -14,6 +14,7 @@ trial before and tells the result after, with the hpclaunch that submitted.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -216,7 +217,13 @@ def params_line(sweep_id: str, points: int, point: Point) -> str:
     """A point's line of params.sh: one export of every variable, each value quoted
     (shell.quote never writes a newline)."""
     pairs = point_env(sweep_id, points, point)
-    return "export " + " ".join(f"{shell.check_name(k)}={shell.quote(v)}" for k, v in pairs)
+    return "export " + " ".join(_assignment(k, v) for k, v in pairs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _assignment(name: str, value: str) -> str:
+    """NAME=quoted, once per pair: a grid's names and values repeat from point to point."""
+    return f"{shell.check_name(name)}={shell.quote(value)}"
 
 
 def _event_line(kind: str, events: shell.Join, with_rc: bool) -> str:
