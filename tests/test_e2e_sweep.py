@@ -428,3 +428,15 @@ def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc)
         assert f"HPCLAUNCH_RUN_ID={sweep_id}:{index}\n" in (point / "job.sh").read_text()
         assert not [p for p in os.listdir(point) if p.startswith(".job.sh")]
         assert (point / "logs" / "batch.out").is_file()
+
+
+def test_a_dry_run_shows_point_zeros_job_sh_and_its_params_line_as_its_task_gets_them(
+    hpc: Hpc,
+) -> None:
+    """--dry-run prints what the task will run: point.sh numbered (no exports in it) and
+    point 0's line of params.sh, sourced before it."""
+    done = hpc.run("sweep", "--dry-run", "--grid", "lr=0.5,x y", "--", "true", "{lr}")
+    assert done.returncode == 0, done.stderr
+    job_sh = done.stdout.split("# each point's job.sh (point 0 shown):")[1]
+    assert "export HPCLAUNCH_PARAM_LR" not in job_sh
+    assert "\n# export HPCLAUNCH_SWEEP_ID=" in job_sh and " HPCLAUNCH_PARAM_LR=0.5 " in job_sh

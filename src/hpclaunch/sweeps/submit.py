@@ -349,10 +349,16 @@ def array_entries(
 
 
 def _point_zero(sp: SweepPlan) -> str:
+    """Point 0's job.sh as it will be: with its parameters where points run here; an
+    array task's from point.sh, its parameters from its line of params.sh."""
     text = script.point_script(sp.point_template, sp.token, 0)
-    if sp.wandb_sweep or sp.space or not sp.points:
+    if sp.space or not sp.points:
         return text
-    return script.with_params(text, sp.paths.run_id, len(sp.points), sp.points[0])
+    sweep_id, total, first = sp.paths.run_id, len(sp.points), sp.points[0]
+    if sp.local:
+        return script.with_params(text, sweep_id, total, first)
+    line = script.params_line(sweep_id, total, first)
+    return f"{text.rstrip()}\n\n# point 0's line of params.sh, sourced before it:\n# {line}\n"
 
 
 def describe(sp: SweepPlan, environ: Any) -> str:
