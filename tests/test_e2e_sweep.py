@@ -244,8 +244,9 @@ def test_a_grid_above_max_array_size_is_split(hpc: Hpc) -> None:
         status = _status(hpc, line["sweep_id"])
         assert [p["index"] for p in status["points"]] == list(range(1003))
         assert {p["state"] for p in status["points"]} == {"PENDING"}
-        last = Path(line["sweep_dir"]) / "points/1002/params.env"
-        assert "HPCLAUNCH_PARAM_A=1002" in last.read_text()
+        # Point 1002's parameters: line 1003 of params.sh, which its task sources.
+        table = (Path(line["sweep_dir"]) / "params.sh").read_text().splitlines()
+        assert len(table) == 1003 and "HPCLAUNCH_PARAM_A=1002 " in table[1002]
     finally:
         hpc.cmd(["scancel", *line["job_ids"]])
 
@@ -391,3 +392,53 @@ def test_one_refresh_serves_runs_and_points_alike(hpc: Hpc) -> None:
         ["FAILED", 3],
         ["COMPLETED", 0],
     ]
+
+
+def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc) -> None:
+    """Issue 26 (Performance: a held 1,000-point sweep to its id): the host writes a grid
+    point's folder and run.json, nothing more (the sweep's point.sh and params.sh serve
+    every point); the array task makes its job.sh, logs/ and checkpoints/, private, when
+    it starts. Pending points' logs and status cope with them not there yet."""
+    out = hpc.folder("out")
+    line = _sweep(hpc, "--grid", "lr=0.5,x y", "--sbatch-arg=--hold", "--",
+                  "python3", POINT, str(out), "--lr={lr}")  # fmt: skip
+    sweep_dir, sweep_id = Path(line["sweep_dir"]), line["sweep_id"]
+    try:
+        for index in (0, 1):
+            assert os.listdir(sweep_dir / "points" / str(index)) == ["run.json"]
+        status = _status(hpc, sweep_id)
+        assert [p["state"] for p in status["points"]] == ["PENDING"] * 2
+        for command in ("logs", "show", "status"):
+            done = hpc.run(command, f"{sweep_id}:1")
+            assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert hpc.cmd(["scontrol", "release", line["job_ids"][0]]).returncode == 0
+        assert hpc.run("sweep", "wait", sweep_id, timeout=240).returncode == 0
+    finally:
+        hpc.cmd(["scancel", *line["job_ids"]])
+    found = {k.split("-a")[0]: v for k, v in _records(out).items() if k.endswith("-r0")}
+    assert sorted(found) == ["p0", "p1"]
+    for index, lr in ((0, "0.5"), (1, "x y")):
+        env = found[f"p{index}"]["env"]
+        assert env["HPCLAUNCH_PARAM_LR"] == lr and json.loads(env["HPCLAUNCH_PARAMS"]) == {"lr": lr}
+        assert env["HPCLAUNCH_POINT"] == str(index) and env["HPCLAUNCH_POINTS"] == "2"
+        assert env["HPCLAUNCH_SWEEP_ID"] == sweep_id
+        assert [bytes.fromhex(a).decode() for a in found[f"p{index}"]["argv"]] == [f"--lr={lr}"]
+        point = sweep_dir / "points" / str(index)
+        for name in ("logs", "checkpoints"):
+            assert (point / name).is_dir() and (point / name).stat().st_mode & 0o777 == 0o700
+        assert (point / "job.sh").stat().st_mode & 0o777 == 0o600
+        assert f"HPCLAUNCH_RUN_ID={sweep_id}:{index}\n" in (point / "job.sh").read_text()
+        assert not [p for p in os.listdir(point) if p.startswith(".job.sh")]
+        assert (point / "logs" / "batch.out").is_file()
+
+
+def test_a_dry_run_shows_point_zeros_job_sh_and_its_params_line_as_its_task_gets_them(
+    hpc: Hpc,
+) -> None:
+    """--dry-run prints what the task will run: point.sh numbered (no exports in it) and
+    point 0's line of params.sh, sourced before it."""
+    done = hpc.run("sweep", "--dry-run", "--grid", "lr=0.5,x y", "--", "true", "{lr}")
+    assert done.returncode == 0, done.stderr
+    job_sh = done.stdout.split("# each point's job.sh (point 0 shown):")[1]
+    assert "export HPCLAUNCH_PARAM_LR" not in job_sh
+    assert "\n# export HPCLAUNCH_SWEEP_ID=" in job_sh and " HPCLAUNCH_PARAM_LR=0.5 " in job_sh

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpclaunch.backends import sweepstate
-from hpclaunch.backends.runstatus import is_open
-from hpclaunch.launching import LaunchRequest
-from hpclaunch.records.refs import sweep_dir
-from hpclaunch.sweeps import ops, submit
-from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
+from hpclaunch.records import sweeprecord
+from hpclaunch.sweeps import submit
+
+# Submitting imports what it uses and no more (a held 1,000-point sweep to its id is
+# timed against submitit's whole process): status, wait and retry import theirs inside.
+if TYPE_CHECKING:
+    from hpclaunch.launching import LaunchRequest
+    from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 
 
 def submit_and_report(
@@ -52,6 +55,8 @@ def submit_and_report(
         return run_points(ls, range(len(sp.points)), sys.stderr if as_json else sys.stdout)
     if not wait:
         return 0
+    from hpclaunch.sweeps import ops
+
     try:
         return ops.wait(
             sp.paths.run_dir, sys.stderr if as_json else sys.stdout, sys.stdout.isatty()
@@ -84,6 +89,10 @@ def print_status(
     direction: Optional[str],
     as_json: bool,
 ) -> int:
+    from hpclaunch.backends import sweepstate
+    from hpclaunch.backends.runstatus import is_open
+    from hpclaunch.records.refs import sweep_dir
+
     folder = sweep_dir(ref, environ)
     sweep = sweepstate.refresh(folder)
     options = sweep.data.get("sweep") or {}
@@ -163,6 +172,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
     from hpclaunch.cli.common import environ
     from hpclaunch.records import sweeprecord
+    from hpclaunch.records.refs import sweep_dir
+    from hpclaunch.sweeps import ops
 
     env = environ()
     folder = sweep_dir(ref, env)

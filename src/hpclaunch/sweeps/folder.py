@@ -1,10 +1,11 @@
 """The sweep folder written: sweep.json, the array script, the shipped files once, the
-code snapshot, and a folder per point (job.sh numbered from the template, params.env,
-run.json). Files in folders made moments ago are written plainly (record.write_new):
-a sweep writes thousands of them, and sweep.json is the commit point."""
+code snapshot, point.sh and params.sh (what every point's array task makes its own), and
+a folder per point with its run.json. Files in folders made moments ago are written plainly
+(record.write_new): a sweep writes thousands of them, and sweep.json is the commit point."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -61,34 +62,55 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
 
 
 def _write_points(sp: SweepPlan) -> None:
-    """A folder per point: job.sh (the template, numbered), params.env, logs/."""
+    """A folder per point. Points of an array: the folder alone (run.json follows in
+    write_point_records); its task makes the rest when it starts (script.array_script)
+    from what is written here once: point.sh (every point's job.sh, the token where the
+    number goes) and params.sh (a line of exports a point; an Optuna point's ask writes
+    its params.env). Points run here (a foreground backend): job.sh with the point's
+    parameters, logs/ and checkpoints/, as a run's folder."""
     spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
     template = script.point_paths(sp.paths, sp.token)  # the token where the number goes
     stage_json = render.stage_json(spec, template)
     (sp.paths.run_dir / sweeprecord.POINTS).mkdir(exist_ok=True)
+    if not sp.local:
+        _write_sweep_level(sp)
     # Plain strings from the template's paths: pathlib per point (three paths, five
     # joins) was a sixth of a 1,000-point submission.
     run_dir, checkpoints = str(template.run_dir), str(template.checkpoint_dir)
     inside = template.checkpoint_dir.parent == template.run_dir
+    head, tail = script.split_head(sp.point_template)
     for point in sp.points:
         index = str(point.index)
         folder = run_dir.replace(sp.token, index)
-        # Three mkdirs a point: logs/ with parents=True first fails (no point folder
-        # yet) and costs a fourth plus a Python exception, a 1,000-point sweep's 1,000.
         os.mkdir(folder)
-        os.mkdir(f"{folder}/logs")
-        if inside:
-            os.mkdir(checkpoints.replace(sp.token, index))
-        else:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/checkpoints
+        if not inside:  # --checkpoint-root elsewhere: <root>/<exp>/<sweep-id>/points/<i>/...
             os.makedirs(checkpoints.replace(sp.token, index), exist_ok=True)
-        text = script.point_script(sp.point_template, sp.token, point.index)
-        sweeprecord.write_new(f"{folder}/job.sh", text)
-        if not sp.space:  # an Optuna point writes its own when it asks
-            env_text = script.params_env(sweep_id, total, point)
-            sweeprecord.write_new(f"{folder}/{sweeprecord.PARAMS_ENV}", env_text)
+        if sp.local:
+            os.mkdir(f"{folder}/logs")
+            if inside:
+                os.mkdir(checkpoints.replace(sp.token, index))
+            text = head.replace(sp.token, index)
+            if not sp.space:  # an Optuna point's parameters come when it asks
+                text += script.params_env(sweep_id, total, point)
+            sweeprecord.write_new(f"{folder}/job.sh", text + tail.replace(sp.token, index))
         if spec.stage or spec.stage_out:
             stage_json["run_dir"] = folder
             runrecord.write_json(Path(folder, node.STAGE_JSON), stage_json)
+
+
+def _write_sweep_level(sp: SweepPlan) -> None:
+    """point.sh, and params.sh but for Optuna: line i+1 holds point i's exports."""
+    folder = sp.paths.run_dir
+    sweeprecord.write_new(f"{folder}/{sweeprecord.POINT_SH}", sp.point_template)
+    if sp.space:
+        return
+    sweep_id, total = sp.paths.run_id, len(sp.points)
+    lines = [""] * (max((p.index for p in sp.points), default=-1) + 1)
+    for point in sp.points:
+        lines[point.index] = script.params_line(sweep_id, total, point)
+    sweeprecord.write_new(
+        f"{folder}/{sweeprecord.PARAMS_SH}", "".join(f"{line}\n" for line in lines)
+    )
 
 
 def point_record(
@@ -117,7 +139,35 @@ def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[s
     """Every point's run.json, with its array task's id ("123_4") once queued, and what
     the backend keeps of the site (which sacct answers; who runs local points)."""
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    if not sp.points:
+        return
     facts = sp.backend.site_facts()
-    for point in sp.points:
-        entry = point_record(sp, point, data["backend"], task_of.get(point.index), **facts)
-        runrecord.write_new(entry, fresh_folder=True)
+    first = sp.points[0]
+    entry = point_record(sp, first, data["backend"], task_of.get(first.index), **facts)
+    runrecord.write_new(entry, fresh_folder=True)
+    # The other points' records differ from the first's only in these keys: one record
+    # made through records.new_record and laid over per point (a RunRecord and its
+    # asdict per point were two thirds of a 1,000-point submission).
+    base = entry.to_dict()
+    secrets = sp.masked_secrets()
+    program = list(sp.planned.spec.program)
+    template = script.point_paths(sp.paths, sp.token)
+    run_id, run_dir = template.run_id, str(template.run_dir)
+    checkpoints = str(template.checkpoint_dir)
+    for point in sp.points[1:]:
+        index = str(point.index)
+        job = task_of.get(point.index)
+        folder = run_dir.replace(sp.token, index)
+        base.update(
+            run_id=run_id.replace(sp.token, index),
+            run_dir=folder,
+            checkpoint_dir=checkpoints.replace(sp.token, index),
+            point=point.index,
+            job_id=job,
+            job_ids=[job] if job else [],
+            command=[str(word) for word in masked([*program, *point.args], secrets)],
+            params=dict(point.params),
+            submitted_at=time.time(),
+        )
+        text = json.dumps(base, sort_keys=True) + "\n"
+        sweeprecord.write_new(f"{folder}/{runpaths.RECORD}", text)

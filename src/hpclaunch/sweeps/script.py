@@ -1,27 +1,37 @@
 """The text of a sweep: the array's batch script (one per sweep), each point's job.sh
 (the run's own script, rendered once with a token where the point number goes) and each
-point's params.env. Pure: --dry-run prints exactly this. Shell text comes from shell.py.
+point's parameters (exported in a grid point's job.sh). Pure: --dry-run prints exactly
+this. Shell text comes from shell.py.
 
 The array script maps an array task to its point (offset + SLURM_ARRAY_TASK_ID: a sweep
 split at MaxArraySize keeps continuous point numbers), sends its own output to the
-point's folder, notes the point's start and end in the point's events.jsonl (bash
-builtins only), sources the point's parameters and runs the point's job.sh, which is a
-complete run script (staging, containers, srun or torchrun). An Optuna point asks its
+point's folder (making its logs/ and checkpoints/), notes the point's start and end in
+the point's events.jsonl (bash builtins only), sources an Optuna or W&B point's
+params.env and runs the point's job.sh, which is a complete run script (staging,
+containers, srun or torchrun). An Optuna point asks its
 trial before and tells the result after, with the hpclaunch that submitted.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
 from hpclaunch import node
-from hpclaunch.basics import shell
+from hpclaunch.basics import filemodes, shell
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.records.sweeprecord import PARAMS_ENV, POINT_END, POINT_START, POINTS
+from hpclaunch.records.sweeprecord import (
+    PARAMS_ENV,
+    PARAMS_SH,
+    POINT_END,
+    POINT_SH,
+    POINT_START,
+    POINTS,
+)
 from hpclaunch.script import requeue
 from hpclaunch.script.launchers import encode_argv
 from hpclaunch.script.render import directives
@@ -69,6 +79,26 @@ def params_env(sweep_id: str, points: int, point: Point) -> str:
     return shell.lines([head, *(shell.export(k, v) for k, v in point_env(sweep_id, points, point))])
 
 
+def split_head(point_script: str) -> tuple[str, str]:
+    """A point's job.sh cut after its head (the shebang, #SBATCH lines and comments):
+    a grid point's parameters are exported there, so no params.env is written per
+    point (a 1,000-point sweep wrote 1,000 more files)."""
+    start = 0
+    while True:
+        end = point_script.find("\n", start)
+        if end < 0:
+            return point_script, ""
+        if not point_script.startswith("#", end + 1):
+            return point_script[: end + 1], point_script[end + 1 :]
+        start = end + 1
+
+
+def with_params(point_script: str, sweep_id: str, points: int, point: Point) -> str:
+    """A grid point's job.sh: its parameters exported after the head."""
+    head, tail = split_head(point_script)
+    return head + params_env(sweep_id, points, point) + tail
+
+
 def array_script(
     spec: JobSpec,
     sweep: RunPaths,
@@ -76,10 +106,14 @@ def array_script(
     points: int,
     trial_cmd: Optional[Sequence[str]] = None,
     agent: Optional[Sequence[str]] = None,
+    token: str = "",
 ) -> str:
     """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`;
     `agent` (W&B: `wandb agent --count 1 ID`) runs instead of the point's job.sh and calls
-    `hpclaunch run`, which runs it."""
+    `hpclaunch run`, which runs it. What the host writes once for every point is made the
+    point's own here, when its task starts (a held 1,000-point sweep wrote 6,000 entries):
+    its logs/ and checkpoints/, its job.sh (the sweep's point.sh, `token` -> its number)
+    and its parameters (its line of the sweep's params.sh; Optuna's ask writes params.env)."""
     # Until the point's folder takes over: %A array job id, %a task id (%% a literal %).
     early = shell.sbatch_line("--output", str(sweep.logs).replace("%", "%%") + "/%A_%a.out")
     head = [
@@ -87,6 +121,12 @@ def array_script(
         for line in directives(spec, sweep, cwd)
     ]
     point_dir = shell.Join((str(sweep.run_dir / POINTS) + "/", shell.Var(HPCLAUNCH_POINT)))
+    mode = filemodes.dir_mode(spec.share)
+    # --checkpoint-root elsewhere: the host makes those (their parents too) per point.
+    inside = sweep.run_dir in sweep.checkpoint_dir.parents
+    checkpoints = f' "${POINT_DIR}/checkpoints"' if inside else ""
+    check = f" && [ -d{checkpoints} ]" if inside else ""
+    logs = f'"${POINT_DIR}/logs"'
     events = shell.Join((*point_dir.parts, "/" + node.EVENTS))
     body = [
         "#!/bin/bash",
@@ -101,7 +141,11 @@ def array_script(
         f"{HPCLAUNCH_POINT}=$(( ${{1:-0}} + SLURM_ARRAY_TASK_ID ))",
         f"export {HPCLAUNCH_POINT}",
         f"{POINT_DIR}={shell.word(point_dir)}",
+        "# The point's own folders, private as the host makes them (a requeued one has them;",
+        "# a retried one that never started has logs/ alone).",
+        f"[ -d {logs} ]{check} || mkdir -p -m {mode:o} {logs}{checkpoints}",
         f'exec >>"${POINT_DIR}/logs/batch.out" 2>&1',
+        *_job_sh_lines(sweep, token, filemodes.umask_of(spec.share)),
         'HPCLAUNCH_TASK="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
         "# Start and end go to the point's events.jsonl (bash builtins, no process).",
         _event_line(POINT_START, events, with_rc=False),
@@ -112,9 +156,28 @@ def array_script(
             "# Optuna: ask this point's trial (a requeued point gets its own again).",
             f'{ask} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_TASK" || HPCLAUNCH_RC=$?',
         ]
-    body += ['if [ -z "${HPCLAUNCH_RC-}" ]; then', f'    . "${POINT_DIR}/{PARAMS_ENV}"']
-    if agent:
+    body.append('if [ -z "${HPCLAUNCH_RC-}" ]; then')
+    if trial_cmd:  # the trial's parameters, written by its ask
+        body.append(f'    . "${POINT_DIR}/{PARAMS_ENV}"')
+    else:  # line POINT+1 of params.sh: bash builtins, no process
+        table = shell.quote(str(sweep.run_dir / PARAMS_SH))
         body += [
+            f'    mapfile -t -s "${HPCLAUNCH_POINT}" -n 1 HPCLAUNCH_PARAMS_LINE <{table}',
+            '    . /dev/stdin <<<"${HPCLAUNCH_PARAMS_LINE[0]-}"',
+        ]
+    body += _run_lines(spec, agent)
+    body += ["fi", _event_line(POINT_END, events, with_rc=True)]
+    if trial_cmd:
+        tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
+        body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
+    body.append('exit "$HPCLAUNCH_RC"')
+    return shell.lines(body)
+
+
+def _run_lines(spec: JobSpec, agent: Optional[Sequence[str]]) -> list[str]:
+    """How the task runs the point: W&B's agent, job.sh under --requeue, or job.sh."""
+    if agent:
+        return [
             "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",
             "    # point's job.sh (every rank) and leaves the exit code in wandb-exit.",
             f'    export {WANDB_POINT}="${POINT_DIR}"',
@@ -123,9 +186,9 @@ def array_script(
             f'    exit_file="${POINT_DIR}/{WANDB_EXIT}"',
             '    [ -f "$exit_file" ] && read -r HPCLAUNCH_RC <"$exit_file"',
         ]
-    elif spec.requeue:
+    if spec.requeue:
         sig = spec.requeue.signal
-        body += [
+        return [
             "    # --requeue: Slurm signals this shell only (B:); the point's job.sh, whose trap",
             "    # saves and requeues this task alone (its own SLURM_JOB_ID), gets it from here.",
             f"    trap 'kill -{sig} \"$HPCLAUNCH_POINT_PID\" 2>/dev/null' {sig}",
@@ -139,14 +202,37 @@ def array_script(
             "        while :; do sleep 60 & wait $!; done",
             "    fi",
         ]
-    else:
-        body += [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]
-    body += ["fi", _event_line(POINT_END, events, with_rc=True)]
-    if trial_cmd:
-        tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
-        body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
-    body.append('exit "$HPCLAUNCH_RC"')
-    return shell.lines(body)
+    return [f'    bash "${POINT_DIR}/job.sh"', "    HPCLAUNCH_RC=$?"]
+
+
+def _job_sh_lines(sweep: RunPaths, token: str, umask: int) -> list[str]:
+    """The point's job.sh from the sweep's point.sh (once: a requeued or retried point
+    has it), with the share's modes, written aside and renamed."""
+    if not token:
+        return []
+    template = shell.quote(str(sweep.run_dir / POINT_SH))
+    job, aside = f'"${POINT_DIR}/job.sh"', f'"${POINT_DIR}/.job.sh.$$"'
+    return [
+        f"if [ ! -f {job} ]; then",
+        f"    HPCLAUNCH_JOB_SH=$(<{template})",
+        f'    HPCLAUNCH_JOB_SH="${{HPCLAUNCH_JOB_SH//{token}/${HPCLAUNCH_POINT}}}"',
+        f"    ( umask {umask:03o} && printf '%s\\n' \"$HPCLAUNCH_JOB_SH\" >{aside} ) &&",
+        f"        mv -f {aside} {job}",
+        "fi",
+    ]
+
+
+def params_line(sweep_id: str, points: int, point: Point) -> str:
+    """A point's line of params.sh: one export of every variable, each value quoted
+    (shell.quote never writes a newline)."""
+    pairs = point_env(sweep_id, points, point)
+    return "export " + " ".join(_assignment(k, v) for k, v in pairs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _assignment(name: str, value: str) -> str:
+    """NAME=quoted, once per pair: a grid's names and values repeat from point to point."""
+    return f"{shell.check_name(name)}={shell.quote(value)}"
 
 
 def _event_line(kind: str, events: shell.Join, with_rc: bool) -> str:

@@ -126,7 +126,9 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         if trial_cmd:
             check_trial_python(trial_cmd)
     agent = list(wb.agent) or None
-    text = script.array_script(spec, paths, planned.code.cwd, len(points), trial_cmd, agent)
+    text = script.array_script(
+        spec, paths, planned.code.cwd, len(points), trial_cmd, agent, token=token
+    )
     return SweepPlan(
         planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
     )
@@ -344,6 +346,19 @@ def array_entries(
     ]
 
 
+def _point_zero(sp: SweepPlan) -> str:
+    """Point 0's job.sh as it will be: with its parameters where points run here; an
+    array task's from point.sh, its parameters from its line of params.sh."""
+    text = script.point_script(sp.point_template, sp.token, 0)
+    if sp.space or not sp.points:
+        return text
+    sweep_id, total, first = sp.paths.run_id, len(sp.points), sp.points[0]
+    if sp.local:
+        return script.with_params(text, sweep_id, total, first)
+    line = script.params_line(sweep_id, total, first)
+    return f"{text.rstrip()}\n\n# point 0's line of params.sh, sourced before it:\n# {line}\n"
+
+
 def describe(sp: SweepPlan, environ: Any) -> str:
     """The --dry-run text: the array script, the sbatch line(s), the point table."""
     out = [sp.array_script.rstrip("\n"), ""]
@@ -358,7 +373,7 @@ def describe(sp: SweepPlan, environ: Any) -> str:
     out += [
         "",
         "# each point's job.sh (point 0 shown):",
-        script.point_script(sp.point_template, sp.token, 0).rstrip("\n"),
+        _point_zero(sp).rstrip("\n"),
         "",
     ]
     if sp.wandb_sweep:
