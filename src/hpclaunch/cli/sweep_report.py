@@ -89,7 +89,6 @@ def print_status(
     direction: Optional[str],
     as_json: bool,
 ) -> int:
-    from hpclaunch.backends import sweepstate
     from hpclaunch.backends.runstatus import is_open
     from hpclaunch.records.refs import sweep_dir
 
@@ -171,7 +170,6 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
     from hpclaunch.cli.common import environ
-    from hpclaunch.records import sweeprecord
     from hpclaunch.records.refs import sweep_dir
     from hpclaunch.sweeps import ops
 
