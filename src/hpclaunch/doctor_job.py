@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from . import filemodes, launching, node, shell
 from .doctor import FAIL, PASS, WARN, Check, failed, preflight
+from .errors import NoController
 from .handle import Run
 from .spec import JobSpec
 
@@ -73,7 +74,10 @@ def diagnose(
     """Every check: those before submitting, then (when none failed) the job's. Also
     what the JSON output adds: the run and the folder the probes wrote."""
     quiet = {**given, "exp": "doctor", "no_snapshot": True, "no_watch": True}
-    first = launching.plan(launching.Request(quiet, ("python3", "-c", "pass"), cwd, environ))
+    try:
+        first = launching.plan(launching.Request(quiet, ("python3", "-c", "pass"), cwd, environ))
+    except NoController as exc:  # Slurm meant here and silent: the controller line FAILs
+        return [Check("controller", FAIL, exc.problem, exc.fix)], {"submitted": False}
     spec, profile = first.spec, first.prepared.profile
     checks, gpus = preflight(spec, profile)
     if failed(checks):

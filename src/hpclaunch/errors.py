@@ -40,6 +40,11 @@ class UserError(HpclaunchError):
         return text
 
 
+class NoController(UserError):
+    """Slurm is here (SLURM_CONF, its commands, a profile naming a Slurm cluster) but no
+    controller answers: never quietly a local run (doctor shows it as its controller line)."""
+
+
 class SlurmError(HpclaunchError):
     """Slurm refused or failed a command hpclaunch ran (sbatch, scancel, ...)."""
 
