@@ -4,6 +4,7 @@ workstation with GPUs. Real local runs (`--cluster local`), no Slurm."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,3 +50,19 @@ def test_logs_follow_ends_with_the_summary_and_the_runs_exit_code(tmp_path: Path
     assert again.returncode == 3 and again.stderr.strip().splitlines()[-1] == last
     plain = _hpclaunch(tmp_path, "logs", "last")  # without --follow: the output only
     assert plain.returncode == 0 and "FAILED" not in plain.stderr
+
+
+def test_a_failing_setup_line_shows_its_output_and_keeps_a_failed_record(tmp_path: Path) -> None:
+    setup = "echo loading the modules; no-such-module-command load pytorch"
+    done = _hpclaunch(tmp_path, "run", "--setup", setup, "--", sys.executable, "-c", "print(1)")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "a --setup line failed (exit 127)" in done.stderr
+    assert "no-such-module-command: command not found" in done.stderr  # the lines' output
+    assert "loading the modules" in done.stderr
+    (folder,) = [p.parent for p in (tmp_path / "runs").rglob("run.json")]  # kept
+    assert "command not found" in (folder / "logs" / "batch.out").read_text()
+    record = json.loads((folder / "run.json").read_text())
+    assert (record["state"], record["exit_code"]) == ("FAILED", 127)
+    assert record["reason"].startswith("a --setup line failed (exit 127)")
+    listed = _hpclaunch(tmp_path, "runs")
+    assert folder.name in listed.stdout and "FAILED" in listed.stdout

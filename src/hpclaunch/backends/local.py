@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .. import node, render, shell
-from ..errors import HpclaunchError
+from ..errors import HpclaunchError, SetupFailed
 from ..monitor import JobStatus
 from ..node import stage_guard
 from ..records import RunRecord
@@ -218,6 +218,9 @@ def _stage_in(spec: JobSpec, paths: RunPaths, local_dir: str) -> Optional[dict[s
     return stage_spec
 
 
+SETUP_TAIL_LINES = 10  # of a failed --setup's output, shown in the error
+
+
 def run_setup(
     lines: Sequence[str], environ: Mapping[str, str], cwd: Path, paths: RunPaths
 ) -> dict[str, str]:
@@ -227,29 +230,38 @@ def run_setup(
     if not lines:
         return dict(environ)
     paths.logs.mkdir(parents=True, exist_ok=True)
-    with open(paths.logs / "batch.out", "ab") as log:
-        done = subprocess.run(
-            ["bash", "-c", shell.setup_probe(lines)],
-            env=dict(environ),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            check=False,
-        )
+    done = subprocess.run(
+        ["bash", "-c", shell.setup_probe(lines)],
+        env=dict(environ),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream: the log reads in the order it happened
+        check=False,
+    )
     out, _, dump = done.stdout.partition(shell.SETUP_MARK)
     with open(paths.logs / "batch.out", "ab") as log:
         log.write(out)
     if done.returncode != 0:
-        raise HpclaunchError(
-            f"a --setup line failed (exit {done.returncode}); see {paths.logs / 'batch.out'}"
-        )
+        reason = f"a --setup line failed (exit {done.returncode}); see {paths.logs / 'batch.out'}"
+        raise SetupFailed(done.returncode, reason, last_lines(paths.logs / "batch.out"))
     env: dict[str, str] = {}
     for item in dump.split(b"\0"):
         name, sep, value = item.partition(b"=")
         if sep and name:
             env[os.fsdecode(name)] = os.fsdecode(value)
     return env
+
+
+def last_lines(path: Path, count: int = SETUP_TAIL_LINES) -> list[str]:
+    """The end of a log (the setup lines' own output: "module: command not found")."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line.rstrip("\r") for line in text.splitlines() if line.strip()][-count:]
 
 
 __all__ = ["OWNER", "LocalBackend", "cancel_recorded", "make_local_dir", "run_setup"]
