@@ -33,3 +33,11 @@ def test_logs_follow_on_a_failed_slurm_run_exits_with_its_code(hpc: Hpc) -> None
     assert followed.returncode == 4, followed.stderr
     last = followed.stderr.strip().splitlines()[-1]
     assert "FAILED, exit code 4" in last, last
+
+
+def test_the_watch_window_reaches_the_batch_scripts_watch(hpc: Hpc) -> None:
+    shown = hpc.run("run", "--gpus-per-node", "1", "--dry-run", "--watch-window", "30",
+                    "--watch-warmup", "5", "--", "python3", "-c", "pass")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [ln for ln in shown.stdout.splitlines() if "gpu_watch.py" in ln]
+    assert " --window 30 --warmup 5 " in line

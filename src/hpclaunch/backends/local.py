@@ -8,8 +8,11 @@ on a cluster (it is the same code, node/stage_guard.py, run in-process).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from .. import node, render, shell
+from .. import jobwatch, node, render, shell
 from ..errors import HpclaunchError, SetupFailed
 from ..monitor import JobStatus
 from ..node import stage_guard
@@ -47,6 +50,7 @@ class _Job:
     local_dir: str
     code: Optional[int] = None
     state: str = State.RUNNING.value
+    watch: Optional[subprocess.Popen[bytes]] = None  # the GPU watch (a machine with GPUs)
 
 
 class LocalBackend(Backend):
@@ -78,13 +82,14 @@ class LocalBackend(Backend):
             )
             stage_spec = _stage_in(spec, paths, local_dir)
             tasks.spawn()
+            watch = _start_watch(spec, paths, launch.environ)
         except BaseException:
             if tasks is not None:
                 tasks.abort()
             if local_dir:
                 stage_guard.finish({}, local_dir, "local")  # partly staged data goes too
             raise
-        self._jobs[PREFIX + str(job_id)] = _Job(tasks, stage_spec, local_dir)
+        self._jobs[PREFIX + str(job_id)] = _Job(tasks, stage_spec, local_dir, watch=watch)
         return PREFIX + str(job_id)
 
     def dry_run(self, launch: Launch) -> DryRun[LocalPlan]:
@@ -172,8 +177,10 @@ class LocalBackend(Backend):
             raise
         except BaseException:
             self._finish_staging(job)
+            _stop_watch(job)
             raise
         self._finish_staging(job)
+        _stop_watch(job)
         if job.tasks.timed_out:
             state = State.TIMEOUT.value
         elif job.tasks.cancelled:
@@ -189,6 +196,34 @@ class LocalBackend(Backend):
         if job.stage_spec is not None:
             stage_guard.finish(job.stage_spec, job.local_dir, "local")
             job.stage_spec = None
+
+
+def _start_watch(
+    spec: JobSpec, paths: RunPaths, environ: Mapping[str, str]
+) -> Optional[subprocess.Popen[bytes]]:
+    """The GPU watch of a local run on a machine with GPUs (validate decided: the GPU
+    tools list some): one sampler beside the ranks, its warning on our stderr."""
+    if not spec.watch_interval_s:
+        return None
+    argv = jobwatch.local_argv(spec, sys.executable, paths, os.getpid())
+    try:
+        return subprocess.Popen(argv, env=dict(environ), stdin=subprocess.DEVNULL)
+    except OSError:
+        return None  # no samples: the run itself goes on
+
+
+def _stop_watch(job: _Job) -> None:
+    """The ranks are done: SIGUSR1 (the batch script's signal too), its last samples."""
+    watch, job.watch = job.watch, None
+    if watch is None:
+        return
+    with contextlib.suppress(OSError):
+        watch.send_signal(signal.SIGUSR1)
+    try:
+        watch.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        watch.kill()
+        watch.wait()
 
 
 def make_local_dir(job_id: int) -> str:
