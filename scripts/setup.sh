@@ -22,8 +22,9 @@ if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv" >&2
     "$PYTHON" -m venv .venv
 fi
-extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
+# plot: `hpclaunch sweep plot` / `plot` draw PNGs (a headline feature), so the demo has it.
+extras="[plot]"
+if [ "${1:-}" = "--test" ]; then extras="[test,plot]"; fi
 # torch==2.13.0 only for the example and tests (numpy beside it: without it torch warns
 # "Failed to initialize NumPy" in every rank); hpclaunch itself never needs torch.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}" "torch==2.13.0" numpy >&2

@@ -85,6 +85,19 @@ def test_the_demo_environment_has_what_torch_needs() -> None:
     assert probe.returncode == 0 and "Failed to initialize NumPy" not in probe.stderr
 
 
+def test_the_demo_environment_installs_the_plot_extra() -> None:
+    """Plots are a headline feature: the README's first command (scripts/demo.sh runs
+    scripts/setup.sh) installs hpclaunch with its `plot` extra (matplotlib), with or
+    without --test (issue #28 item 9)."""
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert "bash scripts/setup.sh" in (REPO / "scripts" / "demo.sh").read_text()
+    extras = [line for line in setup.splitlines() if line.strip().startswith(("extras=", "if "))]
+    given = [line.split("extras=", 1)[1] for line in extras if "extras=" in line]
+    assert given and all("plot" in value for value in given), given
+    install = [line for line in setup.splitlines() if "pip install" in line and "-e" in line]
+    assert install and all('".${extras}"' in line for line in install)
+
+
 def test_no_stray_slurm_output_in_the_repository() -> None:
     tracked = subprocess.run(
         ["git", "ls-files", "slurm-*.out"], cwd=REPO, capture_output=True, text=True, check=True

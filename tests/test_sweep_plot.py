@@ -164,13 +164,27 @@ def test_without_matplotlib_a_table_and_a_hint(
     here: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
-    target = here["root"] / "none.png"
-    code, out, err = _plot(capsys, here["grid"], "--x", "lr", "--metric", "loss", "-o",
-                           str(target), "--data", str(here["root"] / "none.csv"))  # fmt: skip
-    assert code == 0 and not target.exists()
+    pngs = set(here["grid_dir"].glob("*.png"))
+    code, out, err = _plot(capsys, here["grid"], "--x", "lr", "--metric", "loss",
+                           "--data", str(here["root"] / "none.csv"))  # fmt: skip
+    assert code == 0 and set(here["grid_dir"].glob("*.png")) == pngs
     assert err == "hpclaunch: hint: pip install 'hpclaunch[plot]' for a PNG\n"
     assert out.splitlines()[1].split()[:3] == ["SERIES", "LR", "MEAN"]
     assert len(out.splitlines()) == 2 + 3
+    assert len(_csv(here["root"] / "none.csv")) == 3
+
+
+def test_without_matplotlib_an_asked_for_file_is_an_error_with_the_hint(
+    here: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    target = here["root"] / "none.png"
+    code, out, err = _plot(capsys, here["grid"], "--x", "lr", "--metric", "loss", "-o",
+                           str(target), "--data", str(here["root"] / "none.csv"))  # fmt: skip
+    assert code == 1 and not target.exists()  # -o FILE.png asked, nothing written: not 0
+    assert err == (f"hpclaunch: error: -o: {target} not written: a PNG needs matplotlib. "
+                   "pip install 'hpclaunch[plot]'\n")  # fmt: skip
+    assert out.splitlines()[1].split()[:3] == ["SERIES", "LR", "MEAN"]
     assert len(_csv(here["root"] / "none.csv")) == 3
 
 

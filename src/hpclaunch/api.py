@@ -73,6 +73,8 @@ def run(
     profiler: Optional[Literal["py-spy", "nsys", "rocprof", "torch"]] = None,
     no_watch: Optional[bool] = None,
     watch_interval: Optional[float] = None,
+    watch_window: Optional[float] = None,
+    watch_warmup: Optional[float] = None,
     requeue: Optional[bool] = None,
     max_requeues: Optional[int] = None,
     requeue_signal: Optional[Literal["USR2", "USR1"]] = None,

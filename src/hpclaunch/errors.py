@@ -40,6 +40,22 @@ class UserError(HpclaunchError):
         return text
 
 
+class NoController(UserError):
+    """Slurm is here (SLURM_CONF, its commands, a profile naming a Slurm cluster) but no
+    controller answers: never quietly a local run (doctor shows it as its controller line)."""
+
+
+class SetupFailed(HpclaunchError):
+    """A --setup line failed where the run starts (a local run, a step): the run folder
+    and its record stay (FAILED, with `reason`); the message shows the lines' last output."""
+
+    def __init__(self, returncode: int, reason: str, tail: list[str]) -> None:
+        self.returncode = returncode
+        self.reason = reason
+        shown = "".join(f"\n  | {line}" for line in tail)
+        super().__init__(reason + (f"; its last output lines:{shown}" if tail else ""))
+
+
 class SlurmError(HpclaunchError):
     """Slurm refused or failed a command hpclaunch ran (sbatch, scancel, ...)."""
 

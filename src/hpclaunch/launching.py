@@ -25,7 +25,7 @@ from hpclaunch.basics import filemodes
 from hpclaunch.basics.states import State
 from hpclaunch.config import secretnames
 from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.errors import HpclaunchError
+from hpclaunch.errors import HpclaunchError, SetupFailed
 from hpclaunch.payload import codeplan, project
 from hpclaunch.payload.snapshot import human
 from hpclaunch.planning.preparing import Prepared, prepare_spec
@@ -165,6 +165,9 @@ def start(req: LaunchRequest, planned: Planned, backend: Optional[Backend] = Non
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP while packing or staging
         _record_interrupted(req, spec, paths, exc)
         raise
+    except SetupFailed as exc:  # the user's own lines failed: keep what says why
+        _record_setup_failed(req, spec, paths, exc)
+        raise
     except BaseException:
         runpaths.remove(paths)  # nothing is left behind when Slurm refuses the job
         raise
@@ -244,6 +247,28 @@ def _record_interrupted(
     )  # fmt: skip
 
 
+def _record_setup_failed(
+    req: LaunchRequest, spec: JobSpec, paths: runpaths.RunPaths, exc: SetupFailed
+) -> None:
+    """A --setup line failed before any rank started (here): the run folder stays, with
+    logs/batch.out, and its record says FAILED and why; the index lists it."""
+    if not paths.record.exists():
+        return
+    runrecord.update(
+        paths.run_dir,
+        state=State.FAILED.value,
+        exit_code=exc.returncode,
+        reason=exc.reason,
+        ended_at=time.time(),
+    )
+    with contextlib.suppress(OSError):
+        index.add(
+            {"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": None,
+             "exp": spec.exp, "cluster": spec.cluster, "submitted_at": time.time()},
+            req.environ,
+        )  # fmt: skip
+
+
 def _write_run_files(
     paths: runpaths.RunPaths,
     spec: JobSpec,
@@ -288,8 +313,15 @@ def finish(
     )
     # A full disk: run.json keeps its last good state, which a later `runs` or `status`
     # brings up to date from Slurm (a local run's from its launcher's end).
+    ended: dict[str, Any] = {"state": state, "exit_code": code, "ended_at": time.time()}
+    run_dir = started.paths.run_dir
+    from hpclaunch.backends.runstatus import setup_failure
+
+    setup = setup_failure(run_dir, runrecord.read_events(run_dir))
+    if setup and state == State.FAILED.value:  # the batch script stopped in a --setup line
+        ended["reason"] = setup
     with contextlib.suppress(OSError, HpclaunchError):
-        runrecord.update(started.paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+        runrecord.update(run_dir, **ended)
     return code, state
 
 

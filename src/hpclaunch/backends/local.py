@@ -8,8 +8,11 @@ on a cluster (it is the same code, node/stage_guard.py, run in-process).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -28,12 +31,12 @@ from hpclaunch.basics import shell
 from hpclaunch.basics.states import State
 from hpclaunch.basics.users import with_user
 from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.errors import HpclaunchError
+from hpclaunch.errors import HpclaunchError, SetupFailed
 from hpclaunch.node import stage_guard
 from hpclaunch.observe.jobend import JobStatus
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.script import render
+from hpclaunch.script import gpu_watch_lines, render
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord
@@ -49,6 +52,7 @@ class _Job:
     local_dir: str
     code: Optional[int] = None
     state: str = State.RUNNING.value
+    watch: Optional[subprocess.Popen[bytes]] = None  # the GPU watch (a machine with GPUs)
 
 
 class LocalBackend(Backend):
@@ -80,13 +84,14 @@ class LocalBackend(Backend):
             )
             stage_spec = _stage_in(spec, paths, local_dir)
             tasks.spawn()
+            watch = _start_watch(spec, paths, launch.environ)
         except BaseException:
             if tasks is not None:
                 tasks.abort()
             if local_dir:
                 stage_guard.finish({}, local_dir, "local")  # partly staged data goes too
             raise
-        self._jobs[PREFIX + str(job_id)] = _Job(tasks, stage_spec, local_dir)
+        self._jobs[PREFIX + str(job_id)] = _Job(tasks, stage_spec, local_dir, watch=watch)
         return PREFIX + str(job_id)
 
     def dry_run(self, launch: Launch) -> DryRun[LocalPlan]:
@@ -174,8 +179,10 @@ class LocalBackend(Backend):
             raise
         except BaseException:
             self._finish_staging(job)
+            _stop_watch(job)
             raise
         self._finish_staging(job)
+        _stop_watch(job)
         if job.tasks.timed_out:
             state = State.TIMEOUT.value
         elif job.tasks.cancelled:
@@ -191,6 +198,34 @@ class LocalBackend(Backend):
         if job.stage_spec is not None:
             stage_guard.finish(job.stage_spec, job.local_dir, "local")
             job.stage_spec = None
+
+
+def _start_watch(
+    spec: JobSpec, paths: RunPaths, environ: Mapping[str, str]
+) -> Optional[subprocess.Popen[bytes]]:
+    """The GPU watch of a local run on a machine with GPUs (validate decided: the GPU
+    tools list some): one sampler beside the ranks, its warning on our stderr."""
+    if not spec.watch_interval_s:
+        return None
+    argv = gpu_watch_lines.local_argv(spec, sys.executable, paths, os.getpid())
+    try:
+        return subprocess.Popen(argv, env=dict(environ), stdin=subprocess.DEVNULL)
+    except OSError:
+        return None  # no samples: the run itself goes on
+
+
+def _stop_watch(job: _Job) -> None:
+    """The ranks are done: SIGUSR1 (the batch script's signal too), its last samples."""
+    watch, job.watch = job.watch, None
+    if watch is None:
+        return
+    with contextlib.suppress(OSError):
+        watch.send_signal(signal.SIGUSR1)
+    try:
+        watch.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        watch.kill()
+        watch.wait()
 
 
 def make_local_dir(job_id: int) -> str:
@@ -220,6 +255,9 @@ def _stage_in(spec: JobSpec, paths: RunPaths, local_dir: str) -> Optional[dict[s
     return stage_spec
 
 
+SETUP_TAIL_LINES = 10  # of a failed --setup's output, shown in the error
+
+
 def run_setup(
     lines: Sequence[str], environ: Mapping[str, str], cwd: Path, paths: RunPaths
 ) -> dict[str, str]:
@@ -229,29 +267,38 @@ def run_setup(
     if not lines:
         return dict(environ)
     paths.logs.mkdir(parents=True, exist_ok=True)
-    with open(paths.logs / "batch.out", "ab") as log:
-        done = subprocess.run(
-            ["bash", "-c", shell.setup_probe(lines)],
-            env=dict(environ),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            check=False,
-        )
+    done = subprocess.run(
+        ["bash", "-c", shell.setup_probe(lines)],
+        env=dict(environ),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream: the log reads in the order it happened
+        check=False,
+    )
     out, _, dump = done.stdout.partition(shell.SETUP_MARK)
     with open(paths.logs / "batch.out", "ab") as log:
         log.write(out)
     if done.returncode != 0:
-        raise HpclaunchError(
-            f"a --setup line failed (exit {done.returncode}); see {paths.logs / 'batch.out'}"
-        )
+        reason = f"a --setup line failed (exit {done.returncode}); see {paths.logs / 'batch.out'}"
+        raise SetupFailed(done.returncode, reason, last_lines(paths.logs / "batch.out"))
     env: dict[str, str] = {}
     for item in dump.split(b"\0"):
         name, sep, value = item.partition(b"=")
         if sep and name:
             env[os.fsdecode(name)] = os.fsdecode(value)
     return env
+
+
+def last_lines(path: Path, count: int = SETUP_TAIL_LINES) -> list[str]:
+    """The end of a log (the setup lines' own output: "module: command not found")."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line.rstrip("\r") for line in text.splitlines() if line.strip()][-count:]
 
 
 __all__ = ["OWNER", "LocalBackend", "cancel_recorded", "make_local_dir", "run_setup"]

@@ -138,6 +138,9 @@ def _updated(record: RunRecord, status: Optional[JobStatus], backend: Backend) -
             changes["exit_code"] = job_exit_code(state.value, logs, status.exit_code)
     if state == states.State.CANCELLED and record.extra.get("after"):
         changes["reason"] = why_never_started(record) or status.reason
+    setup = setup_failure(record.path, record.events)
+    if state == states.State.FAILED and setup:
+        changes["reason"] = setup
     return _write(record, changes)
 
 
@@ -167,6 +170,15 @@ def _stored(record: RunRecord, changes: Mapping[str, object]) -> RunRecord:
 
 def refresh_one(run_dir: Path) -> RunRecord:
     return refresh([runrecord.load(run_dir)])[0]
+
+
+def setup_failure(run_dir: Path, events: runrecord.RankEvents) -> Optional[str]:
+    """The reason of a run whose batch script stopped in a --setup line (no rank started),
+    else None: what its record says (the lines' own output is in logs/batch.out)."""
+    if events.setup_failed is None or events.started:
+        return None
+    log = run_dir / "logs" / "batch.out"
+    return f"a --setup line failed (exit {events.setup_failed}); see {log}"
 
 
 def why_never_started(record: RunRecord) -> Optional[str]:

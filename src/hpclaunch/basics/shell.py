@@ -185,3 +185,24 @@ def setup_probe(lines: Sequence[str]) -> str:
     stopped at the first failure), then the marker and `env -0`."""
     mark = SETUP_MARK.decode()
     return "\n".join(["set -e", *lines, f"printf '%s' {quote(mark)}", "env -0"]) + "\n"
+
+
+def setup_failed_trap(events: str) -> list[str]:
+    """Before a batch script's --setup lines: when one fails (set -e ends the shell there),
+    a setup_failed event goes to events.jsonl, so the run's record says why it FAILED.
+    Bash builtins only; `setup_trap_off` ends it after the lines."""
+    fields = '{"event":"setup_failed","exit_code":%d,"time":%s}\\n'
+    return [
+        "hpclaunch_setup_failed() {  # the EXIT trap while the --setup lines run",
+        "    local rc=$? now",
+        '    [ "$rc" -ne 0 ] || return 0',
+        "    printf -v now '%(%s)T' -1",
+        "    now=${EPOCHREALTIME:-$now}",
+        f'    printf \'{fields}\' "$rc" "${{now/,/.}}" >>{quote(events)}',
+        "}",
+        "trap hpclaunch_setup_failed EXIT",
+    ]
+
+
+def setup_trap_off() -> str:
+    return "trap - EXIT"

@@ -7,18 +7,27 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import click
 
 from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
 from hpclaunch.observe.logs import AttemptFollower, LogFollower
 
+if TYPE_CHECKING:
+    from hpclaunch.records.runrecord import RunRecord
+
 
 @click.command("logs", epilog=RUN_ARG_HELP)
 @click.argument("run")
 @click.option("--rank", type=int, default=None, help="Only this rank's output.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing new output until the run ends; then its summary line, and its "
+    "exit code as ours.",
+)
 @click.option(
     "--attempt",
     type=int,
@@ -80,19 +89,31 @@ def logs_cmd(
             tag=not no_tag,
         )
     follower.poll()
-    if follow:
-        _follow(follower, run_dir, record.cluster)
+    ended = _follow(follower, run_dir, record.cluster) if follow else None
     follower.drain()
-    return 0
+    if ended is None:
+        return 0
+    # Followed to its end: the run's own summary line and exit code, as `run --wait` ends.
+    from hpclaunch.basics import states
+    from hpclaunch.cli.reporting import summary
+
+    click.echo(f"hpclaunch: {summary(ended)}", err=True)
+    if ended.exit_code is not None:
+        return ended.exit_code
+    return 0 if ended.state == states.State.COMPLETED.value else 1
 
 
-def _follow(follower: Union[LogFollower, AttemptFollower], run_dir: Path, cluster: str) -> None:
-    """Until the run has ended (or Ctrl-C): handle.follow_to_end, the one wait loop under
-    the cluster's min_poll_interval."""
+def _follow(
+    follower: Union[LogFollower, AttemptFollower], run_dir: Path, cluster: str
+) -> Optional[RunRecord]:
+    """Until the run has ended (its record), or Ctrl-C (None): handle.follow_to_end, the
+    one wait loop under the cluster's min_poll_interval."""
     from hpclaunch.handle import follow_to_end
     from hpclaunch.observe.waiting import for_cluster
 
     backoff = for_cluster(cluster, environ())
+    ended = None
     with contextlib.suppress(KeyboardInterrupt):
-        follow_to_end(run_dir, follower, backoff=backoff)
+        ended = follow_to_end(run_dir, follower, backoff=backoff)
     time.sleep(0.3)
+    return ended

@@ -143,6 +143,9 @@ class JobSpec:
     # Seconds between two GPU samples of the per-node watch; 0: no watch (no GPUs asked,
     # --no-watch, or a backend that does not start it).
     watch_interval_s: float = 0.0
+    # The watch's judged window and warm-up (--watch-window/--watch-warmup); None: its default.
+    watch_window_s: Optional[float] = None
+    watch_warmup_s: Optional[float] = None
     cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
     container: Optional[ContainerJob] = None
     venv: str = ""  # absolute path of a venv every task activates

@@ -343,6 +343,19 @@ class RunOptions:
         "--watch-interval 5",
         metavar="SECONDS",
     )
+    watch_window: Optional[float] = _row(
+        "float",
+        "Seconds of GPU samples the watch judges for its input-bound warning (default "
+        "120; 5 to 86400).",
+        "--watch-window 60",
+        metavar="SECONDS",
+    )
+    watch_warmup: Optional[float] = _row(
+        "float",
+        "Seconds after the watch's first sample before it judges at all (default 60; 0 to 86400).",
+        "--watch-warmup 30",
+        metavar="SECONDS",
+    )
     requeue: bool = _row(
         "flag",
         "Outlive the time limit: shortly before it, pass --requeue-signal to the ranks "

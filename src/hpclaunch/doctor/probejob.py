@@ -17,6 +17,7 @@ from hpclaunch import launching, node
 from hpclaunch.basics import filemodes, shell
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.doctor.checks import FAIL, PASS, WARN, Check, failed, preflight
+from hpclaunch.errors import NoController
 from hpclaunch.handle import Run
 
 PROBE = "doctor_probe.py"
@@ -74,9 +75,12 @@ def diagnose(
     """Every check: those before submitting, then (when none failed) the job's. Also
     what the JSON output adds: the run and the folder the probes wrote."""
     quiet = {**given, "exp": "doctor", "no_snapshot": True, "no_watch": True}
-    first = launching.plan_run(
-        launching.LaunchRequest(quiet, ("python3", "-c", "pass"), cwd, environ)
-    )
+    try:
+        first = launching.plan_run(
+            launching.LaunchRequest(quiet, ("python3", "-c", "pass"), cwd, environ)
+        )
+    except NoController as exc:  # Slurm meant here and silent: the controller line FAILs
+        return [Check("controller", FAIL, exc.problem, exc.fix)], {"submitted": False}
     spec, profile = first.spec, first.prepared.profile
     checks, gpus = preflight(spec, profile)
     if failed(checks):

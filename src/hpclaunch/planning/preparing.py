@@ -107,7 +107,10 @@ def choose_cluster(project_run: Mapping[str, Any], environ: Mapping[str, str]) -
         return named
     name = discover.cluster_name() if discover.slurm_config() is not None else None
     if name is None:
-        return "local", "detected: no Slurm controller"
+        signs = discover.slurm_signs(environ)
+        if signs:  # a broken Slurm must not quietly become a run on this (login) node
+            raise discover.no_controller("Slurm is set up here", signs)
+        return "local", "detected: no Slurm"
     if name.lower().startswith("lumi"):
         return "lumi", f"detected: ClusterName={name}"
     return "slurm", f"detected: ClusterName={name}"
@@ -202,12 +205,7 @@ def _container(
 def _with_discovered(profile: Profile) -> Profile:
     """Fill partitions the profile does not describe from sinfo (profile facts win)."""
     if discover.slurm_config() is None:
-        raise UserError(
-            "--cluster",
-            f"{profile.name} needs a Slurm controller, and none answers",
-            "scontrol show config failed",
-            "Check SLURM_CONF / the cluster, or use --cluster local",
-        )
+        raise discover.no_controller(f"cluster {profile.name} needs Slurm", [])
     found = dict(discover.partitions())  # one sinfo call
     merged = {**found, **profile.partitions}
     return profile.model_copy(

@@ -241,6 +241,7 @@ class Checked:
     requeue: Optional[Requeue]
     chain: int
     watch_interval_s: float
+    watch_window: tuple[Optional[float], Optional[float]]  # (window, warm-up) s; None: default
     profiling: Optional[Profiling]
     env: tuple[tuple[str, str], ...]
     sbatch_args: tuple[str, ...]
@@ -279,6 +280,8 @@ class Checked:
             nccl_debug=options.nccl_debug,
             profiling=self.profiling,
             watch_interval_s=self.watch_interval_s,
+            watch_window_s=self.watch_window[0],
+            watch_warmup_s=self.watch_window[1],
             cpu_bind=self.cpu_bind,
             requeue=self.requeue,
             chain=self.chain,
@@ -334,7 +337,8 @@ def check(
     limit = res.time_s or (part.default_time or part.max_time if part else None)
     requeued = requeue.from_values(options, limit, local=local, in_allocation=in_allocation)
     chain = check_chain(options, local=local, in_allocation=in_allocation)
-    watch_s = gpu_watch_lines.interval_from_values(options, res.gpus_per_node, local)
+    path = environ.get("PATH", "")
+    watch_s = gpu_watch_lines.interval_from_values(options, res.gpus_per_node, local, path)
     world_size = res.nodes * res.tasks_per_node
     profiled = profiling.from_values(options, world_size, local, environ)
     return Checked(
@@ -355,6 +359,7 @@ def check(
         requeue=requeued,
         chain=chain,
         watch_interval_s=watch_s,
+        watch_window=gpu_watch_lines.window_from_values(options),
         profiling=profiled,
         env=_env(options.env, profile, environ),
         sbatch_args=sbatchargs.sbatch_args(options.sbatch_arg),

@@ -43,6 +43,8 @@ class RankEvents:
     attempts: list[Attempt] = field(default_factory=list)
     # The GPU watch's input-bound warnings (a node's first verdict), oldest first.
     warnings: list[str] = field(default_factory=list)
+    # A batch script's --setup line failed with this exit code (no rank started).
+    setup_failed: Optional[int] = None
 
     @property
     def nodes(self) -> list[str]:
@@ -245,6 +247,8 @@ def read_events(run_dir: Path) -> RankEvents:
             found.last_end = max(found.last_end or when, when)
             if rc != 0:
                 failures.append((when, event["rank"], rc))
+        elif kind == "setup_failed" and isinstance(event.get("exit_code"), int):
+            found.setup_failed = event["exit_code"]
         elif kind == "stage_ready":
             staged.add(str(event.get("node", "")))
         elif kind == INPUT_BOUND and str(event.get("message", "")) not in found.warnings:

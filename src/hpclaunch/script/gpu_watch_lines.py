@@ -22,6 +22,12 @@ Why it starts the way it does (docs/watching.md says the same for users):
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+from typing import Optional
+
 from hpclaunch import node
 from hpclaunch.basics import shell
 from hpclaunch.config.jobspec import JobSpec
@@ -37,9 +43,66 @@ START_DELAY_S = 1  # after the ranks' srun started (whole seconds: `sleep` takes
 STOP_FILE = ".gpu-watch-stop-${SLURM_JOB_ID}"
 
 
-def interval_from_values(options: RunOptions, gpus_per_node: int, local: bool) -> float:
-    """Seconds between samples; 0.0 (no watch) for a job without GPUs, with --no-watch,
-    or a local run (not yet: docs/watching.md)."""
+WINDOW_RANGE_S = (5.0, 86400.0)  # --watch-window: a few samples at least, a day at most
+WARMUP_RANGE_S = (0.0, 86400.0)  # --watch-warmup
+# The GPU tools' own listings: how a workstation's GPUs are found for a local run.
+GPU_LISTINGS = {
+    "nvidia-smi": ["-L"],  # "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)" a line
+    "rocm-smi": ["--showid", "--json"],  # {"card0": {...}, ...}
+    "amd-smi": ["list", "--json"],  # [{"gpu": 0, ...}, ...]
+}
+
+
+def window_from_values(options: RunOptions) -> tuple[Optional[float], Optional[float]]:
+    """(--watch-window, --watch-warmup) in seconds, checked; None: the watch's default."""
+    found: list[Optional[float]] = []
+    for flag, given, (low, high) in (
+        ("--watch-window", options.watch_window, WINDOW_RANGE_S),
+        ("--watch-warmup", options.watch_warmup, WARMUP_RANGE_S),
+    ):
+        if given is not None and not low <= float(given) <= high:
+            raise UserError(
+                flag, f"{show(given)} seconds", f"{low:g} to {high:g}", f"Give e.g. {flag} 60"
+            )
+        found.append(float(given) if given is not None else None)
+    return found[0], found[1]
+
+
+def local_gpu_count(path: str) -> int:
+    """The GPUs this machine's first GPU tool on `path` lists (nvidia-smi -L, rocm-smi
+    --showid --json, amd-smi list --json); 0 without a tool, or when it lists none."""
+    for tool, args in GPU_LISTINGS.items():
+        found = shutil.which(tool, path=path)
+        if found is None:
+            continue
+        try:
+            done = subprocess.run(
+                [found, *args], capture_output=True, text=True, timeout=20, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            return _listed(tool, done.stdout)
+    return 0
+
+
+def _listed(tool: str, out: str) -> int:
+    if tool == "nvidia-smi":
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    try:
+        data = json.loads(out)
+    except ValueError:
+        return 0
+    if isinstance(data, dict):
+        return sum(1 for key in data if str(key).startswith("card"))
+    return len(data) if isinstance(data, list) else 0
+
+
+def interval_from_values(
+    options: RunOptions, gpus_per_node: int, local: bool, path: str = ""
+) -> float:
+    """Seconds between samples; 0.0 (no watch) with --no-watch, for a job without GPUs,
+    or a local run on a machine whose GPU tools (on `path`) list none."""
     given = options.watch_interval
     if given is not None:
         low, high = INTERVAL_RANGE_S
@@ -50,7 +113,11 @@ def interval_from_values(options: RunOptions, gpus_per_node: int, local: bool) -
                 f"{low:g} to {high:g}",
                 "Give e.g. --watch-interval 5, or --no-watch for no GPU samples",
             )
-    if options.no_watch or not gpus_per_node or local:
+    if options.no_watch:
+        return 0.0
+    if local and not local_gpu_count(path or os.defpath):  # a workstation's GPUs count
+        return 0.0
+    if not local and not gpus_per_node:
         return 0.0
     return float(given) if given is not None else DEFAULT_INTERVAL_S
 
@@ -64,7 +131,26 @@ def watch_argv(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         profile.python, *node.PYTHON_FLAGS, str(paths.shipped(node.GPU_WATCH)),
         "--out", str(metrics / (node.GPU_CSV % "{node}")),
         "--interval", f"{spec.watch_interval_s:g}", "--warn",
-        "--events", str(paths.run_dir / node.EVENTS),
+        "--events", str(paths.run_dir / node.EVENTS), *window_args(spec),
+    ]  # fmt: skip
+
+
+def window_args(spec: JobSpec) -> list[str]:
+    """--window/--warmup for the sampler, only where the run gave them (else its own)."""
+    given = (("--window", spec.watch_window_s), ("--warmup", spec.watch_warmup_s))
+    return [item for flag, value in given if value is not None for item in (flag, f"{value:g}")]
+
+
+def local_argv(spec: JobSpec, python: str, paths: RunPaths, launcher_pid: int) -> list[str]:
+    """A local run's watch: one sampler here, beside the ranks (no srun); it stops on
+    SIGUSR1 when they are done, or when hpclaunch (--pid) is gone."""
+    metrics = paths.run_dir / node.METRICS
+    return [
+        python, *node.PYTHON_FLAGS, str(paths.shipped(node.GPU_WATCH)),
+        "--out", str(metrics / (node.GPU_CSV % "{node}")),
+        "--interval", f"{spec.watch_interval_s:g}", "--warn",
+        "--events", str(paths.run_dir / node.EVENTS), *window_args(spec),
+        "--pid", str(launcher_pid),
     ]  # fmt: skip
 
 

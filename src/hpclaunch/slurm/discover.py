@@ -8,16 +8,24 @@ the life of the process (a CLI call), never on disk: limits change.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
+import sys
+import threading
 from collections.abc import Mapping
 from typing import Optional
 
 from hpclaunch.basics.units import parse_time
 from hpclaunch.config.profiles import Partition
+from hpclaunch.errors import NoController
 from hpclaunch.slurm import commands
 
 _TIMEOUT_S = 15.0
+# How long "is there a controller" may take: a dead one makes scontrol retry for ~10 s,
+# and a login node's user should learn in seconds that Slurm is broken, not wait.
+CONTROLLER_WAIT_S = 5.0
+_SAY_AFTER_S = 1.0  # a controller that answers at once is not announced
 
 
 def _run(argv: list[str]) -> Optional[str]:
@@ -30,7 +38,14 @@ def slurm_config() -> Optional[dict[str, str]]:
     """`scontrol show config` as a dict, or None when no controller answers."""
     if shutil.which("sbatch") is None:
         return None
-    out = _run(["scontrol", "show", "config"])
+    note = f"hpclaunch: asking the Slurm controller (up to {CONTROLLER_WAIT_S:.0f} s)...\n"
+    timer = threading.Timer(_SAY_AFTER_S, lambda: sys.stderr.write(note))
+    timer.daemon = True
+    timer.start()
+    try:
+        out = commands.query(["scontrol", "show", "config"], timeout=CONTROLLER_WAIT_S)
+    finally:
+        timer.cancel()
     if out is None:
         return None
     config: dict[str, str] = {}
@@ -39,6 +54,32 @@ def slurm_config() -> Optional[dict[str, str]]:
         if sep:
             config[key.strip()] = value.strip()
     return config
+
+
+def slurm_signs(environ: Mapping[str, str]) -> list[str]:
+    """What says this machine means to use Slurm (then no answer is an error, not a local
+    run): SLURM_CONF set (a missing file named), Slurm's commands on PATH."""
+    signs = []
+    conf = environ.get("SLURM_CONF", "")
+    if conf:
+        signs.append(f"SLURM_CONF={conf}" + ("" if os.path.exists(conf) else " (no such file)"))
+    on_path = [cmd for cmd in ("sbatch", "scontrol") if shutil.which(cmd) is not None]
+    if on_path:
+        signs.append(" and ".join(on_path) + " on PATH")
+    return signs
+
+
+def no_controller(what: str, signs: list[str]) -> NoController:
+    """The one line for "Slurm is meant here, and no controller answers"."""
+    tried = f"scontrol show config, {CONTROLLER_WAIT_S:.0f} s"
+    because = "; ".join(signs)
+    return NoController(
+        "--cluster",
+        f"{what}, and no Slurm controller answers" + (f" ({because})" if because else ""),
+        tried,
+        "Check SLURM_CONF and that slurmctld runs, or run on this machine on purpose with "
+        "--cluster local",
+    )
 
 
 def cluster_name() -> str:

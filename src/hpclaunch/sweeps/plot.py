@@ -365,6 +365,10 @@ def run(
     path = Path(req.output) if req.output else folder / name
     if not png(plot, path, size, req.logx):
         sys.stdout.write(text(plot))
+        if req.output:  # a file was asked for and none is written: not a success
+            print(f"hpclaunch: error: -o: {path} not written: a PNG needs matplotlib. "
+                  "pip install 'hpclaunch[plot]'", file=sys.stderr)  # fmt: skip
+            return 1
         print(HINT, file=sys.stderr)
         return 0
     print(path)
