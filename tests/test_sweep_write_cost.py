@@ -121,7 +121,6 @@ def test_sweep_json_is_written_by_the_c_encoder_and_reads_back(
     import json
     import json.encoder
 
-
     slow: list[int] = []
     real = json.encoder._make_iterencode
 
