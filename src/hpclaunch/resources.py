@@ -10,6 +10,8 @@ per node, the time limit) and how to ask for something else.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from .backends.kinds import runs_here
 from .errors import UserError
 from .options import RunOptions
 from .profiles import Partition, Profile
+from .projectfile import PROJECT_FILE
 from .spec import JobSpec
 from .units import format_memory, format_time, parse_memory
 
@@ -115,7 +118,40 @@ def gpus_on_node(profile: Profile, part: Optional[Partition]) -> int:
 
 
 def _node_gpus(req: Request) -> int:
+    if req.local and not req.in_allocation and req.options.gpus_per_node:
+        # The local profile knows no GPUs; a run here that asks for some (often through
+        # the project file's gpus-per-node, meant for the cluster) counts this machine's.
+        return max(gpus_on_node(req.profile, req.part), local_gpus())
     return gpus_on_node(req.profile, req.part)
+
+
+# Tools that list this machine's GPUs, and how one listed GPU's line starts.
+_GPU_LISTERS = (
+    (("nvidia-smi", "-L"), "GPU "),
+    (("amd-smi", "list"), "GPU:"),
+    (("rocm-smi", "--showid"), "GPU["),
+)
+
+
+def local_gpus() -> int:
+    """How many GPUs this machine's nvidia-smi, amd-smi or rocm-smi lists (the first that
+    lists any; rocm-smi prints several lines per GPU, counted once each); 0: none."""
+    for argv, mark in _GPU_LISTERS:
+        path = shutil.which(argv[0])
+        if path is None:
+            continue
+        try:
+            done = subprocess.run(
+                [path, *argv[1:]], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        lines = [line for line in done.stdout.splitlines() if line.startswith(mark)]
+        # rocm-smi: "GPU[0]  : Device ID: ..." and more lines of the same GPU.
+        listed = {line.split(":")[0].strip() if mark == "GPU[" else line for line in lines}
+        if done.returncode == 0 and listed:
+            return len(listed)
+    return 0
 
 
 def _node_memory(req: Request) -> Optional[int]:
@@ -169,6 +205,15 @@ def _gpus_per_node(req: Request, node_gpus: int) -> int:
     if gpus < 0:
         raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
     if gpus > node_gpus and not req.in_allocation:
+        if req.local and req.sources.get("gpus_per_node") == "project":
+            raise UserError(
+                f"{PROJECT_FILE} [run] gpus-per-node",
+                f"{gpus} GPUs per node on this machine",
+                f"it has {node_gpus} (nvidia-smi, amd-smi and rocm-smi list none)"
+                if not node_gpus
+                else f"it has {node_gpus}",
+                "Pass --gpus-per-node 0 for local runs, or drop gpus-per-node from [run]",
+            )
         where = f"nodes of {req.partition_name}" if req.part else f"{req.profile.name} nodes"
         raise UserError(
             "--gpus-per-node",
