@@ -201,6 +201,16 @@ def default_gpus(
 
 def _gpus_per_node(req: Request, node_gpus: int) -> int:
     default = default_gpus(req.profile, req.part, req.exclusive, node_gpus)
+    tasks = req.options.tasks_per_node
+    if _gpus_follow_tasks(req) and tasks is not None and tasks >= 1:
+        if tasks > node_gpus:
+            raise UserError(
+                "--tasks-per-node",
+                f"{_count(tasks, 'task')} per node on {req.partition_name}",
+                f"one task per GPU, and its nodes have {node_gpus}",
+                f"Ask for {node_gpus} or fewer, or give --gpus-per-node N to share GPUs",
+            )
+        default = tasks
     gpus = _given(req.options.gpus_per_node, default)
     if gpus < 0:
         raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
@@ -222,6 +232,14 @@ def _gpus_per_node(req: Request, node_gpus: int) -> int:
             f"Ask for {node_gpus} or fewer" if node_gpus else "Drop --gpus-per-node",
         )
     return gpus
+
+
+def _gpus_follow_tasks(req: Request) -> bool:
+    """On a one-task-per-GPU site's partial-node partition (as LUMI's GPU ones) a job
+    that gives its tasks per node but not its GPUs gets one GPU per task: left at the
+    partition's default, 8 ranks would share 1 GCD with 1 CPU each."""
+    partial = req.part is not None and not req.part.whole_node and not req.exclusive
+    return req.profile.one_task_per_gpu and partial and req.options.gpus_per_node is None
 
 
 def _check_local_ranks(nodes: int, tasks: int, sources: Mapping[str, str]) -> None:
@@ -341,6 +359,8 @@ def default_notes(spec: JobSpec, profile: Profile) -> list[str]:
 def _gpus_note(spec: JobSpec, profile: Profile, part: Partition) -> str:
     name, gpus, most = spec.partition, spec.gpus_per_node, gpus_on_node(profile, part)
     count = f"{gpus} GPU{'s' if gpus > 1 else ''} per node by default"
+    if any(key == "tasks_per_node" for key, _ in spec.sources) and not part.whole_node:
+        count = f"{gpus} GPU{'s' if gpus > 1 else ''} per node, one per task"
     if spec.tasks_per_node == gpus:
         mem = f" and {format_memory(spec.mem_per_gpu_mb)}" if spec.mem_per_gpu_mb else ""
         count += f" (one rank with {spec.cpus_per_task} CPUs{mem} per GPU)"
