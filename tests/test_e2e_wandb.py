@@ -120,3 +120,58 @@ def test_wandb_sweep_refusals(hpc: Hpc) -> None:
     argv = [str(VENV_BIN / "hpclaunch"), "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2"]
     proc = hpc.cmd(argv, env=no_wandb)
     assert proc.returncode == 2 and "wandb" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def _server(hpc: Hpc, out: Path, values: list[float]) -> Path:
+    server = hpc.folder("wandb-server")
+    (server / "ent" / "proj").mkdir(parents=True)
+    sweep = {
+        "program": TRAIN,
+        "method": "grid",
+        "parameters": {"lr": {"values": values}},
+        "command": ["hpclaunch", "run", "--", "${interpreter}", "${program}", str(out), "${args}"],
+    }
+    (server / "ent" / "proj" / "sw1.json").write_text(json.dumps(sweep))
+    for path in (server, server / "ent", server / "ent" / "proj"):
+        os.chown(path, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
+    return server
+
+
+def test_wandb_from_a_setup_line_runs_the_agent_where_the_job_runs(hpc: Hpc) -> None:
+    """Issue #28 item 5: `wandb` only on the PATH a --setup line makes (as `module load`
+    or a venv activated there does), not the submitting one; the agent sees the run's
+    --env values (the double's sweep folder comes only through --env). Before, the
+    submission was refused: no `wandb` on PATH."""
+    pytest.importorskip("wandb")
+    out = hpc.folder("out")
+    server = _server(hpc, out, [0.1, 0.2])
+    proc = hpc.run(
+        "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2",
+        "--setup", f"export PATH={DOUBLES}:$PATH",
+        "--env", f"WANDB_DOUBLE_SWEEPS={server}", "--env", "WANDB_MODE=offline",
+        "--wait", "--json", env={"WANDB_API_KEY": KEY}, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "`wandb` is looked for where each point runs" in proc.stderr
+    runs = [json.loads(x) for x in (server / "ent/proj/sw1.runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 2 and all(r["argv"][:3] == ["hpclaunch", "run", "--"] for r in runs)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("report-p*-0.json"))]
+    assert sorted(r["lr"] for r in reports) == [0.1, 0.2]
+    assert all(r["run_id"] and r["sweep_id"] == "sw1" and r["key_seen"] for r in reports)
+    assert {r["run_id"] for r in reports} == {r["run_id"] for r in runs}
+    assert _files_holding(hpc.cwd, KEY) == []
+
+
+def test_a_point_without_wandb_where_the_job_runs_fails_saying_so(hpc: Hpc) -> None:
+    out = hpc.folder("out")
+    argv = [
+        str(VENV_BIN / "hpclaunch"), "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "1",
+        "--setup", "true", "--wait", "--json", "--", "python3", str(out),
+    ]  # fmt: skip
+    no_wandb = {"WANDB_API_KEY": KEY, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    proc = hpc.cmd(argv, env=no_wandb, timeout=300)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    line = json.loads(proc.stdout.splitlines()[0])
+    batch = next(hpc.cwd.rglob(f"{line['sweep_id']}/points/0/logs/batch.out")).read_text()
+    assert "hpclaunch: no `wandb` where this point's job runs" in batch, batch
+    assert "the W&B agent ended without running the sweep's command" in batch, batch

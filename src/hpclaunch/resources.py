@@ -10,8 +10,6 @@ per node, the time limit) and how to ask for something else.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from .options import RunOptions
 from .profiles import Partition, Profile
 from .projectfile import PROJECT_FILE
 from .spec import JobSpec
+from .topology import local_gpus
 from .units import format_memory, format_time, parse_memory
 
 MAX_LOCAL_RANKS = 256
@@ -123,35 +122,6 @@ def _node_gpus(req: Request) -> int:
         # the project file's gpus-per-node, meant for the cluster) counts this machine's.
         return max(gpus_on_node(req.profile, req.part), local_gpus())
     return gpus_on_node(req.profile, req.part)
-
-
-# Tools that list this machine's GPUs, and how one listed GPU's line starts.
-_GPU_LISTERS = (
-    (("nvidia-smi", "-L"), "GPU "),
-    (("amd-smi", "list"), "GPU:"),
-    (("rocm-smi", "--showid"), "GPU["),
-)
-
-
-def local_gpus() -> int:
-    """How many GPUs this machine's nvidia-smi, amd-smi or rocm-smi lists (the first that
-    lists any; rocm-smi prints several lines per GPU, counted once each); 0: none."""
-    for argv, mark in _GPU_LISTERS:
-        path = shutil.which(argv[0])
-        if path is None:
-            continue
-        try:
-            done = subprocess.run(
-                [path, *argv[1:]], capture_output=True, text=True, timeout=10, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        lines = [line for line in done.stdout.splitlines() if line.startswith(mark)]
-        # rocm-smi: "GPU[0]  : Device ID: ..." and more lines of the same GPU.
-        listed = {line.split(":")[0].strip() if mark == "GPU[" else line for line in lines}
-        if done.returncode == 0 and listed:
-            return len(listed)
-    return 0
 
 
 def _node_memory(req: Request) -> Optional[int]:

@@ -30,8 +30,8 @@ HPCLAUNCH_POINT = "HPCLAUNCH_POINT"  # 0-based
 HPCLAUNCH_POINTS = "HPCLAUNCH_POINTS"
 HPCLAUNCH_PARAMS = "HPCLAUNCH_PARAMS"  # every parameter as one JSON object
 POINT_DIR = "HPCLAUNCH_POINT_DIR"  # the array script's own variable
-WANDB_POINT = "HPCLAUNCH_WANDB_POINT"  # the point's folder, for the agent's `hpclaunch run`
-WANDB_EXIT = "wandb-exit"  # the point's job.sh exit code, written by that `hpclaunch run`
+WANDB_POINT = node.HPCLAUNCH_WANDB_POINT  # the point's folder, for the agent's side
+WANDB_EXIT = node.WANDB_EXIT  # the point's job.sh exit code, which the agent's run ends with
 
 
 def new_token() -> str:
@@ -73,11 +73,13 @@ def array_script(
     cwd: Path,
     points: int,
     trial_cmd: Optional[Sequence[str]] = None,
-    agent: Optional[Sequence[str]] = None,
+    agent: Sequence[str] = (),
+    take_over: Sequence[str] = (),
 ) -> str:
     """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`;
-    `agent` (W&B: `wandb agent --count 1 ID`) runs instead of the point's job.sh and calls
-    `hpclaunch run`, which runs it."""
+    `agent` (W&B: the lines of a subshell that starts `wandb agent --count 1 ID` where the
+    job runs) runs beside `take_over DIR PID`, which runs the point's job.sh when the
+    agent hands it the sweep's command (sweeps/wandb.py)."""
     # Until the point's folder takes over: %A array job id, %a task id (%% a literal %).
     early = shell.sbatch_line("--output", str(sweep.logs).replace("%", "%%") + "/%A_%a.out")
     head = [
@@ -112,15 +114,7 @@ def array_script(
         ]
     body += ['if [ -z "${HPCLAUNCH_RC-}" ]; then', f'    . "${POINT_DIR}/{PARAMS_ENV}"']
     if agent:
-        body += [
-            "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",
-            "    # point's job.sh (every rank) and leaves the exit code in wandb-exit.",
-            f'    export {WANDB_POINT}="${POINT_DIR}"',
-            f"    {shell.command(list(agent))}",
-            "    HPCLAUNCH_RC=$?",
-            f'    exit_file="${POINT_DIR}/{WANDB_EXIT}"',
-            '    [ -f "$exit_file" ] && read -r HPCLAUNCH_RC <"$exit_file"',
-        ]
+        body += _wandb_lines(agent, take_over)
     elif spec.requeue:
         sig = spec.requeue.signal
         body += [
@@ -145,6 +139,22 @@ def array_script(
         body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
     body.append('exit "$HPCLAUNCH_RC"')
     return shell.lines(body)
+
+
+def _wandb_lines(agent: Sequence[str], take_over: Sequence[str]) -> list[str]:
+    return [
+        "    # W&B: the agent runs where the job runs (after the --setup lines, inside the",
+        "    # container, with the run's --env values); its `hpclaunch run -- PROGRAM` hands",
+        "    # the program line here, and this point's job.sh starts every rank with it.",
+        f'    export {WANDB_POINT}="${POINT_DIR}"',
+        "    (",
+        *agent,
+        "    ) &",
+        "    HPCLAUNCH_AGENT_PID=$!",
+        f'    {shell.command(list(take_over))} "${POINT_DIR}" "$HPCLAUNCH_AGENT_PID"',
+        "    HPCLAUNCH_RC=$?",
+        '    wait "$HPCLAUNCH_AGENT_PID"',
+    ]
 
 
 def _event_line(kind: str, events: shell.Join, with_rc: bool) -> str:

@@ -127,8 +127,17 @@ def plan(req: launching.Request, opts: SweepOptions) -> SweepPlan:
         parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
         if trial_cmd:
             check_trial_python(trial_cmd)
-    agent = list(wb.agent) or None
-    text = script.array_script(spec, paths, planned.code.cwd, len(points), trial_cmd, agent)
+    agent: list[str] = []
+    take_over: list[str] = []
+    if wb.sweep_id:
+        from . import wandb
+
+        python = planned.prepared.profile.python
+        agent = wandb.agent_lines(spec, python, point, wb.sweep_id)
+        take_over = [sys.executable, "-m", wandb.__name__]
+    text = script.array_script(
+        spec, paths, planned.code.cwd, len(points), trial_cmd, agent, take_over
+    )
     return SweepPlan(
         planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
     )
@@ -174,9 +183,9 @@ def _wandb(req: launching.Request, opts: SweepOptions, planned: launching.Planne
             "hpclaunch: note: no WANDB_API_KEY and no wandb_credentials file: "
             "the agents use what `wandb login` left on the nodes"
         )
-    agent = [*wandb.check_agent(req.environ), "agent", "--count", "1", sweep_id]
+    notes += wandb.check_agent(req.environ, planned.spec)
     secret = ((wandb.API_KEY, key),) if key else ()
-    return _Wandb(sweep_id, secret, tuple(notes), tuple(agent))
+    return _Wandb(sweep_id, secret, tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -184,7 +193,6 @@ class _Wandb:
     sweep_id: Optional[str] = None
     secret: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
-    agent: tuple[str, ...] = ()
 
 
 def check_trial_python(trial_cmd: Sequence[str]) -> None:
