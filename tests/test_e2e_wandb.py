@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,52 @@ def test_a_point_without_wandb_where_the_job_runs_fails_saying_so(hpc: Hpc) -> N
     batch = next(hpc.cwd.rglob(f"{line['sweep_id']}/points/0/logs/batch.out")).read_text()
     assert "hpclaunch: no `wandb` where this point's job runs" in batch, batch
     assert "the W&B agent ended without running the sweep's command" in batch, batch
+
+
+REPORT = """import json, os, sys
+out = sys.argv[1]
+keys = ("HPCLAUNCH_PARAMS", "WANDB_RUN_ID", "WANDB_SWEEP_ID", "HPCLAUNCH_POINT", "FROM_ENV")
+report = {k: os.environ.get(k) for k in keys}
+report["args"] = sys.argv[2:]
+report["in_image"] = os.path.exists("/hpclaunch-test-image")
+with open(os.path.join(out, "report-%s.json" % os.environ["RANK"]), "w") as fh:
+    json.dump(report, fh)
+"""
+
+
+def test_wandb_only_inside_the_image_runs_the_agent_there(hpc: Hpc, user_image: Path) -> None:
+    """Issue #28 item 5: `wandb` exists only in the image (no hpclaunch, no srun there);
+    the agent runs inside it and its `hpclaunch run -- ...` hands the program line to the
+    batch shell, whose job.sh starts the ranks in the image with the parameters."""
+    shutil.copyfile(DOUBLES / "wandb", user_image / "usr/local/bin/wandb")
+    (user_image / "usr/local/bin/wandb").chmod(0o755)
+    assert not (user_image / "usr/local/bin/hpclaunch").exists()
+    out = hpc.folder("out")
+    program = hpc.cwd / "report.py"
+    program.write_text(REPORT)
+    server = hpc.folder("wandb-server")
+    (server / "ent" / "proj").mkdir(parents=True)
+    sweep = {
+        "program": str(program),
+        "method": "grid",
+        "parameters": {"lr": {"values": [0.5]}},
+        "command": ["hpclaunch", "run", "--", "python3", "${program}", str(out), "${args}"],
+    }
+    (server / "ent" / "proj" / "sw1.json").write_text(json.dumps(sweep))
+    for path in (server, server / "ent", server / "ent" / "proj"):
+        os.chown(path, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
+    proc = hpc.run(
+        "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "1",
+        "--container", str(user_image), "--container-runtime", "charliecloud",
+        "--env", f"WANDB_DOUBLE_SWEEPS={server}", "--env", "FROM_ENV=yes",
+        "--wait", "--json", env={"WANDB_API_KEY": KEY}, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"inside {user_image}" in proc.stderr
+    runs = [json.loads(x) for x in (server / "ent/proj/sw1.runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 1 and runs[0]["exit_code"] == 0
+    report = json.loads((out / "report-0.json").read_text())
+    assert report["in_image"] and report["FROM_ENV"] == "yes"
+    assert report["args"] == ["--lr=0.5"] and json.loads(report["HPCLAUNCH_PARAMS"]) == {"lr": 0.5}
+    assert report["WANDB_RUN_ID"] == runs[0]["run_id"] and report["WANDB_SWEEP_ID"] == "sw1"
+    assert runs[0]["wandb_env"].get("WANDB_DOUBLE_SWEEPS") == str(server)  # the agent saw --env
