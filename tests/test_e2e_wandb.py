@@ -175,7 +175,7 @@ def test_a_point_without_wandb_where_the_job_runs_fails_saying_so(hpc: Hpc) -> N
     line = json.loads(proc.stdout.splitlines()[0])
     batch = next(hpc.cwd.rglob(f"{line['sweep_id']}/points/0/logs/batch.out")).read_text()
     assert "hpclaunch: no `wandb` where this point's job runs" in batch, batch
-    assert "the W&B agent ended without running the sweep's command" in batch, batch
+    assert "the W&B agent ended without handing over the sweep's command" in batch, batch
 
 
 REPORT = """import json, os, sys

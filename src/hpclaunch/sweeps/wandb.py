@@ -290,8 +290,9 @@ def take_over(folder: Path, agent_pid: int, environ: Mapping[str, str]) -> int:
             if handoff.exists():
                 break
             print(
-                "hpclaunch: the W&B agent ended without running the sweep's command (its "
-                "output is above); this point did not start",
+                "hpclaunch: the W&B agent ended without handing over the sweep's command "
+                "(its output is above; the sweep's command must be `hpclaunch run -- ...`, "
+                "see hpclaunch sweep wandb-template); this point did not start",
                 file=sys.stderr,
             )
             return 1
