@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,107 @@ def test_wandb_sweep_refusals(hpc: Hpc) -> None:
     argv = [str(VENV_BIN / "hpclaunch"), "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2"]
     proc = hpc.cmd(argv, env=no_wandb)
     assert proc.returncode == 2 and "wandb" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def _server(hpc: Hpc, out: Path, values: list[float]) -> Path:
+    server = hpc.folder("wandb-server")
+    (server / "ent" / "proj").mkdir(parents=True)
+    sweep = {
+        "program": TRAIN,
+        "method": "grid",
+        "parameters": {"lr": {"values": values}},
+        "command": ["hpclaunch", "run", "--", "${interpreter}", "${program}", str(out), "${args}"],
+    }
+    (server / "ent" / "proj" / "sw1.json").write_text(json.dumps(sweep))
+    for path in (server, server / "ent", server / "ent" / "proj"):
+        os.chown(path, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
+    return server
+
+
+def test_wandb_from_a_setup_line_runs_the_agent_where_the_job_runs(hpc: Hpc) -> None:
+    """Issue #28 item 5: `wandb` only on the PATH a --setup line makes (as `module load`
+    or a venv activated there does), not the submitting one; the agent sees the run's
+    --env values (the double's sweep folder comes only through --env). Before, the
+    submission was refused: no `wandb` on PATH."""
+    pytest.importorskip("wandb")
+    out = hpc.folder("out")
+    server = _server(hpc, out, [0.1, 0.2])
+    proc = hpc.run(
+        "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "2",
+        "--setup", f"export PATH={DOUBLES}:$PATH",
+        "--env", f"WANDB_DOUBLE_SWEEPS={server}", "--env", "WANDB_MODE=offline",
+        "--wait", "--json", env={"WANDB_API_KEY": KEY}, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "`wandb` is looked for where each point runs" in proc.stderr
+    runs = [json.loads(x) for x in (server / "ent/proj/sw1.runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 2 and all(r["argv"][:3] == ["hpclaunch", "run", "--"] for r in runs)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("report-p*-0.json"))]
+    assert sorted(r["lr"] for r in reports) == [0.1, 0.2]
+    assert all(r["run_id"] and r["sweep_id"] == "sw1" and r["key_seen"] for r in reports)
+    assert {r["run_id"] for r in reports} == {r["run_id"] for r in runs}
+    assert _files_holding(hpc.cwd, KEY) == []
+
+
+def test_a_point_without_wandb_where_the_job_runs_fails_saying_so(hpc: Hpc) -> None:
+    out = hpc.folder("out")
+    argv = [
+        str(VENV_BIN / "hpclaunch"), "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "1",
+        "--setup", "true", "--wait", "--json", "--", "python3", str(out),
+    ]  # fmt: skip
+    no_wandb = {"WANDB_API_KEY": KEY, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    proc = hpc.cmd(argv, env=no_wandb, timeout=300)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    line = json.loads(proc.stdout.splitlines()[0])
+    batch = next(hpc.cwd.rglob(f"{line['sweep_id']}/points/0/logs/batch.out")).read_text()
+    assert "hpclaunch: no `wandb` where this point's job runs" in batch, batch
+    assert "the W&B agent ended without handing over the sweep's command" in batch, batch
+
+
+REPORT = """import json, os, sys
+out = sys.argv[1]
+keys = ("HPCLAUNCH_PARAMS", "WANDB_RUN_ID", "WANDB_SWEEP_ID", "HPCLAUNCH_POINT", "FROM_ENV")
+report = {k: os.environ.get(k) for k in keys}
+report["args"] = sys.argv[2:]
+report["in_image"] = os.path.exists("/hpclaunch-test-image")
+with open(os.path.join(out, "report-%s.json" % os.environ["RANK"]), "w") as fh:
+    json.dump(report, fh)
+"""
+
+
+def test_wandb_only_inside_the_image_runs_the_agent_there(hpc: Hpc, user_image: Path) -> None:
+    """Issue #28 item 5: `wandb` exists only in the image (no hpclaunch, no srun there);
+    the agent runs inside it and its `hpclaunch run -- ...` hands the program line to the
+    batch shell, whose job.sh starts the ranks in the image with the parameters."""
+    shutil.copyfile(DOUBLES / "wandb", user_image / "usr/local/bin/wandb")
+    (user_image / "usr/local/bin/wandb").chmod(0o755)
+    assert not (user_image / "usr/local/bin/hpclaunch").exists()
+    out = hpc.folder("out")
+    program = hpc.cwd / "report.py"
+    program.write_text(REPORT)
+    server = hpc.folder("wandb-server")
+    (server / "ent" / "proj").mkdir(parents=True)
+    sweep = {
+        "program": str(program),
+        "method": "grid",
+        "parameters": {"lr": {"values": [0.5]}},
+        "command": ["hpclaunch", "run", "--", "python3", "${program}", str(out), "${args}"],
+    }
+    (server / "ent" / "proj" / "sw1.json").write_text(json.dumps(sweep))
+    for path in (server, server / "ent", server / "ent" / "proj"):
+        os.chown(path, hpc.cwd.stat().st_uid, hpc.cwd.stat().st_gid)
+    proc = hpc.run(
+        "sweep", "--wandb-sweep", "ent/proj/sw1", "--count", "1",
+        "--container", str(user_image), "--container-runtime", "charliecloud",
+        "--env", f"WANDB_DOUBLE_SWEEPS={server}", "--env", "FROM_ENV=yes",
+        "--wait", "--json", env={"WANDB_API_KEY": KEY}, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"inside {user_image}" in proc.stderr
+    runs = [json.loads(x) for x in (server / "ent/proj/sw1.runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 1 and runs[0]["exit_code"] == 0
+    report = json.loads((out / "report-0.json").read_text())
+    assert report["in_image"] and report["FROM_ENV"] == "yes"
+    assert report["args"] == ["--lr=0.5"] and json.loads(report["HPCLAUNCH_PARAMS"]) == {"lr": 0.5}
+    assert report["WANDB_RUN_ID"] == runs[0]["run_id"] and report["WANDB_SWEEP_ID"] == "sw1"
+    assert runs[0]["wandb_env"].get("WANDB_DOUBLE_SWEEPS") == str(server)  # the agent saw --env

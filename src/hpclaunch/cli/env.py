@@ -19,7 +19,9 @@ them at its exact version (PATH/hpclaunch-constraints.txt), so `-r requirements.
 installs beside torch/jax or fails naming the package it would have replaced.
 The venv remembers its image; `hpclaunch run --container IMAGE --venv PATH` activates
 it in every task and refuses it for another image. Without --container the venv is
-made with the cluster's Python (the profile's `python`).
+made with the cluster's Python (the profile's `python`); when that is a venv's (one is
+activated), with that venv's base interpreter, pinning only what it has (a new venv
+cannot see the outer venv's packages). The first line says which interpreter was used.
 
 \b
 Example:

@@ -85,16 +85,33 @@ def tables_of(found: projectfile.Found) -> tuple[dict[str, Any], dict[str, Any]]
                 f"known: {', '.join(SWEEP_KEYS)}",
                 "See hpclaunch sweep --help",
             )
-    run = data.get("run", {})
-    for key in run:
-        if key not in BY_NAME:
+    return _run_keys(data.get("run", {}), path), data.get("clusters", {})
+
+
+def _run_keys(run: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """[run] with its keys spelled as the options' long names: `tasks_per_node` (as the
+    API and [clusters.*] spell it) is `tasks-per-node`; one key in both spellings is
+    refused rather than one silently winning."""
+    named: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in run.items():
+        name = key.replace("_", "-")
+        if name not in BY_NAME:
             raise UserError(
                 f"{path} [run] {key}",
                 "unknown key",
-                "keys are the long option names",
+                "keys are the long option names (dashes or underscores)",
                 "See hpclaunch run --help",
             )
-    return run, data.get("clusters", {})
+        if name in spelled:
+            raise UserError(
+                f"{path} [run] {key}",
+                f"given twice, also as {spelled[name]}",
+                "one spelling per key",
+                f"Keep one of {spelled[name]} and {key}",
+            )
+        named[name], spelled[name] = value, key
+    return named
 
 
 def _convert(name: str, value: Any, where: str) -> Any:

@@ -9,6 +9,8 @@ are kept by the system ("low-noise mode"). Clusters whose table is not regular g
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,3 +81,32 @@ def map_cpu_bind(topology: Topology, verbose: bool = True) -> str:
     """Single-core form: the first usable core of each GPU's set."""
     first = ",".join(str(c[0]) for c in topology.cores())
     return f"{'verbose,' if verbose else ''}map_cpu:{first}"
+
+
+# Tools that list this machine's GPUs, and how one listed GPU's line starts.
+_GPU_LISTERS = (
+    (("nvidia-smi", "-L"), "GPU "),
+    (("amd-smi", "list"), "GPU:"),
+    (("rocm-smi", "--showid"), "GPU["),
+)
+
+
+def local_gpus() -> int:
+    """How many GPUs this machine's nvidia-smi, amd-smi or rocm-smi lists (the first that
+    lists any; rocm-smi prints several lines per GPU, counted once each); 0: none."""
+    for argv, mark in _GPU_LISTERS:
+        path = shutil.which(argv[0])
+        if path is None:
+            continue
+        try:
+            done = subprocess.run(
+                [path, *argv[1:]], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        lines = [line for line in done.stdout.splitlines() if line.startswith(mark)]
+        # rocm-smi: "GPU[0]  : Device ID: ..." and more lines of the same GPU.
+        listed = {line.split(":")[0].strip() if mark == "GPU[" else line for line in lines}
+        if done.returncode == 0 and listed:
+            return len(listed)
+    return 0

@@ -9,6 +9,9 @@ These files are shipped out of this package:
 - ``venv_probe.py``: `hpclaunch env create`'s part inside the image (Python >= 3.8).
 - ``gpu_watch.py``: one per node beside the ranks, sampling the node's GPU tool
   (nvidia-smi, rocm-smi, amd-smi) outside any container: the nodes' ``python3``, >= 3.6.
+- ``wandb_agent.py``: a W&B sweep point's agent side, where the job runs (after the
+  --setup lines, inside the container): runs `wandb agent` with an `hpclaunch` of its own
+  on PATH that hands the sweep's command to the batch shell (Python >= 3.6).
 - ``doctor_probe.py``: `hpclaunch doctor`'s probe, copied beside the doctor's runs; once
   per node (the nodes' ``python3``) and as every rank's program (the image's).
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
@@ -44,6 +47,7 @@ STAGE_GUARD = "stage_guard.py"
 GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6)
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
+WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
 BOOTSTRAP_MODULE = "hpclaunch_bootstrap"
@@ -52,6 +56,7 @@ RUN_DIR_NAME = {
     BOOTSTRAP: BOOTSTRAP_MODULE + ".py",
     STAGE_GUARD: "stage_node.py",
     GPU_WATCH: "gpu_watch.py",
+    WANDB_AGENT: "wandb_agent.py",
 }
 # How they are started: isolated, no site (they need only the standard library).
 PYTHON_FLAGS = ("-I", "-S")
@@ -127,6 +132,11 @@ HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole progr
 HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"  # --requeue: 0, 1, ... (rank events carry it)
 HPCLAUNCH_REQUEUE_SIGNAL = "HPCLAUNCH_REQUEUE_SIGNAL"  # --requeue: USR1 or USR2
 HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
+
+# --- a W&B point: what wandb_agent.py hands the batch shell (sweeps/wandb.py reads it)
+HANDOFF = "wandb-run.json"  # the sweep's command, the agent's WANDB_*, the parameters
+WANDB_EXIT = "wandb-exit"  # the point's job.sh exit code, which the agent's run ends with
+HPCLAUNCH_WANDB_POINT = "HPCLAUNCH_WANDB_POINT"  # the point's folder
 
 # --- what venv_probe.py writes into a venv, and the request for the image's packages only
 VENV_RECORD = "hpclaunch-venv.json"

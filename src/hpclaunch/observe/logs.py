@@ -27,7 +27,7 @@ _MAX_LINE = 64 << 10  # a line longer than this is printed in pieces (bounds mem
 class _Tail:
     """How far one log file has been read, and its unfinished last line."""
 
-    __slots__ = ("ino", "offset", "partial", "path", "rank", "to_err")
+    __slots__ = ("ino", "offset", "partial", "path", "rank", "shown", "to_err")
 
     def __init__(self, path: Path, rank: int | None, to_err: bool) -> None:
         self.path = path
@@ -36,6 +36,7 @@ class _Tail:
         self.offset = 0
         self.ino: int | None = None
         self.partial = b""
+        self.shown = b""  # the progress segment drawn on the terminal's last line
 
 
 class LogFollower:
@@ -67,6 +68,7 @@ class LogFollower:
         self._ranks_tsv = _Tail(self._dir / RANKS_TSV, None, False)
         self._nodes: dict[int, str] = {}
         self._exited: set[int] = set()
+        self._live: _Tail | None = None  # whose progress the terminal's last line shows
 
     @property
     def nodes(self) -> Mapping[int, str]:
@@ -83,6 +85,8 @@ class LogFollower:
         self._discover()
         self._read_ranks()
         printed = sum(self._pump(tail) for tail in self._order)
+        for tail in self._order:
+            self._draw_progress(tail)
         if printed:
             self._out.flush()
             self._err.flush()
@@ -186,26 +190,59 @@ class LogFollower:
                     # A requeued rank appends a new line: the latest node wins.
                     self._nodes[int(fields[0])] = fields[1].strip() or "?"
 
-    def _write(self, tail: _Tail, lines: list[bytes]) -> int:
-        if not lines:
-            return 0
+    def _prefix(self, tail: _Tail, terminal: bool) -> str:
         if not self._tag:
-            prefix = ""
-        elif tail.rank is None:
+            return ""
+        if tail.rank is None:
             prefix = "[batch] "
         else:
             prefix = f"[{self._nodes.get(tail.rank, '?')} {tail.rank}] "
-        stream = self._err if tail.to_err else self._out
-        terminal = _is_terminal(stream)
-        if prefix and terminal and _colour_allowed:
+        if terminal and _colour_allowed:
             # One colour per rank, so that interleaved ranks stay apart on a terminal.
             colour = _COLOURS[(tail.rank or 0) % len(_COLOURS)] if tail.rank is not None else "2"
             prefix = f"\x1b[{colour}m{prefix.rstrip()}\x1b[0m "
+        return prefix
+
+    def _write(self, tail: _Tail, lines: list[bytes]) -> int:
+        if not lines:
+            return 0
+        stream = self._err if tail.to_err else self._out
+        terminal = _is_terminal(stream)
+        self._clear_progress()  # a complete line takes the progress bar's place
+        prefix = self._prefix(tail, terminal)
         texts = [_visible(line.decode("utf-8", "replace"), self._tag) for line in lines]
         if terminal:  # the program's own escapes are shown, not acted on; files keep them
             texts = [terminal_safe(text) for text in texts]
         safe_write(stream, "".join(prefix + t + "\n" for t in texts))
         return len(lines)
+
+    def _draw_progress(self, tail: _Tail) -> None:
+        """On a terminal, a rank's unfinished line that a `\r` rewrites (tqdm) is shown as
+        it comes: its latest segment, tagged, redrawn in place while it stays the last line
+        drawn (another rank's bar ends it with a newline). Pipes wait for the whole line."""
+        segment = _progress_segment(tail.partial) if self._tag else b""
+        stream = self._err if tail.to_err else self._out
+        if not segment or segment == tail.shown or not _is_terminal(stream):
+            return
+        if self._live is not None and self._live is not tail:
+            safe_write(self._stream_of(self._live), "\n")  # keep the other rank's bar
+            self._live.shown = b""
+        text = terminal_safe(_decode_whole(segment))
+        safe_write(stream, f"\r{self._prefix(tail, True)}{text}\x1b[K")
+        stream.flush()
+        self._live, tail.shown = tail, segment
+
+    def _clear_progress(self) -> None:
+        """Erase the progress line drawn last; the next poll draws it again, below."""
+        live, self._live = self._live, None
+        if live is not None:
+            stream = self._stream_of(live)
+            safe_write(stream, "\r\x1b[K")
+            stream.flush()
+            live.shown = b""
+
+    def _stream_of(self, tail: _Tail) -> TextIO:
+        return self._err if tail.to_err else self._out
 
 
 class AttemptFollower:
@@ -321,6 +358,25 @@ def terminal_safe(text: str) -> str:
     if not _CONTROL.search(text) and text.count("\x1b") == len(_SGR.findall(text)):
         return text
     return _UNSAFE.sub(lambda found: _ESCAPED[found.group()], text)
+
+
+def _progress_segment(partial: bytes) -> bytes:
+    """The latest `\r` segment of an unfinished line that holds a `\r`, else b""."""
+    if b"\r" not in partial:
+        return b""
+    segments = [piece for piece in partial.split(b"\r") if piece]
+    return segments[-1] if segments else b""
+
+
+def _decode_whole(data: bytes) -> str:
+    """data as text, a multi-byte character cut off at its end left out (not shown as
+    a replacement character: the rest of it arrives with the next write)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data":
+            return data[: exc.start].decode("utf-8", "replace")
+        return data.decode("utf-8", "replace")
 
 
 def _visible(text: str, tagged: bool) -> str:

@@ -17,6 +17,8 @@ from typing import Optional
 from hpclaunch.basics.units import format_memory, format_time, parse_memory
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import Partition, Profile, gpus_on_node
+from hpclaunch.config.projectfile import PROJECT_FILE
+from hpclaunch.config.topology import local_gpus
 from hpclaunch.errors import UserError
 
 MAX_LOCAL_RANKS = 256
@@ -106,6 +108,10 @@ def _usable_cpus(req: ResourceRequest) -> Optional[int]:
 
 
 def _node_gpus(req: ResourceRequest) -> int:
+    if req.local and not req.in_allocation and req.options.gpus_per_node:
+        # The local profile knows no GPUs; a run here that asks for some (often through
+        # the project file's gpus-per-node, meant for the cluster) counts this machine's.
+        return max(gpus_on_node(req.profile, req.part), local_gpus())
     return gpus_on_node(req.profile, req.part)
 
 
@@ -156,10 +162,29 @@ def default_gpus(
 
 def _gpus_per_node(req: ResourceRequest, node_gpus: int) -> int:
     default = default_gpus(req.profile, req.part, req.exclusive, node_gpus)
+    tasks = req.options.tasks_per_node
+    if _gpus_follow_tasks(req) and tasks is not None and tasks >= 1:
+        if tasks > node_gpus:
+            raise UserError(
+                "--tasks-per-node",
+                f"{_count(tasks, 'task')} per node on {req.partition_name}",
+                f"one task per GPU, and its nodes have {node_gpus}",
+                f"Ask for {node_gpus} or fewer, or give --gpus-per-node N to share GPUs",
+            )
+        default = tasks
     gpus = _given(req.options.gpus_per_node, default)
     if gpus < 0:
         raise UserError("--gpus-per-node", f"{gpus}", "at least 0", "Ask for 0 or more GPUs")
     if gpus > node_gpus and not req.in_allocation:
+        if req.local and req.sources.get("gpus_per_node") == "project":
+            raise UserError(
+                f"{PROJECT_FILE} [run] gpus-per-node",
+                f"{gpus} GPUs per node on this machine",
+                f"it has {node_gpus} (nvidia-smi, amd-smi and rocm-smi list none)"
+                if not node_gpus
+                else f"it has {node_gpus}",
+                "Pass --gpus-per-node 0 for local runs, or drop gpus-per-node from [run]",
+            )
         where = f"nodes of {req.partition_name}" if req.part else f"{req.profile.name} nodes"
         raise UserError(
             "--gpus-per-node",
@@ -168,6 +193,14 @@ def _gpus_per_node(req: ResourceRequest, node_gpus: int) -> int:
             f"Ask for {node_gpus} or fewer" if node_gpus else "Drop --gpus-per-node",
         )
     return gpus
+
+
+def _gpus_follow_tasks(req: ResourceRequest) -> bool:
+    """On a one-task-per-GPU site's partial-node partition (as LUMI's GPU ones) a job
+    that gives its tasks per node but not its GPUs gets one GPU per task: left at the
+    partition's default, 8 ranks would share 1 GCD with 1 CPU each."""
+    partial = req.part is not None and not req.part.whole_node and not req.exclusive
+    return req.profile.one_task_per_gpu and partial and req.options.gpus_per_node is None
 
 
 def _check_local_ranks(nodes: int, tasks: int, sources: Mapping[str, str]) -> None:

@@ -34,6 +34,8 @@ def default_notes(spec: JobSpec, profile: Profile) -> list[str]:
 def _gpus_note(spec: JobSpec, profile: Profile, part: Partition) -> str:
     name, gpus, most = spec.partition, spec.gpus_per_node, gpus_on_node(profile, part)
     count = f"{gpus} GPU{'s' if gpus > 1 else ''} per node by default"
+    if any(key == "tasks_per_node" for key, _ in spec.sources) and not part.whole_node:
+        count = f"{gpus} GPU{'s' if gpus > 1 else ''} per node, one per task"
     if spec.tasks_per_node == gpus:
         mem = f" and {format_memory(spec.mem_per_gpu_mb)}" if spec.mem_per_gpu_mb else ""
         count += f" (one rank with {spec.cpus_per_task} CPUs{mem} per GPU)"

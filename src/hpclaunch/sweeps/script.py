@@ -42,8 +42,8 @@ HPCLAUNCH_POINT = "HPCLAUNCH_POINT"  # 0-based
 HPCLAUNCH_POINTS = "HPCLAUNCH_POINTS"
 HPCLAUNCH_PARAMS = "HPCLAUNCH_PARAMS"  # every parameter as one JSON object
 POINT_DIR = "HPCLAUNCH_POINT_DIR"  # the array script's own variable
-WANDB_POINT = "HPCLAUNCH_WANDB_POINT"  # the point's folder, for the agent's `hpclaunch run`
-WANDB_EXIT = "wandb-exit"  # the point's job.sh exit code, written by that `hpclaunch run`
+WANDB_POINT = node.HPCLAUNCH_WANDB_POINT  # the point's folder, for the agent's side
+WANDB_EXIT = node.WANDB_EXIT  # the point's job.sh exit code, which the agent's run ends with
 
 
 def new_token() -> str:
@@ -105,15 +105,18 @@ def array_script(
     cwd: Path,
     points: int,
     trial_cmd: Optional[Sequence[str]] = None,
-    agent: Optional[Sequence[str]] = None,
+    agent: Sequence[str] = (),
+    take_over: Sequence[str] = (),
     token: str = "",
 ) -> str:
     """The array's batch script; `trial_cmd` (Optuna) is run as `CMD ask|tell DIR POINT`;
-    `agent` (W&B: `wandb agent --count 1 ID`) runs instead of the point's job.sh and calls
-    `hpclaunch run`, which runs it. What the host writes once for every point is made the
-    point's own here, when its task starts (a held 1,000-point sweep wrote 6,000 entries):
-    its logs/ and checkpoints/, its job.sh (the sweep's point.sh, `token` -> its number)
-    and its parameters (its line of the sweep's params.sh; Optuna's ask writes params.env)."""
+    `agent` (W&B: the lines of a subshell that starts `wandb agent --count 1 ID` where the
+    job runs) runs beside `take_over DIR PID`, which runs the point's job.sh when the
+    agent hands it the sweep's command (sweeps/wandb.py). What the host writes once for
+    every point is made the point's own here, when its task starts (a held 1,000-point
+    sweep wrote 6,000 entries): its logs/ and checkpoints/, its job.sh (the sweep's
+    point.sh, `token` -> its number) and its parameters (its line of the sweep's
+    params.sh; Optuna's ask writes params.env)."""
     # Until the point's folder takes over: %A array job id, %a task id (%% a literal %).
     early = shell.sbatch_line("--output", str(sweep.logs).replace("%", "%%") + "/%A_%a.out")
     head = [
@@ -165,7 +168,7 @@ def array_script(
             f'    mapfile -t -s "${HPCLAUNCH_POINT}" -n 1 HPCLAUNCH_PARAMS_LINE <{table}',
             '    . /dev/stdin <<<"${HPCLAUNCH_PARAMS_LINE[0]-}"',
         ]
-    body += _run_lines(spec, agent)
+    body += _run_lines(spec, agent, take_over)
     body += ["fi", _event_line(POINT_END, events, with_rc=True)]
     if trial_cmd:
         tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
@@ -174,18 +177,10 @@ def array_script(
     return shell.lines(body)
 
 
-def _run_lines(spec: JobSpec, agent: Optional[Sequence[str]]) -> list[str]:
+def _run_lines(spec: JobSpec, agent: Sequence[str], take_over: Sequence[str]) -> list[str]:
     """How the task runs the point: W&B's agent, job.sh under --requeue, or job.sh."""
     if agent:
-        return [
-            "    # W&B: the agent runs the sweep's command once; its `hpclaunch run` runs this",
-            "    # point's job.sh (every rank) and leaves the exit code in wandb-exit.",
-            f'    export {WANDB_POINT}="${POINT_DIR}"',
-            f"    {shell.command(list(agent))}",
-            "    HPCLAUNCH_RC=$?",
-            f'    exit_file="${POINT_DIR}/{WANDB_EXIT}"',
-            '    [ -f "$exit_file" ] && read -r HPCLAUNCH_RC <"$exit_file"',
-        ]
+        return _wandb_lines(agent, take_over)
     if spec.requeue:
         sig = spec.requeue.signal
         return [
@@ -233,6 +228,22 @@ def params_line(sweep_id: str, points: int, point: Point) -> str:
 def _assignment(name: str, value: str) -> str:
     """NAME=quoted, once per pair: a grid's names and values repeat from point to point."""
     return f"{shell.check_name(name)}={shell.quote(value)}"
+
+
+def _wandb_lines(agent: Sequence[str], take_over: Sequence[str]) -> list[str]:
+    return [
+        "    # W&B: the agent runs where the job runs (after the --setup lines, inside the",
+        "    # container, with the run's --env values); its `hpclaunch run -- PROGRAM` hands",
+        "    # the program line here, and this point's job.sh starts every rank with it.",
+        f'    export {WANDB_POINT}="${POINT_DIR}"',
+        "    (",
+        *agent,
+        "    ) &",
+        "    HPCLAUNCH_AGENT_PID=$!",
+        f'    {shell.command(list(take_over))} "${POINT_DIR}" "$HPCLAUNCH_AGENT_PID"',
+        "    HPCLAUNCH_RC=$?",
+        '    wait "$HPCLAUNCH_AGENT_PID"',
+    ]
 
 
 def _event_line(kind: str, events: shell.Join, with_rc: bool) -> str:

@@ -125,9 +125,16 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         parts = arrays.split(range(len(points)), limits.max_array_size, opts.max_parallel)
         if trial_cmd:
             check_trial_python(trial_cmd)
-    agent = list(wb.agent) or None
+    agent: list[str] = []
+    take_over: list[str] = []
+    if wb.sweep_id:
+        from hpclaunch.sweeps import wandb
+
+        python = planned.prepared.profile.python
+        agent = wandb.agent_lines(spec, python, point, wb.sweep_id)
+        take_over = [sys.executable, "-m", wandb.__name__]
     text = script.array_script(
-        spec, paths, planned.code.cwd, len(points), trial_cmd, agent, token=token
+        spec, paths, planned.code.cwd, len(points), trial_cmd, agent, take_over, token=token
     )
     return SweepPlan(
         planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
@@ -174,9 +181,9 @@ def _wandb(req: launching.LaunchRequest, opts: SweepOptions, planned: launching.
             "hpclaunch: note: no WANDB_API_KEY and no wandb_credentials file: "
             "the agents use what `wandb login` left on the nodes"
         )
-    agent = [*wandb.check_agent(req.environ), "agent", "--count", "1", sweep_id]
+    notes += wandb.check_agent(req.environ, planned.spec)
     secret = ((wandb.API_KEY, key),) if key else ()
-    return _Wandb(sweep_id, secret, tuple(notes), tuple(agent))
+    return _Wandb(sweep_id, secret, tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,6 @@ class _Wandb:
     sweep_id: Optional[str] = None
     secret: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
-    agent: tuple[str, ...] = ()
 
 
 def check_trial_python(trial_cmd: Sequence[str]) -> None:

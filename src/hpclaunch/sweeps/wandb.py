@@ -1,8 +1,11 @@
-"""W&B sweeps on Slurm: every point runs `wandb agent --count 1 ENTITY/PROJECT/ID` on its
-batch host (W&B's own advice for Slurm), and the sweep's command is `hpclaunch run -- ...`,
-which inside the point becomes the point's own run: its job.sh starts every rank (so only
-the agent pulls a configuration and all ranks of a multi-node point get the same one),
-with the point's folder, container, venv and staged data.
+"""W&B sweeps on Slurm: every point runs `wandb agent --count 1 ENTITY/PROJECT/ID` where
+its job runs (W&B's own advice for Slurm): on the batch host after the --setup lines,
+inside the container when one is given, with the run's --env values. The sweep's command
+is `hpclaunch run -- ...`; there it is the shipped stdlib node/wandb_agent.py, which hands
+the program line and the parameters to the batch shell's side (`python -m` this module),
+which runs the point's own job.sh: every rank (so only the agent pulls a configuration and
+all ranks of a multi-node point get the same one), with the point's folder, container,
+venv and staged data. The image needs neither hpclaunch nor srun.
 
     hpclaunch sweep --wandb-sweep ENTITY/PROJECT/ID --count N [run options]
 
@@ -19,14 +22,20 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from hpclaunch import node
+from hpclaunch.basics import shell
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import UserError, show
+from hpclaunch.payload import containers
+from hpclaunch.records import runrecord
+from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script.launchers import encode_argv
-from hpclaunch.sweeps.script import WANDB_EXIT, WANDB_POINT
+from hpclaunch.sweeps.script import POINT_DIR, WANDB_EXIT, WANDB_POINT
 
 API_KEY = "WANDB_API_KEY"
 _SWEEP_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}$")  # [[ENTITY/]PROJECT/]ID
@@ -124,16 +133,27 @@ def api_key(environ: Mapping[str, str], credentials: str) -> Optional[str]:
     return text.splitlines()[0].strip() if text else None
 
 
-def check_agent(environ: Mapping[str, str]) -> list[str]:
-    """`wandb` must run on the batch host (outside any container), from storage the
-    nodes share; returns the command that starts an agent."""
-    found = shutil.which("wandb", path=environ.get("PATH"))
+def check_agent(environ: Mapping[str, str], spec: JobSpec) -> list[str]:
+    """Check `wandb` the way the job finds it, where that is possible here: the job's PATH
+    is this one (sbatch passes it on), the --venv's bin first. After --setup lines or
+    inside a container it cannot be known here: a note, and a point that finds none
+    fails saying so (node/wandb_agent.py). Returns the notes."""
+    if spec.container is not None or spec.setup:
+        where = "inside " + spec.container.image if spec.container else "after the --setup lines"
+        return [
+            f"hpclaunch: note: `wandb` is looked for where each point runs ({where}); "
+            "a point that finds none fails saying so"
+        ]
+    path = environ.get("PATH", "")
+    path = f"{spec.venv}/bin:{path}" if spec.venv else path
+    found = shutil.which("wandb", path=path)
     if found is None:
+        venv = f" or in {spec.venv}/bin" if spec.venv else ""
         raise UserError(
             "--wandb-sweep",
-            "no `wandb` on PATH",
-            "each point runs `wandb agent` on its batch host",
-            "pip install wandb where the nodes see it",
+            f"no `wandb` on PATH{venv}",
+            "each point runs `wandb agent` where its job runs",
+            "pip install wandb where the nodes see it, or load it with --setup",
         )
     if found.startswith(("/tmp/", "/dev/shm/")):
         raise UserError(
@@ -155,7 +175,31 @@ def check_agent(environ: Mapping[str, str]) -> list[str]:
             "",
             "Repair the wandb installation",
         )
-    return [found]
+    return []
+
+
+def agent_lines(spec: JobSpec, python: str, paths: RunPaths, sweep_id: str) -> list[str]:
+    """The array script's subshell that starts a point's agent where its job runs: the
+    --setup lines, the run's --env values, then (inside the container, through the
+    bootstrap's exec-only mode: the job's environment, --venv) node/wandb_agent.py."""
+    inner: list[shell.Word] = [python, *node.PYTHON_FLAGS, str(paths.bootstrap)]
+    if spec.container is not None:
+        inner.append(f"{node.ENV_FD_FLAG}{containers.ENV_FD}")
+    inner += [node.EXEC_FLAG, python, *node.PYTHON_FLAGS, str(paths.shipped(node.WANDB_AGENT))]
+    inner += ["agent", shell.Var(POINT_DIR), "wandb", "agent", "--count", "1", sweep_id]
+    lines: list[str] = []
+    if spec.setup:
+        lines += ["set -e", *spec.setup, "set +e"]
+    lines += [shell.export(k, v) for k, v in spec.public_env()]
+    if spec.venv:
+        lines.append(shell.export(node.HPCLAUNCH_VENV, spec.venv))
+    argv = inner
+    if spec.container is not None:
+        names = [k for k, _ in spec.env] + [API_KEY, "WANDB_*"]
+        passed = containers.pass_list(spec.container, names)
+        lines.append(shell.export(node.HPCLAUNCH_CONTAINER_PASS, passed))
+        argv = containers.wrap(spec.container, inner)
+    return [*lines, "exec " + shell.command(argv)]
 
 
 def params_from_file(path: str) -> dict[str, Any]:
@@ -164,6 +208,13 @@ def params_from_file(path: str) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError:
+        return {}
+    return params_from_text(text)
+
+
+def params_from_text(text: str) -> dict[str, Any]:
+    """The parameter file's text (as node/wandb_agent.py hands it over) -> {name: value}."""
+    if not text:
         return {}
     try:
         import yaml  # type: ignore[import-untyped]
@@ -206,13 +257,16 @@ def point_env(params: Mapping[str, Any], program: Sequence[str]) -> dict[str, st
     return env
 
 
-def run_point(program: Sequence[str], environ: Mapping[str, str]) -> int:
-    """`hpclaunch run -- PROGRAM` as the agent's command inside a W&B point: the point's
-    job.sh runs PROGRAM on every rank; its exit code is kept for the array script."""
+def run_point(
+    program: Sequence[str], environ: Mapping[str, str], params: Optional[dict[str, Any]] = None
+) -> int:
+    """The sweep's command (`hpclaunch run -- PROGRAM`) inside a W&B point: the point's
+    job.sh runs PROGRAM on every rank; its exit code is kept for the agent's side."""
     from hpclaunch.records import runrecord
 
     folder = Path(environ[WANDB_POINT])
-    params = params_from_file(environ.get("WANDB_SWEEP_PARAM_PATH", ""))
+    if params is None:
+        params = params_from_file(environ.get("WANDB_SWEEP_PARAM_PATH", ""))
     env = {**environ, **point_env(params, program)}
     runrecord.write_json(folder / "params.json", dict(params))
     runrecord.update(
@@ -226,3 +280,53 @@ def run_point(program: Sequence[str], environ: Mapping[str, str]) -> int:
     done = subprocess.run(["bash", str(folder / "job.sh")], env=env, check=False)
     (folder / WANDB_EXIT).write_text(f"{done.returncode}\n")
     return done.returncode
+
+
+def take_over(folder: Path, agent_pid: int, environ: Mapping[str, str]) -> int:
+    """The batch shell's side of a point: wait for the agent's hand-off (the sweep's
+    command, node/wandb_agent.py), then run the point's job.sh with it; or, when the agent
+    ends without one (no wandb where the job runs, a failed --setup line, a refused
+    login), say so in one line and fail the point."""
+    handoff = folder / node.HANDOFF
+    while not handoff.exists():
+        if not _alive(agent_pid):
+            if handoff.exists():
+                break
+            print(
+                "hpclaunch: the W&B agent ended without handing over the sweep's command "
+                "(its output is above; the sweep's command must be `hpclaunch run -- ...`, "
+                "see hpclaunch sweep wandb-template); this point did not start",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(0.2)
+    data = json.loads(handoff.read_text(encoding="utf-8"))
+    env = {**environ, **{str(k): str(v) for k, v in data.get("env", {}).items()}}
+    env[WANDB_POINT] = str(folder)
+    program = [str(word) for word in data.get("program", [])]
+    try:
+        return run_point(program, env, params_from_text(str(data.get("params", ""))))
+    except BaseException:
+        (folder / WANDB_EXIT).write_text("1\n")  # the agent's run must not wait forever
+        raise
+
+
+def _alive(pid: int) -> bool:
+    """Whether the agent's subshell still runs (a zombie, not yet waited for, has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+if __name__ == "__main__":  # the array script: python -m hpclaunch.sweeps.wandb DIR PID
+    from hpclaunch.basics.environ import environment
+
+    sys.exit(take_over(Path(sys.argv[1]), int(sys.argv[2]), environment()))
