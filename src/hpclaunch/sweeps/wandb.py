@@ -262,7 +262,6 @@ def run_point(
 ) -> int:
     """The sweep's command (`hpclaunch run -- PROGRAM`) inside a W&B point: the point's
     job.sh runs PROGRAM on every rank; its exit code is kept for the agent's side."""
-    from hpclaunch.records import runrecord
 
     folder = Path(environ[WANDB_POINT])
     if params is None:
