@@ -21,6 +21,7 @@ def _squeue(hpc: Hpc) -> str:
     return hpc.cmd(["squeue", "-h", "-u", testbed.USER, "-o", "%i %T"]).stdout.strip()
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue; waits for an idle cluster
 def test_submit_detach_cancel(hpc: Hpc) -> None:
     proc = hpc.run(
         "run", "-N", "2", "--json", "--", "bash", "-c", 'echo "started $RANK"; sleep 120'

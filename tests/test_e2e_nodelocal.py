@@ -130,6 +130,7 @@ def _node_listing(name: str, command: str) -> str:
     return done.stdout
 
 
+@pytest.mark.serial  # turns fs.protected_symlinks off; waits for an idle cluster
 def test_planted_node_local_paths_are_neither_used_nor_in_the_way(hpc: Hpc, other: Hpc) -> None:
     if testbed.layout() != "netns":
         pytest.skip("needs the nodes' private /tmp (netns layout)")
@@ -268,6 +269,7 @@ def test_clean_during_an_unpack_leaves_the_running_run_alone(hpc: Hpc) -> None:
     assert run.returncode == 0 and "files 600" in out, out[-2000:] + err[-2000:]
 
 
+@pytest.mark.serial  # reads everything in the nodes' /tmp
 def test_clean_on_a_node_removes_only_the_users_folders_of_ended_jobs(hpc: Hpc, other: Hpc) -> None:
     """`hpclaunch clean` on a compute node, while a job of the user runs there: the
     user's folder of an ended job goes; the running job's, another user's (named alike)
