@@ -17,6 +17,7 @@ from typing import Any, NoReturn, Optional
 import pytest
 
 import testbed
+from slurm_replay import SlurmReplay
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -142,6 +143,19 @@ def _user_folder(slurm_conf: Path, name: str, serial: bool) -> Iterator[Hpc]:
     else:  # others' jobs may run beside this test's: wait for its own only
         testbed.wait_jobs_gone(folder, timeout=60)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_replay(monkeypatch: pytest.MonkeyPatch) -> SlurmReplay:
+    """Slurm's commands answered in-process from recordings of the testbed's real Slurm
+    (tests/slurm_replay.py), at hpclaunch's one command runner; none is answered until a
+    test names its recordings with ``slurm_replay.answer(...)``."""
+    from hpclaunch import slurmcmd
+
+    replay = SlurmReplay()
+    monkeypatch.setattr(slurmcmd, "run", replay.run)
+    monkeypatch.setattr(slurmcmd, "query", replay.query)
+    return replay
 
 
 def load_json_lines(path: Path) -> list[dict[str, Any]]:
