@@ -233,6 +233,7 @@ def _wait_for(check: Any, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.serial  # waits for a new local-run folder in /tmp, anyone's
 def test_two_local_runs_at_once_keep_their_data(hpc: Hpc) -> None:
     data = _data(hpc)
     before = _local_folders()
@@ -255,6 +256,7 @@ def test_a_local_sweep_of_two_at_once_keeps_each_points_data(hpc: Hpc) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.serial  # waits for a new local-run folder in /tmp, anyone's
 def test_clean_during_an_unpack_leaves_the_running_run_alone(hpc: Hpc) -> None:
     data = _data(hpc, files=600, size=512 * 1024)  # 300 MiB: unpacking takes a while
     first = hpc.run("run", "--stage", str(data), "--", "true", env=LOCAL, timeout=300)

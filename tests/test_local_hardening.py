@@ -202,6 +202,7 @@ def _local_dirs() -> set[Path]:
     return set(Path("/tmp").glob("hpclaunch-local-*"))
 
 
+@pytest.mark.serial  # compares every hpclaunch-local-* folder in /tmp before and after
 @pytest.mark.parametrize("moment", ["packing", "staging"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_an_interrupted_start_leaves_only_a_record(tmp_path: Path, moment: str, sig: int) -> None:

@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from builders import local_env
 from sweeptools import most_at_once
-from test_sweep_local import HPCLAUNCH, POINT, _env, _hpclaunch
+from test_sweep_local import HPCLAUNCH, POINT, _hpclaunch
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [HPCLAUNCH, "sweep", *args], cwd=tmp_path, env=_env(tmp_path),
+        [HPCLAUNCH, "sweep", *args], cwd=tmp_path, env=local_env(tmp_path),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
