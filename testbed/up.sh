@@ -268,6 +268,13 @@ else
     node_lines="NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[6831-6832] CPUs=$cpus$topology RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN"
 fi
 
+# TESTBED_OVERSUBSCRIBE=N (a proposal for CI; unset, nothing changes): up to N jobs share
+# each core (OverSubscribe=FORCE:N), so that the test suite's end-to-end tests, which
+# mostly sleep and wait on Slurm, run side by side instead of queueing behind each other
+# for the machine's few cores. CPU binding stays on the real cores; GPUs are not shared.
+share=""
+if [[ "${TESTBED_OVERSUBSCRIBE:-}" =~ ^[2-9]$ ]]; then share=" OverSubscribe=FORCE:$TESTBED_OVERSUBSCRIBE"; fi
+
 cat >"$CONF" <<EOF
 # Written by testbed/up.sh ($layout layout); rewritten on every run.
 ClusterName=lab
@@ -316,8 +323,8 @@ Waittime=0
 # it back by itself once its slurmd registers again (testbed/restart-node.sh).
 SlurmdTimeout=20
 $node_lines
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-PartitionName=short Nodes=ALL MaxTime=00:01:00 State=UP
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP$share
+PartitionName=short Nodes=ALL MaxTime=00:01:00 State=UP$share
 EOF
 
 cat >"$STATE/gres.conf" <<EOF

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -16,6 +17,8 @@ from typing import Any, NoReturn, Optional
 import pytest
 
 import testbed
+from hpclaunch.slurm import commands
+from slurm_replay import SlurmReplay
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -89,20 +92,35 @@ def slurm_conf() -> Path:
     return conf
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh), the testbed's tests first: they mostly wait on
+    Slurm, so starting them early lets the unit tests fill the CPUs meanwhile instead of
+    the run ending on a long end-to-end test started last. A stable sort: the order
+    within each group stays the files' own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: 0 if item.get_closest_marker("testbed") else 1)
+
+
 @pytest.fixture
-def hpc(slurm_conf: Path) -> Iterator[Hpc]:
+def hpc(slurm_conf: Path, request: pytest.FixtureRequest) -> Iterator[Hpc]:
     """A fresh folder in the shared file system, owned by the test user, as cwd."""
-    yield from _user_folder(slurm_conf, testbed.USER)
+    yield from _user_folder(slurm_conf, testbed.USER, _is_serial(request))
 
 
 @pytest.fixture
-def other(slurm_conf: Path) -> Iterator[Hpc]:
+def other(slurm_conf: Path, request: pytest.FixtureRequest) -> Iterator[Hpc]:
     """Like :func:`hpc`, for the testbed's second user (:data:`testbed.OTHER_USER`): the
     neighbour on a shared cluster who plants files where the test user's runs look."""
-    yield from _user_folder(slurm_conf, testbed.OTHER_USER)
+    yield from _user_folder(slurm_conf, testbed.OTHER_USER, _is_serial(request))
 
 
-def _user_folder(slurm_conf: Path, name: str) -> Iterator[Hpc]:
+def _is_serial(request: pytest.FixtureRequest) -> bool:
+    """Whether the test has the cluster to itself (marker ``serial``, run after the
+    others by scripts/test.sh); the others run side by side with other tests' jobs."""
+    return request.node.get_closest_marker("serial") is not None
+
+
+def _user_folder(slurm_conf: Path, name: str, serial: bool) -> Iterator[Hpc]:
     user = pwd.getpwnam(name)
     folder = testbed.work_dir() / f"t-{uuid.uuid4().hex[:10]}"
     folder.mkdir(parents=True)
@@ -121,8 +139,23 @@ def _user_folder(slurm_conf: Path, name: str) -> Iterator[Hpc]:
         "HPCLAUNCH_CLUSTER": "slurm",
     }
     yield Hpc(cwd=folder, env=env, user=name)
-    testbed.wait_idle(timeout=60)
+    if serial:  # the next test finds the cluster idle
+        testbed.wait_idle(timeout=60)
+    else:  # others' jobs may run beside this test's: wait for its own only
+        testbed.wait_jobs_gone(folder, timeout=60)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_replay(monkeypatch: pytest.MonkeyPatch) -> SlurmReplay:
+    """Slurm's commands answered in-process from recordings of the testbed's real Slurm
+    (tests/slurm_replay.py), at hpclaunch's one command runner; none is answered until a
+    test names its recordings with ``slurm_replay.answer(...)``."""
+
+    replay = SlurmReplay()
+    monkeypatch.setattr(commands, "run", replay.run)
+    monkeypatch.setattr(commands, "query", replay.query)
+    return replay
 
 
 def load_json_lines(path: Path) -> list[dict[str, Any]]:
@@ -140,13 +173,19 @@ def build_test_image() -> tuple[Optional[Path], str]:
     image is kept; the script also installs ch-run). (its path, "") or (None, why not).
     Every test that needs the image asks here, so none depends on the order tests run
     in (on a fresh machine the image exists only once something built it)."""
-    done = subprocess.run(
-        ["bash", str(REPO / "testbed" / "image.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
+    # One build at a time: test workers running side by side (pytest-xdist) each ask, and
+    # image.sh removes a build folder it finds half-done (another worker's, still going).
+    # The lock is on the script itself: it exists wherever the tests run.
+    script = REPO / "testbed" / "image.sh"
+    with open(script) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = subprocess.run(
+            ["bash", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
     if done.returncode != 0:
         return None, f"testbed/image.sh failed: {done.stderr[-2000:]}"
     return Path(done.stdout.strip().splitlines()[-1]), ""

@@ -54,6 +54,7 @@ def _assert_user_error(proc: subprocess.CompletedProcess[str], field: str) -> No
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue
 @pytest.mark.parametrize(("case", "args", "field"), BAD, ids=[b[0] for b in BAD])
 def test_bad_request_is_refused_before_submission(
     hpc: Hpc, case: str, args: list[str], field: str

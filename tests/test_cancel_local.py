@@ -13,27 +13,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from builders import local_env
+from hpclaunch.records import sweeprecord
+
 HPCLAUNCH = str(Path(sys.executable).parent / "hpclaunch")
 # Sleeps {k} seconds: a point given k=120 runs until it is cancelled.
 SLEEPER = ("--", sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{k}")
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCLAUNCH"))}
-    env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HPCLAUNCH_CLUSTER="local")
-    return env
-
-
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [HPCLAUNCH, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+        [HPCLAUNCH, *args], cwd=tmp_path, env=local_env(tmp_path), capture_output=True, text=True,
         timeout=120, check=False,
     )  # fmt: skip
 
 
 def _start_sweep(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
     sweep = subprocess.Popen(
-        [HPCLAUNCH, "sweep", *args], cwd=tmp_path, env=_env(tmp_path), text=True,
+        [HPCLAUNCH, "sweep", *args], cwd=tmp_path, env=local_env(tmp_path), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     assert sweep.stdout is not None
@@ -129,7 +126,6 @@ def test_cancel_a_point_of_a_local_sweep(tmp_path: Path) -> None:
 def test_a_retried_point_leaves_its_cancel_with_the_old_attempt(tmp_path: Path) -> None:
     """`cancel SWEEP:I` marks the point's folder (a requeue or a local sweep reads it):
     a retry keeps the mark with the attempt it ended, so the new attempt may run."""
-    from hpclaunch.records import sweeprecord
 
     point = tmp_path / "points" / "1"
     point.mkdir(parents=True)

@@ -11,25 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from builders import bare_local_env
 from conftest import VENV_BIN
 from hpclaunch.records import index, runpaths, runrecord
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "PATH": f"{VENV_BIN}:/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "XDG_DATA_HOME": str(tmp_path / "xdg"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-        "HPCLAUNCH_CLUSTER": "local",
-    }
-
-
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [HPCLAUNCH, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+        [HPCLAUNCH, *args], cwd=tmp_path, env=bare_local_env(tmp_path), capture_output=True,
         text=True, timeout=120, check=False,
     )  # fmt: skip
 

@@ -9,19 +9,16 @@ from typing import Any
 
 import pytest
 
+from builders import cli_spec
 from hpclaunch.backends.runstatus import why_never_started
-from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import load_profile
 from hpclaunch.errors import UserError
 from hpclaunch.observe.jobend import JobStatus, chain_status
 from hpclaunch.planning.dependencies import After, parse, sbatch_value
-from hpclaunch.planning.validate import validate
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script.render import plan_batch, preview
-
-ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
 
 @pytest.fixture(autouse=True)
@@ -48,13 +45,6 @@ def test_sbatch_value_only_for_runs_still_active() -> None:
     assert sbatch_value(after[1:2]) == ""
 
 
-def _spec(values: dict[str, Any], cluster: str = "slurm", step: bool = False) -> Any:
-    sources = {k: "cli" for k in values}
-    return validate(
-        load_profile(cluster), RunOptions(**values), sources, ("python", "t.py"), ENV, step, "p"
-    )
-
-
 @pytest.mark.parametrize(
     ("values", "cluster", "step", "expected"),
     [
@@ -67,12 +57,12 @@ def _spec(values: dict[str, Any], cluster: str = "slurm", step: bool = False) ->
 )
 def test_refusals(values: dict[str, Any], cluster: str, step: bool, expected: str) -> None:
     with pytest.raises(UserError) as info:
-        _spec(values, cluster, step)
+        cli_spec(values, cluster, step)
     assert expected in info.value.render()
 
 
 def test_chain_script_and_preview(tmp_path: Path) -> None:
-    spec = _spec({"chain": 3, "time": 600})
+    spec = cli_spec({"chain": 3, "time": 600}, "slurm")
     run = tmp_path / "run"
     batch = plan_batch(spec, load_profile("slurm"), RunPaths("r1", run, run / "ckpt"), tmp_path)
     script = batch.script
@@ -92,7 +82,7 @@ def test_chain_script_and_preview(tmp_path: Path) -> None:
 def test_dependency_directive(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    spec = replace(_spec({"time": 600}), dependency="afterok:11")
+    spec = replace(cli_spec({"time": 600}, "slurm"), dependency="afterok:11")
     run = tmp_path / "run"
     script = plan_batch(
         spec, load_profile("slurm"), RunPaths("r1", run, run / "c"), tmp_path

@@ -137,6 +137,7 @@ def test_run_inside_salloc_is_a_step(hpc: Hpc, reference: Path) -> None:
     assert f"Granted job allocation {line['job_id']}" in proc.stderr
 
 
+@pytest.mark.serial  # waits for an idle cluster; counts the user's processes on the nodes
 def test_failing_rank_ends_job_fast(hpc: Hpc) -> None:
     import time
 

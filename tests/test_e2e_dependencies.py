@@ -55,6 +55,7 @@ def _until_ended(hpc: Hpc, run: str, timeout: float = 120) -> dict[str, Any]:
         pause = min(pause * 1.5, 3)
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_after_ok_waits_for_completion_and_a_failure_never_leaves_it_pending(hpc: Hpc) -> None:
     good = _start(hpc, "--", "bash", "-c", "sleep 6")
     bad = _start(hpc, "--", "bash", "-c", "sleep 6; exit 3")
@@ -88,6 +89,7 @@ def test_after_ok_waits_for_completion_and_a_failure_never_leaves_it_pending(hpc
     assert "--dependency" not in hpc.run("show", met["run_id"]).stdout
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_chain_runs_in_order_on_one_folder_and_stops_when_done(hpc: Hpc) -> None:
     (hpc.cwd / "member.py").write_text(CHAIN_PROGRAM)
     whole = subprocess.Popen(

@@ -19,7 +19,8 @@ import pytest
 import testbed
 from conftest import REPO, Hpc
 
-pytestmark = pytest.mark.testbed
+# serial: drains a node; waits for an idle cluster (scripts/test.sh runs these after the others)
+pytestmark = [pytest.mark.testbed, pytest.mark.serial]
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 

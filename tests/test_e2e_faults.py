@@ -30,7 +30,8 @@ import testbed
 from conftest import Hpc
 from hpclaunch.basics import states
 
-pytestmark = pytest.mark.testbed
+# serial: crashes and restarts nodes (scripts/test.sh runs these after the others)
+pytestmark = [pytest.mark.testbed, pytest.mark.serial]
 
 needs_crash = pytest.mark.skipif(
     testbed.crash_reason() is not None, reason=testbed.crash_reason() or ""

@@ -50,6 +50,8 @@ def _submit(hpc: Hpc, *options: str) -> dict[str, Any]:
 
 def _finished(hpc: Hpc, started: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
+    # Returns when the run ends (one process asking Slurm, not a status command a poll).
+    hpc.run("logs", started["run_id"], "--follow", timeout=timeout)
     while time.monotonic() < deadline:
         proc = hpc.run("status", started["run_id"], "--json")
         record: dict[str, Any] = json.loads(proc.stdout)

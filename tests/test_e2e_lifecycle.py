@@ -21,6 +21,7 @@ def _squeue(hpc: Hpc) -> str:
     return hpc.cmd(["squeue", "-h", "-u", testbed.USER, "-o", "%i %T"]).stdout.strip()
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue; waits for an idle cluster
 def test_submit_detach_cancel(hpc: Hpc) -> None:
     proc = hpc.run(
         "run", "-N", "2", "--json", "--", "bash", "-c", 'echo "started $RANK"; sleep 120'
@@ -72,7 +73,12 @@ def test_submit_detach_cancel(hpc: Hpc) -> None:
         text=True,
         start_new_session=True,
     )
-    time.sleep(4)
+    # Interrupted once its job is submitted (indexed with a job id): --wait waits on it.
+    deadline = time.monotonic() + 60
+    while len([r for r in hpc.runs() if r.get("job_id")]) < 2:
+        assert time.monotonic() < deadline and waiter.poll() is None, "the job never started"
+        time.sleep(0.1)
+    time.sleep(0.5)  # from the index line to the wait: a few statements
     os.killpg(waiter.pid, signal.SIGINT)
     _, err = waiter.communicate(timeout=30)
     assert waiter.returncode == 130, err

@@ -130,6 +130,7 @@ def _node_listing(name: str, command: str) -> str:
     return done.stdout
 
 
+@pytest.mark.serial  # turns fs.protected_symlinks off; waits for an idle cluster
 def test_planted_node_local_paths_are_neither_used_nor_in_the_way(hpc: Hpc, other: Hpc) -> None:
     if testbed.layout() != "netns":
         pytest.skip("needs the nodes' private /tmp (netns layout)")
@@ -232,6 +233,7 @@ def _wait_for(check: Any, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.serial  # waits for a new local-run folder in /tmp, anyone's
 def test_two_local_runs_at_once_keep_their_data(hpc: Hpc) -> None:
     data = _data(hpc)
     before = _local_folders()
@@ -254,6 +256,7 @@ def test_a_local_sweep_of_two_at_once_keeps_each_points_data(hpc: Hpc) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.serial  # waits for a new local-run folder in /tmp, anyone's
 def test_clean_during_an_unpack_leaves_the_running_run_alone(hpc: Hpc) -> None:
     data = _data(hpc, files=600, size=512 * 1024)  # 300 MiB: unpacking takes a while
     first = hpc.run("run", "--stage", str(data), "--", "true", env=LOCAL, timeout=300)
@@ -268,6 +271,7 @@ def test_clean_during_an_unpack_leaves_the_running_run_alone(hpc: Hpc) -> None:
     assert run.returncode == 0 and "files 600" in out, out[-2000:] + err[-2000:]
 
 
+@pytest.mark.serial  # reads everything in the nodes' /tmp
 def test_clean_on_a_node_removes_only_the_users_folders_of_ended_jobs(hpc: Hpc, other: Hpc) -> None:
     """`hpclaunch clean` on a compute node, while a job of the user runs there: the
     user's folder of an ended job goes; the running job's, another user's (named alike)

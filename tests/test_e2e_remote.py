@@ -22,7 +22,9 @@ import pytest
 import laptop as lp
 import testbed
 
-pytestmark = pytest.mark.testbed
+# serial: one login home and SSH master for all; waits for an idle cluster
+# (scripts/test.sh runs these after the others)
+pytestmark = [pytest.mark.testbed, pytest.mark.serial]
 
 SECRET = "s3cret-" + os.urandom(6).hex()
 TOKEN = "tok-" + os.urandom(6).hex()

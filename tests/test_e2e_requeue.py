@@ -107,6 +107,7 @@ def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> No
     assert "2 attempts" in status and "requeue budget (--max-requeues 1) is spent" in status
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(

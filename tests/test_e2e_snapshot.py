@@ -66,6 +66,7 @@ def _output(run_dir: Path) -> str:
     return (run_dir / "logs" / "rank-0.out").read_text()
 
 
+@pytest.mark.serial  # fills the cluster; waits for an idle cluster
 def test_queued_job_runs_the_code_as_submitted(hpc: Hpc) -> None:
     project = _project(hpc)
     here = _in(hpc, project)

@@ -75,6 +75,7 @@ def _check_groups(hpc: Hpc, job_id: str) -> None:
     assert "waiting_for_data" in one.stdout and "stuck_here" not in one.stdout, one.stdout
 
 
+@pytest.mark.serial  # waits for an idle cluster
 def test_stack_groups_the_ranks_of_a_running_job(hpc: Hpc) -> None:
     started = _start(hpc)
     assert started["logs"].count(" host\n") == 4, started["logs"]

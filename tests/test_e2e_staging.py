@@ -79,6 +79,7 @@ def _tar_of(hpc: Hpc) -> list[Path]:
     return sorted((hpc.cwd / "runs" / ".stage-cache").glob("DATASET-*"))
 
 
+@pytest.mark.serial  # waits for an idle cluster; reads the nodes' /tmp
 def test_dataset_reaches_every_rank_from_its_own_node(hpc: Hpc) -> None:
     sums = _dataset(hpc.cwd / "dataset")
     _chown_tree(hpc, hpc.cwd / "dataset")
@@ -159,6 +160,7 @@ def test_cleanup_and_stage_out_after_success_failure_and_time_limit(hpc: Hpc) ->
     assert _locals_on_nodes() == {"node1": [], "node2": []}
 
 
+@pytest.mark.serial  # waits for an idle cluster; reads the nodes' /tmp
 def test_cleanup_after_scancel_and_leftovers_of_dead_jobs(hpc: Hpc) -> None:
     # Leftovers: this user's folder for a job id that no longer runs (removed by the next
     # staging step on that node), someone else's folder (never touched).

@@ -176,6 +176,7 @@ def test_optuna_eight_trials_and_a_failed_point_retried(hpc: Hpc) -> None:
     assert (Path(line["sweep_dir"]) / "points/3/attempts/1/logs").is_dir()
 
 
+@pytest.mark.serial  # reconfigures slurmctld (MinJobAge)
 def test_failed_and_cancelled_points_retried_and_right_after_purge(hpc: Hpc) -> None:
     out = hpc.folder("out")
     program = ("python3", POINT, str(out), "--fail-point", "1:3", "--sleep-if", "{k}")
@@ -281,6 +282,7 @@ def _bad_requests(folder: Path) -> list[tuple[list[str], str]]:
     ]  # fmt: skip
 
 
+@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_bad_requests_are_one_line_and_leave_nothing(hpc: Hpc) -> None:
     for args, word in _bad_requests(hpc.cwd):
         proc = hpc.run("sweep", *args)

@@ -6,36 +6,27 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builders import cli_spec
 from hpclaunch import node
-from hpclaunch.config.jobspec import JobSpec
-from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import load_profile
 from hpclaunch.errors import UserError
-from hpclaunch.planning.validate import validate
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import gpu_watch_lines
 from hpclaunch.script.render import plan_batch
 
-ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 LUMI = {"partition": "small-g", "account": "project_465000000", "time": 600}
+_spec = partial(cli_spec, lumi_run=LUMI)  # on LUMI its runs ask for 10 minutes
 
 
 @pytest.fixture(autouse=True)
 def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-
-
-def _spec(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) -> JobSpec:
-    given = {**(LUMI if cluster == "lumi" else {}), **values}
-    sources = {k: "cli" for k in given}
-    return validate(
-        load_profile(cluster), RunOptions(**given), sources, ("python", "t.py"), ENV, step, "p"
-    )
 
 
 def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:

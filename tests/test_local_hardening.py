@@ -19,37 +19,25 @@ from typing import Any
 import pytest
 
 import hpclaunch
+from builders import bare_local_env
 from conftest import VENV_BIN
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
 SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
 
 
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {
-        "PATH": f"{VENV_BIN}:/usr/bin:/bin",  # no Slurm on this PATH
-        "HOME": str(tmp_path),
-        "XDG_DATA_HOME": str(tmp_path / "xdg"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-        "HPCLAUNCH_CLUSTER": "local",
-        "LANG": "C.UTF-8",
-    }  # no USER, no LOGNAME: as under cron or in a CI container
-    env.update(extra)
-    return env
-
-
 def _hpclaunch(
     tmp_path: Path, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [HPCLAUNCH, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+        [HPCLAUNCH, *args], cwd=tmp_path, env=bare_local_env(tmp_path), capture_output=True,
         text=True, timeout=timeout, check=False,
     )  # fmt: skip
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [HPCLAUNCH, "run", *args], cwd=tmp_path, env=_env(tmp_path), text=True,
+        [HPCLAUNCH, "run", *args], cwd=tmp_path, env=bare_local_env(tmp_path), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
 
@@ -115,7 +103,7 @@ def test_sigkilled_launcher_leaves_nothing_running(tmp_path: Path) -> None:
     status = _status(tmp_path)
     assert (status["state"], status["exit_code"]) == ("CANCELLED", 121), status
     assert "ended before the run" in status["reason"]
-    found = hpclaunch.get("last", environ=_env(tmp_path))  # another process's run
+    found = hpclaunch.get("last", environ=bare_local_env(tmp_path))  # another process's run
     assert found.wait(timeout=30) == 121
     follow = _hpclaunch(tmp_path, "logs", "last", "--follow", timeout=60)
     assert follow.returncode == 0 and "up" in follow.stdout
@@ -178,7 +166,7 @@ def _on_a_terminal(tmp_path: Path, **env: str) -> str:
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
         [HPCLAUNCH, "run", "--tasks-per-node", "2", "--", sys.executable, "-c", "print('hi')"],
-        cwd=tmp_path, env=_env(tmp_path, **env), stdout=follower, stderr=follower,
+        cwd=tmp_path, env=bare_local_env(tmp_path, **env), stdout=follower, stderr=follower,
     )  # fmt: skip
     os.close(follower)
     chunks = []
@@ -214,6 +202,7 @@ def _local_dirs() -> set[Path]:
     return set(Path("/tmp").glob("hpclaunch-local-*"))
 
 
+@pytest.mark.serial  # compares every hpclaunch-local-* folder in /tmp before and after
 @pytest.mark.parametrize("moment", ["packing", "staging"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_an_interrupted_start_leaves_only_a_record(tmp_path: Path, moment: str, sig: int) -> None:

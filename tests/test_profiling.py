@@ -190,6 +190,7 @@ def test_local_pyspy_profiles_only_the_chosen_rank(tmp_path: Path) -> None:
     assert "profile 0" in (run_dir / "logs" / "rank-0.out").read_text()
 
 
+@pytest.mark.serial  # compares every NCCL debug file in /tmp before and after
 def test_local_nccl_debug_files_land_in_the_logs(tmp_path: Path) -> None:
     user = os.environ.get("USER", "")
     before = set(Path("/tmp").glob(f"{user}-nccl-*"))

@@ -12,19 +12,16 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.config.jobspec import JobSpec, Requeue
-from hpclaunch.config.options import RunOptions
+from builders import ENV, cli_spec
+from hpclaunch.config.jobspec import Requeue
 from hpclaunch.config.profiles import load_profile
 from hpclaunch.errors import UserError
 from hpclaunch.node import stage_guard
-from hpclaunch.planning.validate import validate
 from hpclaunch.records import runrecord
 from hpclaunch.records.attempts import Attempt, fold, summary
 from hpclaunch.records.runpaths import RunPaths, attempt_numbers, rank_logs
 from hpclaunch.script import requeue
 from hpclaunch.script.render import plan_batch
-
-ENV = {"USER": "alice", "PATH": "/usr/bin:/bin"}
 
 
 @pytest.fixture(autouse=True)
@@ -32,25 +29,16 @@ def _no_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
 
-def _spec(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) -> JobSpec:
-    base = {"partition": "small-g", "account": "project_465000000"} if cluster == "lumi" else {}
-    given = {**base, **values}
-    sources = {k: "cli" for k in given}
-    return validate(
-        load_profile(cluster), RunOptions(**given), sources, ("python", "t.py"), ENV, step, "p"
-    )
-
-
 def _error(values: Mapping[str, Any], cluster: str = "lumi", step: bool = False) -> str:
     with pytest.raises(UserError) as info:
-        _spec(values, cluster, step)
+        cli_spec(values, cluster, step)
     return info.value.line()
 
 
 def test_defaults() -> None:
-    spec = _spec({"requeue": True, "time": 3600})
+    spec = cli_spec({"requeue": True, "time": 3600})
     assert spec.requeue == Requeue(max_requeues=3, signal="USR2", before_s=120, margin_s=15)
-    assert _spec({"time": 3600}).requeue is None
+    assert cli_spec({"time": 3600}).requeue is None
 
 
 @pytest.mark.parametrize(
@@ -100,7 +88,7 @@ def test_cli_refuses_requeue_locally_before_anything_is_written(tmp_path: Path) 
 
 
 def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:
-    spec = _spec({"time": 600, **values})
+    spec = cli_spec({"time": 600, **values})
     run = tmp_path / "run"
     paths = RunPaths("r1", run, run / "checkpoints")
     return plan_batch(spec, load_profile("lumi"), paths, tmp_path).script

@@ -109,6 +109,7 @@ def test_dry_run_masks_secret(hpc: Hpc) -> None:
     assert hpc.run_dirs() == [] and hpc.runs() == []
 
 
+@pytest.mark.serial  # reconfigures slurmctld (FirstJobId)
 def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
     """Two jobs at once on the same two nodes (one core each per node), whose job ids are
     equal modulo 10,000, both initialise gloo on the same master node."""

@@ -201,6 +201,7 @@ from pathlib import Path
 from hpclaunch.payload import stage
 cwd, go = Path(sys.argv[1]), Path(sys.argv[2])
 items = stage.plan_stage(["data"], cwd, cwd / "runs")
+(cwd / f"planned-{os.getpid()}").touch()
 while not go.exists():
     time.sleep(0.005)
 err = io.StringIO()
@@ -228,7 +229,10 @@ def test_two_processes_packing_the_same_changed_tree_both_succeed(tmp_path: Path
         )
         for _ in range(2)
     ]
-    time.sleep(1.5)  # both have planned and wait
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("planned-*"))) < 2:  # both have planned and wait
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
     go.touch()
     results = [proc.communicate(timeout=120) for proc in procs]
     for (_out, err), proc in zip(results, procs):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from builders import local_env
 from hpclaunch.backends import sweepstate
 from hpclaunch.errors import UserError
 from hpclaunch.sweeps import ops
@@ -22,15 +22,9 @@ POINT = str(PROGRAMS / "sweep_point.py")
 HPCLAUNCH = str(Path(sys.executable).parent / "hpclaunch")
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCLAUNCH"))}
-    env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HPCLAUNCH_CLUSTER="local")
-    return env
-
-
 def _hpclaunch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [HPCLAUNCH, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+        [HPCLAUNCH, *args], cwd=tmp_path, env=local_env(tmp_path), capture_output=True, text=True,
         timeout=300, check=False,
     )  # fmt: skip
 

@@ -11,13 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from builders import local_env
+from hpclaunch.records import runrecord
 from sweeptools import most_at_once
-from test_sweep_local import HPCLAUNCH, POINT, _env, _hpclaunch
+from test_sweep_local import HPCLAUNCH, POINT, _hpclaunch
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [HPCLAUNCH, "sweep", *args], cwd=tmp_path, env=_env(tmp_path),
+        [HPCLAUNCH, "sweep", *args], cwd=tmp_path, env=local_env(tmp_path),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -157,7 +159,6 @@ def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> Non
     """What `cancel SWEEP:I` uses: the recorded point's backend ends it, whichever process
     runs it; the sweep's runner goes on with the other points."""
     from hpclaunch.backends import for_record
-    from hpclaunch.records import runrecord
 
     out = tmp_path / "out"
     out.mkdir()

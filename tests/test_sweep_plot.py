@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import statistics
 import struct
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from builders import local_env
 from hpclaunch.cli.main import cli
 from hpclaunch.errors import UserError
 from hpclaunch.sweeps import plot
@@ -44,17 +44,11 @@ def loss(lr: float, opt: str, seed: int) -> float:  # PROGRAM's loss, computed t
     return lr * (1 + seed) + (0.3 if opt == "sgd" else 0.0) + 0.02 * seed
 
 
-def _env(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCLAUNCH"))}
-    env.update(XDG_DATA_HOME=str(root / "xdg"), HPCLAUNCH_CLUSTER="local")
-    return env
-
-
 def _sweep(root: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [HPCLAUNCH, "sweep", "--cluster", "local", "--max-parallel", "2", *args, "--",
          sys.executable, "prog.py"],
-        cwd=root, env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=root, env=local_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 

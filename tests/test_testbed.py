@@ -150,6 +150,7 @@ def _wait_for(condition: str, check: Callable[[], bool], timeout: float = 30) ->
         time.sleep(0.2)
 
 
+@pytest.mark.serial  # counts the user's processes on the nodes
 def test_user_processes_on_nodes_are_visible_from_host(job_dir: Path) -> None:
     # A unique sleep length identifies this test's process among any others of hpcuser.
     seconds = f"600.{uuid.uuid4().int % 10**9:09d}"
@@ -183,5 +184,26 @@ def test_user_can_make_a_venv_in_shared_folder(job_dir: Path) -> None:
     assert ok(["venv/bin/python", "-m", "pip", "--version"], job_dir).startswith("pip ")
 
 
+@pytest.mark.serial  # needs an idle cluster
 def test_wait_idle_returns_when_nothing_runs() -> None:
     tb.wait_idle(timeout=60)
+
+
+def test_jobs_from_a_folder_are_only_that_folders_and_waited_for(job_dir: Path) -> None:
+    """What a test running beside others waits for at its end (conftest's hpc fixture):
+    its own jobs, told apart by the folder they were submitted from, not everyone's."""
+    elsewhere = tb.work_dir() / f"test-{uuid.uuid4().hex[:10]}"
+    assert tb.run_as_user(["mkdir", str(elsewhere)], cwd=tb.work_dir()).returncode == 0
+    sbatch = ["sbatch", "--parsable", "-o", "/dev/null", "--wrap"]
+    theirs = ok([*sbatch, "sleep 30"], elsewhere).strip()
+    try:
+        mine = ok([*sbatch, "sleep 3"], job_dir).strip()
+        listed = tb.jobs_from(job_dir)
+        assert [line.split()[0] for line in listed] == [mine], listed
+        started = time.monotonic()
+        tb.wait_jobs_gone(job_dir, timeout=60)  # returns with the other folder's job there
+        assert time.monotonic() - started < 30
+        assert [line.split()[0] for line in tb.jobs_from(elsewhere)] == [theirs]
+    finally:
+        tb.run_as_user(["scancel", theirs], cwd=tb.work_dir())
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -186,6 +186,34 @@ def wait_idle(timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
+def jobs_from(folder: Path) -> list[str]:
+    """The jobs in ``squeue`` (any state, array tasks folded) whose working directory is
+    ``folder`` or below it, as ``"ID STATE"``: one test's jobs, since every test submits
+    from its own folder (fixture ``hpc``) with ``--chdir`` there."""
+    listed = _slurm(["squeue", "-h", "-o", "%i %T %Z"]).stdout.splitlines()
+    prefix = str(folder).rstrip("/") + "/"
+    return [
+        " ".join(fields[:2])
+        for fields in (line.split(maxsplit=2) for line in listed)
+        if len(fields) == 3 and (fields[2] + "/").startswith(prefix)
+    ]
+
+
+def wait_jobs_gone(folder: Path, timeout: float = 60) -> None:
+    """Wait until no job submitted from ``folder`` is left in ``squeue`` (:func:`jobs_from`);
+    raise TimeoutError (saying which are left) after ``timeout`` seconds. What a test that
+    shares the testbed with others running side by side waits for instead of
+    :func:`wait_idle`, which would wait for the others' jobs too."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = jobs_from(folder)
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"jobs of {folder} still in squeue after {timeout:g}s: {left!r}")
+        time.sleep(0.2)
+
+
 def procs_of_user_on_nodes() -> list[str]:
     """Processes of :data:`USER` still alive anywhere on the testbed, as ``"PID ARGS"``.
 

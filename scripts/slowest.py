@@ -1,0 +1,45 @@
+"""The ten slowest tests of a whole scripts/test.sh run, from its phases' JUnit XML files.
+
+scripts/test.sh runs pytest twice (the side-by-side phase, then the serial one), so each
+pytest's own --durations list covers only its phase; this reads both phases' reports
+(pytest --junitxml) and prints one list for the run, each test's set-up + call +
+tear-down time, as pytest's --durations would for the whole.
+
+    python scripts/slowest.py [-n COUNT] REPORT.xml...
+"""
+
+from __future__ import annotations
+
+import argparse
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def test_times(reports: list[Path]) -> list[tuple[float, str]]:
+    """(seconds, "file::name") of every test case in the reports that exist."""
+    found = []
+    for report in reports:
+        if not report.is_file():
+            continue  # a phase that did not run (interrupted, or nothing selected)
+        for case in ET.parse(report).iter("testcase"):
+            module = case.get("classname", "").replace(".", "/")
+            found.append((float(case.get("time") or 0), f"{module}.py::{case.get('name')}"))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=10, help="how many (default 10)")
+    parser.add_argument("reports", nargs="+", type=Path)
+    args = parser.parse_args()
+    times = sorted(test_times(args.reports), reverse=True)
+    total = sum(seconds for seconds, _ in times)
+    print(
+        f"===== {args.n} slowest tests of the whole run ({len(times)} tests, {total:.0f} s) ====="
+    )
+    for seconds, name in times[: args.n]:
+        print(f"{seconds:8.2f}s {name}")
+
+
+if __name__ == "__main__":
+    main()
