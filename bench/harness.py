@@ -221,11 +221,11 @@ def start_times(
 ) -> dict[str, list[float]]:
     """Wall seconds per start of each command: hyperfine -N when installed, else a
     Python loop (the same warm-ups discarded)."""
-    env = dict(env if env is not None else os.environ)
+    env = dict(os.environ if env is None else env)
     if shutil.which("hyperfine"):
         export = scratch / "hyperfine.json"
-        argv = hyperfine_argv(commands.values(), runs, export, warmup)
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        hyper = hyperfine_argv(commands.values(), runs, export, warmup)
+        done = subprocess.run(hyper, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"hyperfine exited {done.returncode}: {done.stderr[-500:]}")
         return hyperfine_times(commands, export)
@@ -233,9 +233,7 @@ def start_times(
     for name, argv in commands.items():
         out[name] = []
         for i in range(runs + warmup):
-            took, _ = timed(
-                lambda a=argv: subprocess.run(a, env=env, check=True, stdout=subprocess.DEVNULL)
-            )
+            took, _ = run_timed(argv, env=env)
             if i >= warmup:
                 out[name].append(took)
     return out
