@@ -199,11 +199,16 @@ def print_metrics(name: str, tag: str, result: Mapping[str, float] | float) -> N
 
 
 def hyperfine_argv(
-    commands: Iterable[Sequence[str]], runs: int, export: Path, warmup: int = 5
+    commands: Iterable[Sequence[str]],
+    runs: int,
+    export: Path,
+    warmup: int = 5,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """hyperfine -N over whole commands (no shell), its samples into `export`."""
     argv = ["hyperfine", "-N", "--warmup", str(warmup), "--runs", str(runs)]
-    return [*argv, "--export-json", str(export), *[shlex.join(c) for c in commands]]
+    argv += ["--export-json", str(export), *options]
+    return [*argv, *[shlex.join(c) for c in commands]]
 
 
 def hyperfine_times(names: Iterable[str], export: Path) -> dict[str, list[float]]:
