@@ -353,9 +353,7 @@ def bench_bootstrap(runs: int) -> dict[str, list[float]]:
 
 
 # ----------------------------------------------------------------------------- report
-def paired_difference(
-    series: dict[str, Series], a: str, b: str, key: str
-) -> tuple[float, float, float]:
+def paired(series: dict[str, Series], a: str, b: str, key: str) -> tuple[float, float, float]:
     """a - b over the reps both have (methods are interleaved rep by rep, so a rep's pair
     saw the same machine): the median, and the 2nd smallest and 2nd largest difference,
     a sign-test interval for the median (87% with 7 pairs, more with more); NaN when
@@ -409,7 +407,7 @@ def targets(
         f"(+{(srun_a - floor_a) * 1e3:.0f} ms; aiming at +15 ms)",
     )
     for key, what in (("a_alloc_to_user", "(a)"), ("b_alloc_to_init", "(b)")):
-        diff, low, high = paired_difference(series, WATCH, NO_WATCH, key)
+        diff, low, high = paired(series, WATCH, NO_WATCH, key)
         same = low <= 0 <= high
         verdict(
             same,

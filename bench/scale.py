@@ -41,7 +41,6 @@ from harness import fresh
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-DOC = ROOT / "docs" / "benchmarks.md"
 PY = sys.executable
 SCRATCH = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench")) / "scale"
 # The tree before the issue-26 performance fixes (runs tallies, pruned snapshot walk).

@@ -85,7 +85,7 @@ def slurm_env() -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": conf, "PATH": f"{os.environ['PATH']}:{USER_PATH}"}
 
 
-def sh(argv: list[str], timeout: float = 60) -> str:
+def as_root(argv: list[str], timeout: float = 60) -> str:
     """A command as root (no shell); stdout, or raise with its stderr."""
     return cluster.sh(argv, timeout=timeout, env=slurm_env())
 
@@ -478,7 +478,7 @@ def machine_facts() -> dict[str, str]:
         "GNU tar": h.first_line(["tar", "--version"]).split()[-1],
         "rsync": h.first_line(["rsync", "--version"]).split()[2],
         "GNU cp": h.first_line(["cp", "--version"]).split()[-1],
-        "dataset fs": sh(["findmnt", "-n", "-o", "FSTYPE", "-T", str(WORK)]).strip(),
+        "dataset fs": as_root(["findmnt", "-n", "-o", "FSTYPE", "-T", str(WORK)]).strip(),
         "node /tmp": ", ".join(sorted(node_tmp.strip().splitlines())),
     }
 

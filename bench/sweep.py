@@ -372,9 +372,7 @@ class Bench:
     def status(self, sweep_id: str, rep: int, what: str) -> tuple[float, dict[str, int]]:
         argv = [*hpclaunch_argv(), "sweep", "status", sweep_id, "--json"]
         env = self.env_for(rep, what)
-        t0 = time.perf_counter()
-        p = subprocess.run(argv, cwd=self.project, env=env, capture_output=True, text=True)
-        t = time.perf_counter() - t0
+        t, p = h.run_timed(argv, cwd=self.project, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"sweep status exited {p.returncode}: {p.stderr.strip()[-800:]}")
         self.record_calls(rep, what)
@@ -444,9 +442,7 @@ class Bench:
             self.counting.log.write_text("")
             env = self.counting.env(self.env)
             argv = [*hpclaunch_argv(), "sweep", "status", sweep_id, "--json"]
-            t0 = time.perf_counter()
-            p = subprocess.run(argv, cwd=self.project, env=env, capture_output=True, text=True)
-            t = time.perf_counter() - t0
+            t, p = h.run_timed(argv, cwd=self.project, env=env)
             if p.returncode != 0:
                 raise RuntimeError(f"sweep status exited {p.returncode}: {p.stderr[-800:]}")
             self.samples.setdefault("hl_status_purged", []).append(t)

@@ -4,7 +4,9 @@ docs/benchmarks.md. Unit tests; no testbed."""
 
 from __future__ import annotations
 
+import ast
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -140,10 +142,41 @@ def test_quick_caps_the_reps_and_the_doc_can_be_elsewhere(tmp_path: Path) -> Non
     p = harness.arguments("x", reps=7, quick_reps=2)
     args = harness.parse(p, ["--quick", "--doc", str(tmp_path / "b.md")])
     assert args.reps == 2 and args.doc == tmp_path / "b.md" and not args.no_doc
-    assert harness.parse(p, []).reps in (7, int(__import__("os").environ.get("REPS", "7")))
+    assert harness.parse(p, []).reps == int(os.environ.get("REPS", "7"))
 
 
 def test_start_times_times_every_command(tmp_path: Path) -> None:
     times = harness.start_times({"true": ["true"]}, 3, tmp_path, warmup=1)
     assert list(times) == ["true"] and len(times["true"]) == 3
     assert all(0 < t < 5 for t in times["true"])
+
+
+# What each script used to define for itself and now takes from the harness.
+SHARED = {"fmt", "med", "summary", "fresh", "write_section", "write_doc", "timed", "sh"}
+SHARED |= {"paired_difference", "first_line", "tool_version"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("harness.py", "cluster.py")),
+)
+def test_no_bench_script_redefines_the_harness(script: str) -> None:
+    tree = ast.parse((BENCH / script).read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    imported = {
+        a.name.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    }
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not defined & SHARED, f"{script} defines {sorted(defined & SHARED)}: use harness"
+    assert "statistics" not in imported and "benchdoc" not in imported
+    assigned = {
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    assert not assigned & {"DOC", "MARK_START", "HEADER"}, "the doc and its markers: harness"
