@@ -294,10 +294,10 @@ def facts_line(
 
 # ----------------------------------------------------------------------------- markdown
 def table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """A markdown table; a `|` inside a cell is written `/`."""
+    """A markdown table; a `|` inside a cell is written `/`, an empty cell `| |`."""
 
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |"
+        return "|" + "|".join(f" {c.replace('|', '/')} " if c else " " for c in cells) + "|"
 
     return [line(head), "|" + "---|" * len(head), *(line(r) for r in rows)]
 

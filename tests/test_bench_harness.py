@@ -110,10 +110,11 @@ def test_interleave_starts_no_rep_past_the_budget() -> None:
 
 
 def test_table_writes_markdown_rows_and_escapes_bars() -> None:
-    assert harness.table(["what", "time"], [["a|b", "1 s"]]) == [
-        "| what | time |",
-        "|---|---|",
-        "| a/b | 1 s |",
+    assert harness.table(["what", "time", "n"], [["a|b", "1 s", "3"], ["floor", "", "1"]]) == [
+        "| what | time | n |",
+        "|---|---|---|",
+        "| a/b | 1 s | 3 |",
+        "| floor | | 1 |",
     ]
 
 
