@@ -7,28 +7,30 @@ testbed/image.sh builds. Prints a table and writes its section of docs/benchmark
 
     export "$(sudo bash testbed/up.sh | tail -n 1)"
     sudo bash testbed/image.sh
-    sudo RUNS=30 .venv/bin/python bench/container.py
+    sudo .venv/bin/python bench/container.py [--runs 30] [--quick] [--no-doc | --doc FILE]
+
+--render-only re-renders from the last run's samples (WORK/results.json); the
+environment's RUNS and NO_DOC=1 still work.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import os
 import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import harness as h  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 
+from hpclaunch.basics.shell import expand  # noqa: E402
 from hpclaunch.config.jobspec import Bind, ContainerJob  # noqa: E402
 from hpclaunch.payload.containers import ALWAYS_PASS, wrap  # noqa: E402
 
@@ -36,8 +38,7 @@ STATE = Path(os.environ.get("TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
 IMAGE = STATE / "images" / "debian-python"
 WORK = STATE / "work" / "bench-container"
 USER = "hpcuser"
-DOC = REPO / "docs" / "benchmarks.md"
-MARK_START, MARK_END = "<!-- bench:container:start -->", "<!-- bench:container:end -->"
+SAVED = WORK.parent / "bench-container-results.json"
 NODE = "node1"
 
 
@@ -59,11 +60,14 @@ def commands() -> dict[str, list[str]]:
         "boot python3 -c pass (no container)": ["python3", "-I", "-S", boot, *program],
         "ch-run IMAGE -- true": ["ch-run", str(IMAGE), "--", "true"],
         "ch-run IMAGE -- python3 -c pass": ["ch-run", str(IMAGE), "--", *program],
-        "hpclaunch task in container (boot python3 -c pass)": wrap(job, [*enter, *program]),
+        # hyperfine -N starts it without a shell: no word may be left for one to expand.
+        "hpclaunch task in container (boot python3 -c pass)": [
+            expand(w, {}) for w in wrap(job, [*enter, *program])
+        ],
     }
 
 
-def run(argv: list[str], **kw: object) -> str:
+def run(argv: list[str], **kw: Any) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
     if done.returncode != 0:
         sys.exit(f"bench/container.py: {shlex.join(argv)} failed:\n{done.stdout}{done.stderr}")
@@ -79,8 +83,7 @@ def measure(runs: int) -> dict[str, list[float]]:
     shutil.copy(REPO / "src" / "hpclaunch" / "node" / "bootstrap.py", WORK / "bootstrap.py")
     cmds = commands()
     result = WORK / "hyperfine.json"
-    hyper = ["hyperfine", "-N", "--warmup", "5", "--runs", str(runs), "--export-json", str(result)]
-    hyper += [shlex.join(c) for c in cmds.values()]
+    hyper = h.hyperfine_argv(cmds.values(), runs, result)
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "USER": USER,
@@ -95,31 +98,24 @@ def measure(runs: int) -> dict[str, list[float]]:
     if os.getuid() == 0:
         shutil.chown(WORK, USER, USER)
     run(argv, env=env, timeout=1800)
-    results = json.loads(result.read_text())["results"]
-    return {name: [float(t) for t in r["times"]] for name, r in zip(cmds, results)}
-
-
-def ms(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1e3:.1f} ms ({min(xs) * 1e3:.1f}-{max(xs) * 1e3:.1f})"
+    return h.hyperfine_times(cmds, result)
 
 
 def section(times: dict[str, list[float]], runs: int) -> str:
     names = list(times)
-    base = statistics.median(times[names[1]])
-    cont = statistics.median(times[names[4]])
-    chrun = statistics.median(times[names[3]]) - statistics.median(times[names[0]])
-    rows = [f"| `{n}` | {ms(t)} | {len(t)} |" for n, t in times.items()]
+    base = h.median(times[names[1]])
+    cont = h.median(times[names[4]])
+    chrun = h.median(times[names[3]]) - h.median(times[names[0]])
+    rows = [[f"`{n}`", h.fmt(t, "ms"), str(len(t))] for n, t in times.items()]
     version = subprocess.run(
         ["ch-run", "--version"], capture_output=True, text=True, env={**os.environ, "USER": USER}
     )
     chrun_version = (version.stdout + version.stderr).strip() or "unknown"
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join(
+    return h.section(
+        "container",
+        "Container start-up per rank (`bench/container.py`)",
         [
-            MARK_START,
-            "## Container start-up per rank (`bench/container.py`)",
-            "",
-            f"Measured {when} on testbed {NODE} through `srun`, as the unprivileged user, "
+            f"Measured {h.utc_now()} on testbed {NODE} through `srun`, as the unprivileged user, "
             f"with hyperfine -N (5 warm-ups, warm page cache); nproc {os.cpu_count()}, kernel "
             f"{platform.release()}, ch-run {chrun_version}, image: Debian 12 minbase + "
             "python3 (testbed/image.sh, a directory image). The container row is the exact "
@@ -127,9 +123,7 @@ def section(times: dict[str, list[float]], runs: int) -> str:
             "environment pipe (fd 3), `ch-run --unset-env=*`, the bootstrap reading fd 3, "
             "then the program.",
             "",
-            "| command | wall per start, median (min-max) | n |",
-            "|---|---|---|",
-            *rows,
+            *h.table(["command", "wall per start, median (min-max)", "n"], rows),
             "",
             f"- Added per rank by the container path: **{(cont - base) * 1e3:+.1f} ms** "
             f"(container task {cont * 1e3:.1f} ms vs. bootstrap without container "
@@ -140,28 +134,21 @@ def section(times: dict[str, list[float]], runs: int) -> str:
             "- Apptainer's own start-up is not measured: it cannot be installed on this "
             "machine kind (shared/TESTBED.md).",
             "",
-            "Reproduce:",
-            "",
-            "```bash",
-            'export "$(sudo bash testbed/up.sh | tail -n 1)" && sudo bash testbed/image.sh',
-            f"sudo RUNS={runs} .venv/bin/python bench/container.py",
-            "```",
-            MARK_END,
-        ]
+            *h.reproduce(
+                'export "$(sudo bash testbed/up.sh | tail -n 1)" && sudo bash testbed/image.sh',
+                f"sudo .venv/bin/python bench/container.py --runs {runs}",
+            ),
+        ],
     )
 
 
-def write_doc(text: str) -> None:
-    write_section(DOC, MARK_START, MARK_END, text)
-
-
 def main() -> None:
-    runs = int(os.environ.get("RUNS", "30"))
-    times = measure(runs)
-    text = section(times, runs)
-    print(text)
-    if os.environ.get("NO_DOC") != "1":
-        write_doc(text)
+    p = h.arguments(__doc__.splitlines()[0], reps=30, quick_reps=3)
+    p.add_argument("--runs", dest="reps", type=int, help="hyperfine runs per command")
+    p.set_defaults(reps=int(os.environ.get("RUNS", "30")))
+    args = h.parse(p)
+    data = h.results(args, SAVED, lambda: {"runs": args.reps, "times": measure(args.reps)})
+    h.publish(args, "container", section(data["times"], data["runs"]))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ It also times hpclaunch's own start-up in a lean venv and in a heavy one that ho
 torch, lightning, jax and wandb as a user's training venv does (bench/startup.py), side
 by side.
 
-Environment: REPS (default 7; one extra warm-up rep is discarded), SLURM_CONF (when
-unset, testbed/up.sh is run and its last line read), BENCH_SCRATCH (a folder every node
+Options (bench/harness.py's and its own): --reps (REPS, default 7; one extra warm-up rep
+is discarded), --quick (1 rep of the srun launcher and the floor, 5 bootstrap runs, no
+venv part: a check), --no-doc, --doc FILE, --render-only (bench/results/launch.json).
+Environment: SLURM_CONF (when unset, the running testbed's), BENCH_SCRATCH (a folder every node
 sees, default /var/tmp/hpclaunch-bench), HPCLAUNCH_TESTBED_STATE (slurmctld's state
 folder, default /var/tmp/hpclaunch-testbed). Jobs are submitted as the calling user.
 """
@@ -34,12 +36,9 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
-import pwd
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -47,7 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import cluster  # bench/ is on sys.path when run as a script
+import harness as h
+from cluster import BINDIR, PY, default_partition, sh
+from harness import fresh
 
 from hpclaunch import node
 
@@ -55,16 +57,12 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RANK_TIME = BENCH / "rank_time.py"
 BOOTSTRAP = ROOT / "src" / "hpclaunch" / "node" / "bootstrap.py"
-DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = BENCH / "results"
 STATE = Path(os.environ.get("HPCLAUNCH_TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
 CTLD_LOG = STATE / "log" / "slurmctld.log"
 SCRATCH = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench"))
-PY = sys.executable  # the real interpreter, not a pyenv shim (shims cost ~50 ms per start)
-BINDIR = Path(PY).parent
 NODES, TASKS_PER_NODE = 2, 2
 NRANKS = NODES * TASKS_PER_NODE
-MARK_START, MARK_END = "<!-- bench:launch:start -->", "<!-- bench:launch:end -->"
 MAX_ERRORS = 2  # a method is dropped after this many failed reps (a rep is not retried)
 TARGET_SRUN_OVER_FLOOR = 0.024  # aiming at 0.015
 TARGET_RUN_CMD = 0.3
@@ -94,29 +92,6 @@ class Series:
     def error(self) -> str:
         return self.errors[-1] if self.errors else ""
 
-    def add(self, key: str, value: float) -> None:
-        self.samples.setdefault(key, []).append(value)
-
-
-def sh(argv: list[str], **kw: object) -> str:
-    """Run a command (no shell), return stdout; raise with its stderr on failure."""
-    p = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
-    if p.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} exited {p.returncode}: {p.stderr.strip()[-500:]}")
-    return str(p.stdout)
-
-
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
-def fmt(xs: list[float] | None, unit: str = "s") -> str:
-    if not xs:
-        return "n/a"
-    s, k = summary(xs), (1000.0 if unit == "ms" else 1.0)
-    nd = 1 if unit == "ms" else 3
-    return f"{s['median'] * k:.{nd}f} {unit} ({s['min'] * k:.{nd}f}-{s['max'] * k:.{nd}f})"
-
 
 def tool(name: str) -> str:
     """A console script next to our interpreter (skips shims on PATH), else PATH's."""
@@ -125,36 +100,8 @@ def tool(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- cluster
-def ensure_cluster() -> None:
-    """Point the Slurm clients at the testbed: SLURM_CONF, or start it with up.sh."""
-    if not os.environ.get("SLURM_CONF"):
-        out = sh(["bash", str(ROOT / "testbed" / "up.sh")]).strip().splitlines()
-        if not out or not out[-1].startswith("SLURM_CONF="):
-            raise SystemExit("testbed/up.sh did not print SLURM_CONF=<path> as its last line")
-        os.environ["SLURM_CONF"] = out[-1].split("=", 1)[1]
-    # Jobs inherit our environment (sbatch --export=ALL): give them the real interpreter's
-    # bin first and no rank variables of our own.
-    os.environ["PATH"] = f"{BINDIR}{os.pathsep}{os.environ['PATH']}"
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        os.environ.pop(var, None)
-
-
-def default_partition() -> str:
-    parts = sh(["sinfo", "-h", "-o", "%P"]).split()
-    star = [p for p in parts if p.endswith("*")]
-    return (star or parts)[0].rstrip("*")
-
-
-def wait_idle(timeout: float = 900.0) -> None:
-    """Block until no job is queued and every node is idle: each rep starts alike."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        queued = sh(["squeue", "-h", "-o", "%i"]).split()
-        states = [ln.split()[1] for ln in sh(["sinfo", "-h", "-N", "-o", "%N %t"]).splitlines()]
-        if not queued and states and all(s == "idle" for s in states):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"cluster not idle after {timeout:.0f} s: queue={queued} nodes={states}")
+def wait_idle() -> None:
+    cluster.wait_idle(900.0, poll=0.05)
 
 
 def cancel_all() -> None:
@@ -347,12 +294,6 @@ METHODS: dict[str, Callable[[Path, Path], Submitted]] = {
 
 
 # ----------------------------------------------------------------------------- one rep
-def fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
-
-
 def run_once(name: str, rep: int) -> dict[str, float]:
     """Launch one job with `name` on an idle cluster and return its metrics."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -385,24 +326,9 @@ def run_once(name: str, rep: int) -> dict[str, float]:
 
 def run_all(names: list[str], reps: int) -> dict[str, Series]:
     """Interleave the methods rep by rep (drift hits all alike); rep 0 is a warm-up."""
-    series = {n: Series() for n in names}
-    for rep in range(reps + 1):
-        for name in names:
-            s = series[name]
-            if len(s.errors) >= MAX_ERRORS:
-                continue  # this method does not work here; do not spend the cluster on it
-            try:
-                m = run_once(name, rep)
-            except Exception as e:
-                s.errors.append(f"{type(e).__name__}: {e}")
-                print(f"{name} rep {rep}: FAILED {s.error}", flush=True)
-                continue
-            tag = "warm-up" if rep == 0 else f"rep {rep}"
-            print(f"{name:22s} {tag:8s} " + " ".join(f"{k}={v:.3f}" for k, v in m.items()))
-            if rep > 0:
-                for k, v in m.items():
-                    s.add(k, v)
-    return series
+    methods = {name: (lambda rep, n=name: run_once(n, rep)) for name in names}
+    got = h.interleave(methods, reps, max_errors=MAX_ERRORS, progress=h.print_metrics)
+    return {n: Series(h.columns(got.kept[n]), got.errors[n]) for n in names}
 
 
 # ----------------------------------------------------------------------------- bootstrap
@@ -419,74 +345,44 @@ def bench_bootstrap(runs: int) -> dict[str, list[float]]:
     cmds["boot python -c pass"] = [*boot, *pyc]
     logdir = fresh(SCRATCH / "bootstrap-logs")
     with_logs = {"boot+logs true": [*boot, "true"], "boot+logs python -c pass": [*boot, *pyc]}
-    times = timed(cmds, runs, {})
+    times = h.start_times(cmds, runs, SCRATCH)
     # As in a real task: logs and the run's events.jsonl (HPCLAUNCH_RUN_DIR).
     logs_env = {"HPCLAUNCH_LOG_DIR": str(logdir), "HPCLAUNCH_RUN_DIR": str(logdir)}
-    times.update(timed(with_logs, runs, logs_env))
+    times.update(h.start_times(with_logs, runs, SCRATCH, {**os.environ, **logs_env}))
     return times
 
 
-def timed(cmds: dict[str, list[str]], runs: int, env_add: dict[str, str]) -> dict[str, list[float]]:
-    env = {**os.environ, **env_add}
-    if shutil.which("hyperfine"):
-        js = SCRATCH / "hyperfine.json"
-        argv = ["hyperfine", "-N", "--warmup", "5", "--runs", str(runs), "--export-json", str(js)]
-        sh([*argv, *[shlex.join(c) for c in cmds.values()]], env=env)
-        res = json.loads(js.read_text())["results"]
-        return {k: [float(t) for t in r["times"]] for k, r in zip(cmds, res)}
-    out: dict[str, list[float]] = {}
-    for k, c in cmds.items():  # fallback: our own loop, 5 warm-ups discarded
-        ts = []
-        for i in range(runs + 5):
-            t0 = time.perf_counter()
-            subprocess.run(c, env=env, check=True, stdout=subprocess.DEVNULL)
-            if i >= 5:
-                ts.append(time.perf_counter() - t0)
-        out[k] = ts
-    return out
-
-
 # ----------------------------------------------------------------------------- report
-def med(xs: list[float] | None) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def paired_difference(
-    series: dict[str, Series], a: str, b: str, key: str
-) -> tuple[float, float, float]:
+def paired(series: dict[str, Series], a: str, b: str, key: str) -> tuple[float, float, float]:
     """a - b over the reps both have (methods are interleaved rep by rep, so a rep's pair
     saw the same machine): the median, and the 2nd smallest and 2nd largest difference,
     a sign-test interval for the median (87% with 7 pairs, more with more); NaN when
     fewer than 5 reps pair up."""
     xs = series[a].samples.get(key, []) if a in series else []
     ys = series[b].samples.get(key, []) if b in series else []
-    if len(xs) != len(ys) or len(xs) < 5:
-        return float("nan"), float("nan"), float("nan")
-    diffs = sorted(x - y for x, y in zip(xs, ys))
-    return statistics.median(diffs), diffs[1], diffs[-2]
+    return h.paired_difference(xs, ys)
 
 
 def results_table(series: dict[str, Series]) -> list[str]:
-    head = "| method | (a) alloc → last rank in user code | (b) alloc → last rank past init "
-    head += "| (c) submit command | submit → alloc (scheduler) | n |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = ["method", "(a) alloc → last rank in user code", "(b) alloc → last rank past init"]
+    head += ["(c) submit command", "submit → alloc (scheduler)", "n"]
+    rows = []
     for name, s in series.items():
         if s.error and not s.samples:
-            lines.append(f"| {name} | failed: {s.error[:160].replace('|', '/')} | | | | 0 |")
+            rows.append([name, f"failed: {s.error[:160]}", "", "", "", "0"])
             continue
         g = s.samples.get
         n = str(len(g("a_alloc_to_user", [])))
         if s.errors:
             n += f" ({len(s.errors)} failed)"
-        cells = [fmt(g("a_alloc_to_user")), fmt(g("b_alloc_to_init")), fmt(g("c_submit_cmd"))]
-        lines.append(f"| {name} | {' | '.join(cells)} | {fmt(g('submit_to_alloc'))} | {n} |")
-    return lines
+        keys = ("a_alloc_to_user", "b_alloc_to_init", "c_submit_cmd", "submit_to_alloc")
+        rows.append([name, *(h.fmt(g(k)) for k in keys), n])
+    return h.table(head, rows)
 
 
 def bootstrap_table(boot: dict[str, list[float]]) -> list[str]:
-    lines = ["| command | wall per start | n |", "|---|---|---|"]
-    lines += [f"| `{k}` | {fmt(v, 'ms')} | {len(v)} |" for k, v in boot.items()]
-    return lines
+    rows = [[f"`{k}`", h.fmt(v, "ms"), str(len(v))] for k, v in boot.items()]
+    return h.table(["command", "wall per start", "n"], rows)
 
 
 def targets(
@@ -496,12 +392,10 @@ def targets(
     out: list[str] = []
 
     def verdict(ok: bool, text: str) -> None:
-        # A comparison with NaN (a method that did not run) is False: say so, not MISS.
-        word = "PASS" if ok else ("N/A" if "nan" in text else "MISS")
-        out.append(f"{word}: {text}")
+        out.append(h.verdict(ok, text))
 
     def m(name: str, key: str) -> float:
-        return med(series[name].samples.get(key)) if name in series else float("nan")
+        return h.median(series[name].samples.get(key)) if name in series else h.NAN
 
     srun_a, floor_a = (
         m("hpclaunch srun", "a_alloc_to_user"),
@@ -513,7 +407,7 @@ def targets(
         f"(+{(srun_a - floor_a) * 1e3:.0f} ms; aiming at +15 ms)",
     )
     for key, what in (("a_alloc_to_user", "(a)"), ("b_alloc_to_init", "(b)")):
-        diff, low, high = paired_difference(series, WATCH, NO_WATCH, key)
+        diff, low, high = paired(series, WATCH, NO_WATCH, key)
         same = low <= 0 <= high
         verdict(
             same,
@@ -527,7 +421,7 @@ def targets(
         verdict(c <= TARGET_RUN_CMD, f"`hpclaunch run` (c) with {name}: {c:.3f} s <= 0.3 s")
     for prog in ("true", "python -c pass"):
         for kind in ("boot", "boot+logs"):
-            extra = med(boot.get(f"{kind} {prog}")) - med(boot.get(prog))
+            extra = h.median(boot.get(f"{kind} {prog}")) - h.median(boot.get(prog))
             verdict(
                 extra <= TARGET_BOOTSTRAP,
                 f"{kind} over direct `{prog}`: +{extra * 1e3:.1f} ms <= 10 ms per rank",
@@ -540,34 +434,16 @@ def targets(
 
 
 def machine_facts() -> dict[str, str]:
-    def ver(mod: str) -> str:
-        try:
-            return str(__import__(mod).__version__)
-        except Exception as e:  # a missing tool is a fact too
-            return f"unavailable ({type(e).__name__})"
-
-    slurm = sh(["sinfo", "--version"]).strip()
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
-        "kernel": platform.release(),
-        "slurm": slurm,
-        "python": f"{platform.python_version()} ({PY})",
-        "torch": ver("torch"),
-        "submitit": ver("submitit"),
-        "torchx": ver("torchx"),
-        "user": pwd.getpwuid(os.getuid()).pw_name,
-    }
+    facts = h.machine_facts(slurm=True, interpreter=PY, user=True)
+    return {**facts, **{mod: h.module_version(mod) for mod in ("torch", "submitit", "torchx")}}
 
 
 def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
-    fact_line = ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("date", "user"))
-    return "\n".join(
+    return h.section(
+        "launch",
+        "Launch cost on the Slurm testbed (`bench/launch.py`)",
         [
-            MARK_START,
-            "## Launch cost on the Slurm testbed (`bench/launch.py`)",
-            "",
-            f"Measured {facts['date']}; {fact_line}. Jobs were submitted as "
+            f"Measured {facts['date']}; {h.facts_line(facts)}. Jobs were submitted as "
             f"{facts['user']}. The two testbed "
             "nodes share this machine's CPUs. Median (min-max) over n reps after one "
             "discarded warm-up; each rep starts on an idle cluster. The program is "
@@ -575,42 +451,37 @@ def doc_section(body: list[str], facts: dict[str, str], reps: int) -> str:
             "",
             *body,
             "",
-            "Reproduce:",
-            "",
-            "```bash",
-            "bash scripts/setup.sh --test && .venv/bin/pip install -e '.[bench]'",
-            "sudo apt-get install -y hyperfine  # the bootstrap rows (without it: a Python loop)",
-            'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
-            f"REPS={reps} PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/launch.py",
-            "```",
-            MARK_END,
-        ]
+            *h.reproduce(
+                "bash scripts/setup.sh --test && .venv/bin/pip install -e '.[bench]'",
+                "sudo apt-get install -y hyperfine  # the bootstrap rows (without it: a Python "
+                "loop)",
+                'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
+                f"REPS={reps} PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/launch.py",
+            ),
+        ],
     )
-
-
-def write_doc(section: str) -> None:
-    write_section(DOC, MARK_START, MARK_END, section)
 
 
 # ----------------------------------------------------------------------------- main
+QUICK_METHODS = "hpclaunch srun,sbatch+srun (floor)"
+
+
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="hpclaunch launch-cost benchmark (Slurm testbed)")
-    p.add_argument("--reps", type=int, default=int(os.environ.get("REPS", "7")))
+    p = h.arguments("hpclaunch launch-cost benchmark (Slurm testbed)", reps=7)
     p.add_argument("--no-startup", action="store_true", help="skip the lean/heavy venv part")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of method names")
     p.add_argument("--boot-runs", type=int, default=50, help="hyperfine runs per command")
-    p.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
-    p.add_argument(
-        "--render-only", action="store_true", help="re-render from bench/results/launch.json"
-    )
-    return p.parse_args()
+    args = h.parse(p)
+    if args.quick:
+        args.methods, args.boot_runs, args.no_startup = QUICK_METHODS, 5, True
+    return args
 
 
 def measure(
     names: list[str], reps: int, boot_runs: int, startup_part: bool = True
 ) -> dict[str, object]:
     """Run everything on the testbed; the result is what bench/results/launch.json holds."""
-    ensure_cluster()
+    cluster.ensure_cluster()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     GPU_PATTERN.write_text(json.dumps({"gpus": [{"samples": [[97, 40000, 600.0]]}]}))
     wait_idle()
@@ -688,17 +559,10 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown method(s) {unknown}; known: {list(METHODS)}")
     saved = RESULTS / "launch.json"
-    if args.render_only:
-        data = json.loads(saved.read_text())
-    else:
-        data = measure(names, args.reps, args.boot_runs, not args.no_startup)
-        RESULTS.mkdir(exist_ok=True)
-        saved.write_text(json.dumps(data, indent=1))
-    body = render(data)
-    print("\n".join(body))
-    if not args.no_doc:
-        write_doc(doc_section(body, data["facts"], data["reps"]))
-        print(f"wrote {DOC}")
+    data = h.results(
+        args, saved, lambda: measure(names, args.reps, args.boot_runs, not args.no_startup)
+    )
+    h.publish(args, "launch", doc_section(render(data), data["facts"], data["reps"]))
     return 0
 
 

@@ -13,8 +13,9 @@ costs without a network's round trip (add your link's RTT once per command).
     ignored: what a snapshot takes) with `run --dry-run`: first time, then unchanged,
     then with one file changed; rsync's own byte counts, both ways.
 
-Environment: REPS (default 25), NO_DOC=1 (print only). Needs root (runuser) and the
-testbed: export "$(sudo bash testbed/up.sh | tail -n 1)".
+Options (bench/harness.py's): --reps (REPS, default 25), --quick, --no-doc (NO_DOC=1),
+--doc FILE, --render-only (from the last run's remote-results.json in BENCH_SCRATCH).
+Needs root (runuser) and the testbed: export "$(sudo bash testbed/up.sh | tail -n 1)".
 """
 
 from __future__ import annotations
@@ -24,29 +25,21 @@ import platform
 import pwd
 import re
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import harness as h  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import laptop as lp  # noqa: E402
 import testbed  # noqa: E402
 
-DOC = REPO / "docs" / "benchmarks.md"
-MARK_START, MARK_END = "<!-- bench:remote:start -->", "<!-- bench:remote:end -->"
+SAVED = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench")) / "remote-results.json"
 TARGET_S = 0.100
 TARGET_MOVED = 1 << 20
-
-
-def timed(argv: list[str], **kw: object) -> tuple[float, subprocess.CompletedProcess[str]]:
-    started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload]
-    return time.perf_counter() - started, done
 
 
 def on_login_node(*args: str) -> list[str]:
@@ -58,12 +51,8 @@ def on_login_node(*args: str) -> list[str]:
             f"{home}/.hpclaunch/venv/bin/hpclaunch", *args]  # fmt: skip
 
 
-def med(values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return f"{statistics.median(ms):.0f} ms ({min(ms):.0f}-{max(ms):.0f})"
-
-
-def status_rows(project: lp.Laptop, reps: int) -> tuple[list[str], float]:
+def status_samples(project: lp.Laptop, reps: int) -> dict[str, list[float]]:
+    """`status RUN` on the login node, from the laptop, and the SSH floor, interleaved."""
     started = project.run("--remote", lp.LOGIN, "run", "--json", "--wait", "--", "true")
     assert started.returncode == 0, started.stderr
     run_id = re.search(r'"run_id": "([^"]+)"', started.stdout)
@@ -72,31 +61,41 @@ def status_rows(project: lp.Laptop, reps: int) -> tuple[list[str], float]:
     laptop_env = project.env()
     base = ["/usr/sbin/runuser", "-u", lp.USER, "--", "/usr/bin/env", "-u", "USER",
             "-u", "LOGNAME"]  # fmt: skip
-    here: list[float] = []
-    remote: list[float] = []
-    floor: list[float] = []
     home = pwd.getpwnam(testbed.USER).pw_dir
-    for _ in range(reps):
-        t, done = timed(on_login_node("status", rid), cwd=home)
+
+    def here(rep: int) -> float:
+        t, done = h.run_timed(on_login_node("status", rid), cwd=home)
         assert done.returncode == 0, done.stderr
-        here.append(t)
-        t, done = timed([*base, lp.HPCLAUNCH, "--remote", lp.LOGIN, "status", rid],
-                        env=laptop_env, cwd=project.cwd)  # fmt: skip
+        return t
+
+    def remote(rep: int) -> float:
+        t, done = h.run_timed([*base, lp.HPCLAUNCH, "--remote", lp.LOGIN, "status", rid],
+                              env=laptop_env, cwd=project.cwd)  # fmt: skip
         assert done.returncode == 0, done.stderr
-        remote.append(t)
+        return t
+
+    def floor(rep: int) -> float:
         master = [*base, "ssh", "-o", f"ControlPath={control_socket()}", lp.LOGIN, "true"]
-        t, done = timed(master, env=laptop_env, cwd=project.cwd)
-        floor.append(t)
-    extra = [r - h for r, h in zip(remote, here)]
+        return h.run_timed(master, env=laptop_env, cwd=project.cwd)[0]
+
+    methods = {"here": here, "remote": remote, "floor": floor}
+    return h.interleave(methods, reps, warmup=0, catch=()).kept
+
+
+def status_rows(samples: dict[str, list[float]]) -> tuple[list[str], float]:
+    here, remote, floor = samples["here"], samples["remote"], samples["floor"]
+    extra = [r - t for r, t in zip(remote, here)]
+
+    def ms(xs: list[float]) -> str:
+        return h.fmt(xs, "ms", digits=0)
+
     rows = [
-        "| method | median (min-max) |",
-        "|---|---|",
-        f"| `status RUN` on the login node | {med(here)} |",
-        f"| `hpclaunch --remote testbed-login status RUN` from the laptop | {med(remote)} |",
-        f"| floor: `ssh testbed-login true` over the same master | {med(floor)} |",
-        f"| added by SSH (paired, rep by rep) | {med(extra)} |",
+        ["`status RUN` on the login node", ms(here)],
+        ["`hpclaunch --remote testbed-login status RUN` from the laptop", ms(remote)],
+        ["floor: `ssh testbed-login true` over the same master", ms(floor)],
+        ["added by SSH (paired, rep by rep)", ms(extra)],
     ]
-    return rows, statistics.median(extra)
+    return h.table(["method", "median (min-max)"], rows), h.median(extra)
 
 
 def control_socket() -> str:
@@ -113,7 +112,8 @@ def moved(done: subprocess.CompletedProcess[str]) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def ship_rows(project: lp.Laptop) -> tuple[list[str], int]:
+def ship_samples(project: lp.Laptop) -> list[list[Any]]:
+    """[label, files sent, bytes moved, wall s] of a first, an unchanged and a changed ship."""
     data = project.cwd / "data200"
     data.mkdir()
     for i in range(200):
@@ -121,60 +121,62 @@ def ship_rows(project: lp.Laptop) -> tuple[list[str], int]:
     subprocess.run(["chown", "-R", f"{lp.USER}:{lp.USER}", str(data)], check=True)
     dry = ["--remote", lp.LOGIN, "run", "--dry-run", "--snapshot-limit", "1G", "--"]
     dry += ["python3", "train.py"]
-    rows = [
-        "| shipping 200 MB | files sent | bytes moved (both ways) | wall |",
-        "|---|---|---|---|",
-    ]
-    again = 0
+    rows: list[list[Any]] = []
     for label in ("first time", "unchanged", "one file changed"):
         if label == "one file changed":
             project.write("train.py", "print('changed')\n")
-        t, done = timed([str(x) for x in ["/usr/sbin/runuser", "-u", lp.USER, "--",
+        t, done = h.run_timed([str(x) for x in ["/usr/sbin/runuser", "-u", lp.USER, "--",
                         "/usr/bin/env", "-u", "USER", "-u", "LOGNAME", lp.HPCLAUNCH, *dry]],
                         env=project.env(), cwd=project.cwd)  # fmt: skip
         assert done.returncode == 0, done.stderr
         files, nbytes = moved(done)
-        again = nbytes if label == "unchanged" else again
-        rows.append(f"| {label} | {files} | {nbytes:,} | {t:.2f} s |")
-    return rows, again
+        rows.append([label, files, nbytes, t])
+    return rows
 
 
-def tool_version(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return (done.stdout + done.stderr).strip().splitlines()[0]
+def ship_rows(shipped: list[list[Any]]) -> tuple[list[str], int]:
+    rows = [[label, str(files), f"{nbytes:,}", f"{t:.2f} s"] for label, files, nbytes, t in shipped]
+    again = next(nbytes for label, _, nbytes, _ in shipped if label == "unchanged")
+    head = ["shipping 200 MB", "files sent", "bytes moved (both ways)", "wall"]
+    return h.table(head, rows), again
 
 
-def main() -> int:
-    reason = lp.available() or (None if testbed.slurm_conf() else "the testbed is down")
-    if reason:
-        print(f"bench/remote.py: {reason}", file=sys.stderr)
-        return 2
-    reps = int(os.environ.get("REPS", "25"))
+def measure(reps: int) -> dict[str, Any]:
     home = lp.Laptop(lp.home())
     setup = home.run("remote", "setup", lp.LOGIN, timeout=900)
     assert setup.returncode == 0, setup.stderr
     project = lp.new_project({"train.py": "print('hello')\n"})
     try:
-        status, added = status_rows(project, reps)
-        ship, again = ship_rows(project)
+        status = status_samples(project, reps)
+        shipped = ship_samples(project)
     finally:
         lp.close_master()
         shutil.rmtree(project.cwd, ignore_errors=True)
         for mirror in (lp.login_home() / ".hpclaunch" / "projects").glob(f"{project.cwd.name}-*"):
             shutil.rmtree(mirror, ignore_errors=True)
+    versions = {"ssh": h.first_line(["ssh", "-V"]), "rsync": h.first_line(["rsync", "--version"])}
+    facts = {"date": h.utc_now(), "nproc": str(os.cpu_count()), "python": platform.python_version()}
+    return {"reps": reps, "facts": {**facts, **versions}, "status": status, "shipped": shipped}
+
+
+def render(data: dict[str, Any]) -> str:
+    status, added = status_rows(data["status"])
+    ship, again = ship_rows(data["shipped"])
+    f, reps = data["facts"], data["reps"]
     verdicts = [
-        f"- {'PASS' if added < TARGET_S else 'MISS'}: SSH adds {added * 1000:.0f} ms to "
-        f"`status` (median of paired differences; target < 100 ms)",
-        f"- {'PASS' if again < TARGET_MOVED else 'MISS'}: an unchanged 200 MB project moves "
-        f"{again:,} bytes (target < 1 MB)",
+        h.verdict(
+            added < TARGET_S,
+            f"SSH adds {added * 1000:.0f} ms to `status` (median of paired differences; "
+            "target < 100 ms)",
+        ),
+        h.verdict(
+            again < TARGET_MOVED,
+            f"an unchanged 200 MB project moves {again:,} bytes (target < 1 MB)",
+        ),
     ]
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    section = "\n".join([
-        MARK_START,
-        "## Submitting from a laptop (`bench/remote.py`)",
-        "",
-        f"Measured {when}; nproc {os.cpu_count()}, python {platform.python_version()}, "
-        f"{tool_version(['ssh', '-V'])}, {tool_version(['rsync', '--version'])}. "
+    return h.section("remote", "Submitting from a laptop (`bench/remote.py`)", [
+        f"Measured {f['date']}; nproc {f['nproc']}, python {f['python']}, {f['ssh']}, "
+        f"{f['rsync']}. "
         "The laptop (user hpclaptop) and the login node (hpcuser through sshd on "
         "127.0.0.1:2222) are this machine: loopback figures, no network round trip; a "
         f"real link adds its RTT once per command. REPS={reps}, interleaved; each "
@@ -186,19 +188,23 @@ def main() -> int:
         "",
         "### Targets",
         "",
-        *verdicts,
+        *[f"- {v}" for v in verdicts],
         "",
-        "Reproduce:",
-        "",
-        "```bash",
-        'export "$(sudo bash testbed/up.sh | tail -n 1)"',
-        "sudo .venv/bin/python bench/remote.py",
-        "```",
-        MARK_END,
+        *h.reproduce(
+            'export "$(sudo bash testbed/up.sh | tail -n 1)"',
+            f"sudo .venv/bin/python bench/remote.py --reps {reps}",
+        ),
     ])  # fmt: skip
-    print(section)
-    if os.environ.get("NO_DOC") != "1":
-        write_section(DOC, MARK_START, MARK_END, section)
+
+
+def main() -> int:
+    args = h.parse(h.arguments(__doc__.splitlines()[0], reps=25, quick_reps=2))
+    reason = lp.available() or (None if testbed.slurm_conf() else "the testbed is down")
+    if reason and not args.render_only:
+        print(f"bench/remote.py: {reason}", file=sys.stderr)
+        return 2
+    data = h.results(args, SAVED, lambda: measure(args.reps))
+    h.publish(args, "remote", render(data))
     return 0
 
 

@@ -37,10 +37,10 @@ A rep takes about a minute per method (the signal 5-35 s in, then the requeued j
 out `AuthInfo=cred_expire` + 1 s, 11 s on the testbed, and the next backfill pass). No
 rep is started once BUDGET_S (default 660) would be overrun.
 
-Environment: REPS (default 3), SIGNAL_BEFORE (default 25), BUDGET_S (default 660),
-NO_DOC=1 (do not touch docs/benchmarks.md), RENDER_ONLY=1 (re-render from
-bench/results/requeue.json), SLURM_CONF (when unset, testbed/up.sh is run),
-BENCH_SCRATCH (a folder every node sees, default /var/tmp/hpclaunch-bench),
+Options (bench/harness.py's): --reps (REPS, default 3), --quick (1 rep), --no-doc
+(NO_DOC=1), --doc FILE, --render-only (RENDER_ONLY=1; from bench/results/requeue.json).
+Environment: SIGNAL_BEFORE (default 25), BUDGET_S (default 660), SLURM_CONF (when unset,
+the running testbed's), BENCH_SCRATCH (a folder every node sees, default /var/tmp/hpclaunch-bench),
 HPCLAUNCH_TESTBED_STATE (default /var/tmp/hpclaunch-testbed). Jobs are submitted as the
 calling user.
 """
@@ -50,12 +50,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import platform
-import pwd
 import re
-import shlex
-import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -63,24 +58,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import cluster  # bench/ is on sys.path when run as a script
+import harness as h
+from cluster import BINDIR, PY, queue, sh
+from harness import fresh
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PROG = BENCH / "requeue_prog.py"
 HANDWRITTEN = BENCH / "requeue_handwritten.sh"
-DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = BENCH / "results"
 SAVED = RESULTS / "requeue.json"
 STATE = Path(os.environ.get("HPCLAUNCH_TESTBED_STATE", "/var/tmp/hpclaunch-testbed"))
 CTLD_LOG = STATE / "log" / "slurmctld.log"
 SCRATCH = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench")) / "requeue"
-PY = sys.executable  # the real interpreter, not a pyenv shim
-BINDIR = Path(PY).parent
 NODES, TASKS_PER_NODE = 2, 1
 NRANKS = NODES * TASKS_PER_NODE
 TIME_LIMIT = "1"  # minutes, as -t takes it
-MARK_START, MARK_END = "<!-- bench:requeue:start -->", "<!-- bench:requeue:end -->"
 TARGET_OVER_HAND_S = 1.0
 JOB_TIMEOUT_S = 300.0  # one job, both attempts; a 1-minute limit and a ~45 s requeue wait
 REFERENCE = (
@@ -110,62 +104,16 @@ DETAILS = (
 )
 
 
-# ----------------------------------------------------------------------------- helpers
-def sh(argv: list[str], **kw: Any) -> str:
-    """Run a command (no shell), return stdout; raise with its stderr on failure."""
-    p = subprocess.run(argv, capture_output=True, text=True, **kw)
-    if p.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} exited {p.returncode}: {p.stderr.strip()[-500:]}")
-    return str(p.stdout)
-
-
-def fmt(xs: list[float] | None) -> str:
-    if not xs:
-        return "n/a"
-    return f"{statistics.median(xs):.3f} s ({min(xs):.3f}-{max(xs):.3f})"
-
-
-def med(xs: list[float] | None) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
-
-
 # ----------------------------------------------------------------------------- cluster
 def ensure_cluster() -> None:
-    """Point the Slurm clients at the testbed: SLURM_CONF, or start it with up.sh."""
-    if not os.environ.get("SLURM_CONF"):
-        out = sh(["bash", str(ROOT / "testbed" / "up.sh")]).strip().splitlines()
-        if not out or not out[-1].startswith("SLURM_CONF="):
-            raise SystemExit("testbed/up.sh did not print SLURM_CONF=<path> as its last line")
-        os.environ["SLURM_CONF"] = out[-1].split("=", 1)[1]
-    # Jobs inherit our environment: the real interpreter's bin first, no rank variables
-    # and no attempt of our own.
-    os.environ["PATH"] = f"{BINDIR}{os.pathsep}{os.environ['PATH']}"
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        os.environ.pop(var, None)
-    for var in ("HPCLAUNCH_ATTEMPT", "SLURM_RESTART_COUNT", "SLURM_JOB_ID"):
-        os.environ.pop(var, None)
+    """The testbed's clients; jobs inherit our environment: no rank variables and no
+    attempt of our own."""
+    attempt = ("HPCLAUNCH_ATTEMPT", "SLURM_RESTART_COUNT", "SLURM_JOB_ID")
+    cluster.ensure_cluster(unset=(*cluster.RANK_VARS, *attempt))
 
 
-def queue() -> list[str]:
-    return sh(["squeue", "-h", "-o", "%i"]).split()
-
-
-def wait_idle(timeout: float = 300.0) -> None:
-    """Block until no job is queued and every node is idle: each rep starts alike."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        queued = queue()
-        states = [ln.split()[1] for ln in sh(["sinfo", "-h", "-N", "-o", "%N %t"]).splitlines()]
-        if not queued and states and all(s == "idle" for s in states):
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"cluster not idle after {timeout:.0f} s: queue={queued} nodes={states}")
+def wait_idle() -> None:
+    cluster.wait_idle(300.0, poll=0.5)
 
 
 def log_size() -> int:
@@ -356,33 +304,20 @@ def measure(reps: int, before: int, budget_s: float) -> dict[str, Any]:
     """Interleave the methods rep by rep (alternating which goes first)."""
     ensure_cluster()
     SCRATCH.mkdir(parents=True, exist_ok=True)
-    samples: dict[str, dict[str, list[float]]] = {n: {} for n in METHODS}
-    errors: dict[str, list[str]] = {n: [] for n in METHODS}
-    t0, longest, skipped = time.time(), 0.0, 0
-    for rep in range(reps):
-        if rep and time.time() - t0 + longest > budget_s:
-            skipped = reps - rep
-            print(f"budget: {budget_s:.0f} s would be overrun; {skipped} rep(s) not run")
-            break
-        t_rep = time.time()
-        order = METHODS if rep % 2 == 0 else METHODS[::-1]
-        for name in order:
-            try:
-                for k, v in run_once(name, rep, before).items():
-                    samples[name].setdefault(k, []).append(v)
-            except RuntimeError as e:
-                print(f"  rep {rep} {name}: FAILED {e}", flush=True)
-                errors[name].append(str(e))
-        longest = max(longest, time.time() - t_rep)
+    t0 = time.time()
+    methods = {name: (lambda rep, n=name: run_once(n, rep, before)) for name in METHODS}
+    got = h.interleave(
+        methods, reps, warmup=0, order=h.ALTERNATE, catch=(RuntimeError,), budget_s=budget_s
+    )
     wait_idle()
     print(f"measured in {time.time() - t0:.0f} s", flush=True)
     return {
         "facts": machine_facts(),
         "reps": reps,
-        "skipped": skipped,
+        "skipped": got.skipped,
         "signal_before": before,
-        "samples": samples,
-        "errors": errors,
+        "samples": {name: h.columns(got.kept[name]) for name in METHODS},
+        "errors": got.errors,
     }
 
 
@@ -390,15 +325,8 @@ def measure(reps: int, before: int, budget_s: float) -> dict[str, Any]:
 def machine_facts() -> dict[str, str]:
     conf = Path(os.environ.get("SLURM_CONF", STATE / "slurm.conf"))
     m = re.search(r"cred_expire=(\d+)", conf.read_text()) if conf.exists() else None
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
-        "kernel": platform.release(),
-        "slurm": sh(["sinfo", "--version"]).strip(),
-        "python": f"{platform.python_version()} ({PY})",
-        "user": pwd.getpwuid(os.getuid()).pw_name,
-        "cred_expire": m.group(1) if m else "120 (default)",
-    }
+    facts = h.machine_facts(slurm=True, interpreter=PY, user=True)
+    return {**facts, "cred_expire": m.group(1) if m else "120 (default)"}
 
 
 def tables(data: dict[str, Any]) -> list[str]:
@@ -409,15 +337,11 @@ def tables(data: dict[str, Any]) -> list[str]:
         k = str(len(samples[name].get("part", [])))
         return k + (f" ({len(errors[name])} failed)" if errors[name] else "")
 
-    head = "| method | " + " | ".join(h for _, h in COLUMNS) + " | n |"
-    lines = [head, "|---|" + "---|" * (len(COLUMNS) + 1)]
-    for name in METHODS:
-        cells = [fmt(samples[name].get(k)) for k, _ in COLUMNS]
-        lines.append(f"| {name} | {' | '.join(cells)} | {n(name)} |")
+    rows = [[name, *(h.fmt(samples[name].get(k)) for k, _ in COLUMNS), n(name)] for name in METHODS]
+    lines = h.table(["method", *(head for _, head in COLUMNS), "n"], rows)
     lines += ["", "Breakdown:", ""]
-    lines += ["| | " + " | ".join(METHODS) + " |", "|---|" + "---|" * len(METHODS)]
-    for k, h in DETAILS:
-        lines.append(f"| {h} | " + " | ".join(fmt(samples[m].get(k)) for m in METHODS) + " |")
+    details = [[head, *(h.fmt(samples[m].get(k)) for m in METHODS)] for k, head in DETAILS]
+    lines += h.table(["", *METHODS], details)
     for name in METHODS:
         for e in errors[name]:
             lines.append(f"\n{name} failed: {e[:300].replace('|', '/')}")
@@ -426,14 +350,12 @@ def tables(data: dict[str, Any]) -> list[str]:
 
 def targets(data: dict[str, Any]) -> list[str]:
     s = data["samples"]
-    ours, hand = med(s["hpclaunch"].get("part")), med(s["hand-written"].get("part"))
-    word = "PASS" if ours <= hand + TARGET_OVER_HAND_S else "MISS"
-    if ours != ours or hand != hand:  # NaN: a method did not run
-        word = "N/A"
-    return [
-        f"{word}: hpclaunch's part {ours:.3f} s <= the hand-written script's {hand:.3f} s + 1 s "
+    ours, hand = h.median(s["hpclaunch"].get("part")), h.median(s["hand-written"].get("part"))
+    text = (
+        f"hpclaunch's part {ours:.3f} s <= the hand-written script's {hand:.3f} s + 1 s "
         f"({ours - hand:+.3f} s)"
-    ]
+    )
+    return [h.verdict(ours <= hand + TARGET_OVER_HAND_S, text)]
 
 
 def render(data: dict[str, Any]) -> list[str]:
@@ -468,11 +390,10 @@ def render(data: dict[str, Any]) -> list[str]:
 def doc_section(body: list[str], data: dict[str, Any]) -> str:
     f = data["facts"]
     facts = ", ".join(f"{k} {f[k]}" for k in ("nproc", "kernel", "slurm", "python"))
-    return "\n".join(
+    return h.section(
+        "requeue",
+        "Requeue turnaround on the Slurm testbed (`bench/requeue.py`)",
         [
-            MARK_START,
-            "## Requeue turnaround on the Slurm testbed (`bench/requeue.py`)",
-            "",
             f"Measured {f['date']}; {facts}. Jobs were submitted as {f['user']}; the two "
             "testbed nodes share this machine's CPUs and clock. Median (min-max) over n "
             "reps, the two methods interleaved in each rep, each job on an idle cluster. "
@@ -485,33 +406,21 @@ def doc_section(body: list[str], data: dict[str, Any]) -> str:
             "",
             *body,
             "",
-            "Reproduce:",
-            "",
-            "```bash",
-            'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
-            f"flock /var/tmp/hpclaunch-testbed.lock env REPS={data['reps']} "
-            ".venv/bin/python bench/requeue.py",
-            "```",
-            MARK_END,
-        ]
+            *h.reproduce(
+                'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
+                f"flock /var/tmp/hpclaunch-testbed.lock env REPS={data['reps']} "
+                ".venv/bin/python bench/requeue.py",
+            ),
+        ],
     )
 
 
 def main() -> int:
-    reps = int(os.environ.get("REPS", "3"))
+    args = h.parse(h.arguments(__doc__.splitlines()[0], reps=3))
     before = int(os.environ.get("SIGNAL_BEFORE", "25"))
     budget = float(os.environ.get("BUDGET_S", "660"))
-    if os.environ.get("RENDER_ONLY") == "1":
-        data = json.loads(SAVED.read_text())
-    else:
-        data = measure(reps, before, budget)
-        RESULTS.mkdir(exist_ok=True)
-        SAVED.write_text(json.dumps(data, indent=1))
-    body = render(data)
-    print("\n".join(body))
-    if os.environ.get("NO_DOC") != "1":
-        write_section(DOC, MARK_START, MARK_END, doc_section(body, data))
-        print(f"wrote {DOC}")
+    data = h.results(args, SAVED, lambda: measure(args.reps, before, budget))
+    h.publish(args, "requeue", doc_section(render(data), data))
     return 0
 
 

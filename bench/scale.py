@@ -18,7 +18,8 @@ once, in turn), after one discarded warm-up rep:
             Peer: runs/ in .gitignore; floor: the same dry-run with --no-snapshot.
 
     export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf   # the dry-run asks sinfo
-    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python bench/scale.py [--reps 7] [--no-doc]
+    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python bench/scale.py [--reps 7]
+        [--quick] [--no-doc | --doc FILE]
 
 Environment: BENCH_SCRATCH (default /var/tmp/hpclaunch-bench; this harness uses and
 empties its scale/ folder), SCALE_BASELINE (a git revision; default below).
@@ -26,38 +27,27 @@ empties its scale/ folder), SCALE_BASELINE (a git revision; default below).
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import harness as h  # bench/ is on sys.path when run as a script
+from harness import fresh
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-DOC = ROOT / "docs" / "benchmarks.md"
 PY = sys.executable
 SCRATCH = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench")) / "scale"
 # The tree before the issue-26 performance fixes (runs tallies, pruned snapshot walk).
 BASELINE = os.environ.get("SCALE_BASELINE", "27c0c09")
-MARK_START, MARK_END = "<!-- bench:scale:start -->", "<!-- bench:scale:end -->"
 RUNS, SWEEPS, POINTS = 100, 10, 1000
 OLD_RUN_FOLDERS, FILES_PER_RUN = 7500, 10
 RUNS_TARGET, DRY_TARGET = 1.20, 1.20
-
-
-def fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
 
 
 def run_id(day: int, n: int) -> str:
@@ -176,23 +166,17 @@ def make_project(folder: Path, old_runs: int) -> Path:
 class Case:
     def __init__(self, key: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
         self.key, self.argv, self.cwd, self.env = key, argv, cwd, env
-        self.before: Callable[[], None] = lambda: None
-        self.after: Callable[[], None] = lambda: None
-        self.times: list[float] = []
-        self.first = float("nan")
+        self.before: Callable[[], object] = lambda: None
+        self.after: Callable[[], object] = lambda: None
 
-    def once(self, keep: bool) -> None:
+    def once(self, rep: int) -> float:
+        """One whole process, its wall seconds."""
         self.before()
-        t0 = time.perf_counter()
-        p = subprocess.run(self.argv, cwd=self.cwd, env=self.env, capture_output=True, text=True)
-        took = time.perf_counter() - t0
+        took, p = h.run_timed(self.argv, cwd=self.cwd, env=self.env)
         self.after()
         if p.returncode != 0:
             raise RuntimeError(f"{self.key}: exited {p.returncode}: {p.stderr.strip()[-600:]}")
-        if keep:
-            self.times.append(took)
-        else:
-            self.first = took
+        return took
 
 
 def hl(src: Path, *args: str) -> list[str]:
@@ -247,7 +231,7 @@ def dry_cases(src: dict[str, Path]) -> list[Case]:
     peer = Case("dry|peer|runs/ 75,000 files, ignored", peer_argv, full, env)
     ignore = full / ".gitignore"
     peer.before = lambda: ignore.write_text("runs/\n")
-    peer.after = lambda: ignore.unlink()
+    peer.after = ignore.unlink
     cases.append(peer)
     floor = hl(src["this tree"], *dry, "--no-snapshot", *tail)
     cases.append(Case("dry|floor|runs/ 75,000 files, --no-snapshot", floor, full, env))
@@ -260,59 +244,40 @@ def measure(reps: int) -> dict[str, Any]:
     src = trees()
     cases = runs_cases(src) + dry_cases(src)
     setup = time.perf_counter() - t0
-    for rep in range(reps + 1):
-        for case in cases:
-            case.once(keep=rep > 0)
-        print(f"rep {rep} done", flush=True)
+    got = h.interleave({c.key: c.once for c in cases}, reps, catch=(), progress=h.print_metrics)
     shutil.rmtree(SCRATCH, ignore_errors=True)  # 75,000 + 10,000 files
     return {
         "facts": facts(),
         "reps": reps,
         "setup_s": setup,
         "total_s": time.perf_counter() - t0,
-        "samples": {c.key: c.times for c in cases},
-        "first": {c.key: c.first for c in cases},
+        "samples": got.kept,
+        "first": {key: first[0] for key, first in got.warm_ups.items()},
     }
 
 
 # ----------------------------------------------------------------------------- report
 def facts() -> dict[str, str]:
-    load = os.getloadavg()
     return {
-        "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
-        "load": f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
-        "python": platform.python_version(),
-        "git": subprocess.run(
-            ["git", "--version"], capture_output=True, text=True
-        ).stdout.split()[-1],
+        **h.machine_facts(),
+        "git": h.first_line(["git", "--version"]).split()[-1],
         "baseline": subprocess.run(
             ["git", "rev-parse", "--short", BASELINE], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
-    }  # fmt: skip
-
-
-def fmt(xs: list[float]) -> str:
-    if not xs:
-        return "n/a"
-    return f"{statistics.median(xs):.3f} s ({min(xs):.3f}-{max(xs):.3f})"
-
-
-def med(data: dict[str, Any], key: str) -> float:
-    xs = data["samples"].get(key) or []
-    return statistics.median(xs) if xs else float("nan")
+    }
 
 
 def table(data: dict[str, Any], kind: str, rows: list[str], peer: str, floor: str) -> list[str]:
-    n = data["reps"]
-    out = [f"| {kind} (n={n} each) | baseline | this tree |", "|---|---|---|"]
+    samples = data["samples"]
+    out = []
     for what in rows:
-        cells = [fmt(data["samples"][f"{kind}|{t}|{what}"]) for t in ("baseline", "this tree")]
-        out.append(f"| {what} | {cells[0]} | {cells[1]} |")
+        out.append(
+            [what, *(h.fmt(samples[f"{kind}|{t}|{what}"]) for t in ("baseline", "this tree"))]
+        )
     if peer:
-        out.append(f"| peer: {peer} | | {fmt(data['samples'][f'{kind}|peer|{peer}'])} |")
-    out.append(f"| floor: {floor} | | {fmt(data['samples'][f'{kind}|floor|{floor}'])} |")
-    return [line for line in out if line]
+        out.append([f"peer: {peer}", "", h.fmt(samples[f"{kind}|peer|{peer}"])])
+    out.append([f"floor: {floor}", "", h.fmt(samples[f"{kind}|floor|{floor}"])])
+    return h.table([f"{kind} (n={data['reps']} each)", "baseline", "this tree"], out)
 
 
 def verdicts(data: dict[str, Any]) -> list[str]:
@@ -324,12 +289,15 @@ def verdicts(data: dict[str, Any]) -> list[str]:
         ("dry", "runs/ empty", "runs/ 75,000 files", DRY_TARGET, dry_what),
     ):
         for tree in ("baseline", "this tree"):
-            ratio = med(data, f"{kind}|{tree}|{big}") / med(data, f"{kind}|{tree}|{small}")
-            verdict = "PASS" if ratio <= target else "MISS"
-            out.append(
-                f"- {verdict} ({tree}): {what}: {ratio:.2f}x the same command without them "
+            samples = data["samples"]
+            ratio = h.median(samples[f"{kind}|{tree}|{big}"]) / h.median(
+                samples[f"{kind}|{tree}|{small}"]
+            )
+            text = (
+                f"{tree}: {what}: {ratio:.2f}x the same command without them "
                 f"(same run, medians; target at most {target:.2f}x)"
             )
+            out.append(f"- {h.verdict(ratio <= target, text)}")
     first = data["first"]["runs|this tree|100 runs + 10 sweeps"]
     out.append(
         f"- the first listing after the sweeps ended (it reads their points once and writes "
@@ -338,67 +306,53 @@ def verdicts(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any]) -> str:
     f = data["facts"]
-    return [
-        "<!-- bench:scale:start -->",
-        "## What earlier runs leave behind (`bench/scale.py`)",
-        "",
-        f"Measured {f['when']}; nproc {f['nproc']}, load {f['load']} (this machine's 2 "
-        "cores were shared with other developers' tests and type checks: the figures were "
-        "taken under load; compare within a table, same run), python "
-        f"{f['python']}, git {f['git']}. Baseline: the tree at {f['baseline']} (before the "
-        "fixes), run from a `git archive` copy with the same interpreter. Whole "
-        "`python -m hpclaunch` processes, interleaved, median (min-max) after one warm-up "
-        f"rep; the harness took {data['total_s']:.0f} s ({data['setup_s']:.0f} s making "
-        "the records and projects).",
-        "",
-        "### `hpclaunch runs`: 100 ended runs, and 10 ended sweeps of 1,000 points beside them",
-        "",
-        *table(data, "runs", ["100 runs", "100 runs + 10 sweeps"], "", "--version"),
-        "",
-        "### `hpclaunch run --cluster slurm --dry-run` in a project whose runs/ is neither "
-        "ignored nor the run root",
-        "",
-        *table(
-            data,
-            "dry",
-            ["runs/ empty", "runs/ 75,000 files"],
-            "runs/ 75,000 files, ignored",
-            "runs/ 75,000 files, --no-snapshot",
-        ),
-        "",
-        "### Targets",
-        "",
-        *verdicts(data),
-        "",
-        "Reproduce:",
-        "",
-        "```bash",
-        "export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf",
-        "env -u PYTHONDONTWRITEBYTECODE .venv/bin/python bench/scale.py --reps 7",
-        "```",
-        "<!-- bench:scale:end -->",
-    ]
+    return h.section(
+        "scale",
+        "What earlier runs leave behind (`bench/scale.py`)",
+        [
+            f"Measured {f.get('date', f.get('when'))}; nproc {f['nproc']}, load {f['load']} "
+            "(this machine's 2 cores were shared with other developers' tests and type "
+            "checks: the figures were taken under load; compare within a table, same run), "
+            f"python {f['python']}, git {f['git']}. Baseline: the tree at {f['baseline']} "
+            "(before the fixes), run from a `git archive` copy with the same interpreter. "
+            "Whole `python -m hpclaunch` processes, interleaved, median (min-max) after one "
+            f"warm-up rep; the harness took {data['total_s']:.0f} s ({data['setup_s']:.0f} s "
+            "making the records and projects).",
+            "",
+            "### `hpclaunch runs`: 100 ended runs, and 10 ended sweeps of 1,000 points beside them",
+            "",
+            *table(data, "runs", ["100 runs", "100 runs + 10 sweeps"], "", "--version"),
+            "",
+            "### `hpclaunch run --cluster slurm --dry-run` in a project whose runs/ is neither "
+            "ignored nor the run root",
+            "",
+            *table(
+                data,
+                "dry",
+                ["runs/ empty", "runs/ 75,000 files"],
+                "runs/ 75,000 files, ignored",
+                "runs/ 75,000 files, --no-snapshot",
+            ),
+            "",
+            "### Targets",
+            "",
+            *verdicts(data),
+            "",
+            *h.reproduce(
+                "export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf",
+                "env -u PYTHONDONTWRITEBYTECODE .venv/bin/python bench/scale.py "
+                f"--reps {data['reps']}",
+            ),
+        ],
+    )
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
-    p.add_argument("--render-only", action="store_true", help="from the last results.json")
-    args = p.parse_args()
-    results = SCRATCH.parent / "scale-results.json"
-    if args.render_only:
-        data = json.loads(results.read_text())
-    else:
-        data = measure(args.reps)
-        results.write_text(json.dumps(data, indent=1))
-    text = "\n".join(render(data))
-    print(text)
-    if not args.no_doc:
-        write_section(DOC, MARK_START, MARK_END, text)
-        print(f"wrote {DOC}")
+    args = h.parse(h.arguments(__doc__.splitlines()[0], reps=7))
+    data = h.results(args, SCRATCH.parent / "scale-results.json", lambda: measure(args.reps))
+    h.publish(args, "scale", render(data))
     return 0
 
 

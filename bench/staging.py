@@ -23,31 +23,30 @@ rewrites its section of docs/benchmarks.md.
     export "$(sudo bash testbed/up.sh | tail -n 1)"; sudo apt-get install -y rsync
     sudo REPS=5 .venv/bin/python bench/staging.py
 
-Environment: REPS (default 5), SETTLE_S (seconds to wait after dropping the page cache,
-default 6), NO_DOC=1 (do not touch docs/benchmarks.md), RENDER_ONLY=1
-(re-render from the last run's results.json in the bench folder), TESTBED_STATE (default
+Options (bench/harness.py's): --reps (REPS, default 5), --quick (1 rep), --no-doc (NO_DOC=1),
+--doc FILE, --render-only (RENDER_ONLY=1; from the last run's results.json in the bench
+folder). Environment: SETTLE_S (seconds to wait after dropping the page cache, default
+6), TESTBED_STATE (default
 /var/tmp/hpclaunch-testbed; its work/bench-staging/ holds the dataset, kept between runs).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import platform
 import pwd
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Union
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import cluster  # bench/ is on sys.path when run as a script
+import harness as h
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -60,8 +59,6 @@ DATASET = WORK / "dataset"
 ONE = WORK / "one.bin"
 READY_TAR = WORK / "dataset.tar"
 RESULTS = WORK / "results.json"  # raw samples of the last run (outside the repository)
-DOC = REPO / "docs" / "benchmarks.md"
-MARK_START, MARK_END = "<!-- bench:staging:start -->", "<!-- bench:staging:end -->"
 VENV_BIN = REPO / ".venv" / "bin"
 USER = "hpcuser"
 USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -88,14 +85,9 @@ def slurm_env() -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": conf, "PATH": f"{os.environ['PATH']}:{USER_PATH}"}
 
 
-def sh(argv: list[str], timeout: float = 60) -> str:
+def as_root(argv: list[str], timeout: float = 60) -> str:
     """A command as root (no shell); stdout, or raise with its stderr."""
-    p = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=slurm_env(), check=False
-    )
-    if p.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} exited {p.returncode}: {p.stderr.strip()[-600:]}")
-    return p.stdout
+    return cluster.sh(argv, timeout=timeout, env=slurm_env())
 
 
 def user_env() -> dict[str, str]:
@@ -144,36 +136,13 @@ def drop_caches() -> None:
 def wait_idle(timeout: float = 600) -> None:
     """No job queued and both nodes idle: each rep starts alike (a finished job's guard
     may still be removing its node-local folder)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        queued = sh(["squeue", "-h", "-o", "%i"]).split()
-        states = sh(["sinfo", "-h", "-N", "-o", "%N %t"]).split()[1::2]
-        if not queued and states and all(s == "idle" for s in states):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"testbed not idle after {timeout:.0f} s: jobs {queued}")
-        time.sleep(0.1)
+    cluster.wait_idle(timeout, poll=0.1, env=slurm_env())
 
 
 def cancel_ours() -> None:
     subprocess.run(
         ["scancel", "-u", USER, "-n", JOB_NAME], env=slurm_env(), capture_output=True, check=False
     )
-
-
-def summary(xs: list[float]) -> tuple[float, float, float]:
-    return statistics.median(xs), min(xs), max(xs)
-
-
-def med(xs: list[float] | None) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def fmt(xs: list[float] | None) -> str:
-    if not xs:
-        return "n/a"
-    m, lo, hi = summary(xs)
-    return f"{m:.3f} s ({lo:.3f}-{hi:.3f})"
 
 
 # ----------------------------------------------------------------------------- dataset
@@ -374,63 +343,98 @@ def run_hpclaunch(cold: bool, per_node: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- measure
-def add(data: dict[str, Any], mode: str, name: str, value: Any) -> None:
-    data.setdefault(mode, {}).setdefault(name, []).append(value)
+Item = Union["Method", str]  # a baseline, or one of HPC_RUNS
+
+
+def copy_rep(item: Item, cold: bool) -> Callable[[int], dict[str, Any]]:
+    """One rep of a baseline or of hpclaunch on an idle testbed."""
+
+    def rep(_: int) -> dict[str, Any]:
+        wait_idle()
+        if isinstance(item, Method):
+            if cold:
+                drop_caches()
+            return run_method(item)
+        return run_hpclaunch(cold, HPC_RUNS[item])
+
+    return rep
+
+
+def say_copy(mode: str) -> Callable[[str, str, dict[str, Any]], None]:
+    def line(name: str, tag: str, r: dict[str, Any]) -> None:
+        tag = f"{mode} {tag}"
+        if name not in HPC_RUNS:
+            say(f"{tag:12s} {name:32s} {r['s']:.3f} s  tasks {r['tasks']}")
+            return
+        say(
+            f"{tag:12s} {name:32s} unpack {r['s']:.3f} s {r['nodes']}, plan "
+            f"{r['plan_s']:.3f} s, stage {r['stage_s']:.3f} s, wall {r['wall']:.1f} s"
+            + (" (2 guards per node)" if r["guard_warning"] else "")
+        )
+
+    return line
 
 
 def measure_copies(reps: int) -> dict[str, Any]:
     """Baselines and hpclaunch, interleaved rep by rep (drift hits all alike); the order
-    turns by one each rep, as a cold run is slower after some runs than after others."""
+    turns by one each rep, as a cold run is slower after some runs than after others.
+    Cold reps have no warm-up; warm reps one."""
     data: dict[str, Any] = {}
     wait_idle()
     warm_up = hpclaunch_run(RANKS_PER_NODE)  # packs the tar into <run_root>/.stage-cache
     say(f"hpclaunch warm-up (packs): unpack {warm_up['s']:.3f} s, pack {warm_up['packed_s']} s")
     data["first_run"] = warm_up
-    items: list[Method | str] = [*METHODS, *HPC_RUNS]
+    items: list[Item] = [*METHODS, *HPC_RUNS]
     for mode in MODES:
         cold = mode == "cold"
-        for rep in range(reps + (0 if cold else 1)):
-            tag = (
-                f"{mode} rep {rep + 1}" if cold else ("warm-up" if rep == 0 else f"warm rep {rep}")
-            )
-            turn = rep % len(items)
-            for item in items[turn:] + items[:turn]:
-                wait_idle()
-                if isinstance(item, Method):
-                    if cold:
-                        drop_caches()
-                    r = run_method(item)
-                    name = item.name
-                    say(f"{tag:12s} {name:32s} {r['s']:.3f} s  tasks {r['tasks']}")
-                else:
-                    name = item
-                    r = run_hpclaunch(cold, HPC_RUNS[name])
-                    say(
-                        f"{tag:12s} {name:32s} unpack {r['s']:.3f} s {r['nodes']}, plan "
-                        f"{r['plan_s']:.3f} s, stage {r['stage_s']:.3f} s, wall {r['wall']:.1f} s"
-                        + (" (2 guards per node)" if r["guard_warning"] else "")
-                    )
-                if cold or rep:
-                    add(data, mode, name, r)
+        methods = {(i.name if isinstance(i, Method) else i): copy_rep(i, cold) for i in items}
+        got = h.interleave(
+            methods,
+            reps,
+            warmup=0 if cold else 1,
+            order=h.ROTATE,
+            catch=(),
+            progress=say_copy(mode),
+        )
+        data[mode] = got.kept
     return data
+
+
+def say_part(mode: str) -> Callable[[str, str, dict[str, Any]], None]:
+    def line(name: str, tag: str, r: dict[str, Any]) -> None:
+        parts = [f"{k} {r[k]:.3f} s" for k in ("plan_s", "make_s") if k in r and name != "pack"]
+        say(f"{mode} {name:4s} {tag}: " + (", ".join(parts) or f"{r['s']:.3f} s"))
+
+    return line
 
 
 def measure_pack(reps: int) -> dict[str, Any]:
     """Building the tar: pack_all() on an empty cache, and plain `tar -cf`, as the user."""
     data: dict[str, Any] = {}
     root = WORK / "pack"
+
+    def pack(what: str, cold: bool) -> Callable[[int], dict[str, Any]]:
+        def rep(_: int) -> dict[str, Any]:
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            shutil.chown(root, USER, USER)
+            if cold:
+                drop_caches()
+            return user_timer(what, root)
+
+        return rep
+
     for mode in MODES:
-        for rep in range(reps + (0 if mode == "cold" else 1)):
-            for what in ("pack", "tar"):
-                shutil.rmtree(root, ignore_errors=True)
-                root.mkdir()
-                shutil.chown(root, USER, USER)
-                if mode == "cold":
-                    drop_caches()
-                r = user_timer(what, root)
-                say(f"{mode} {what:4s} rep {rep}: {r['s']:.3f} s")
-                if mode == "cold" or rep:
-                    add(data, mode, what, r)
+        cold = mode == "cold"
+        methods = {what: pack(what, cold) for what in ("pack", "tar")}
+        got = h.interleave(
+            methods,
+            reps,
+            warmup=0 if cold else 1,
+            catch=(),
+            progress=say_part(mode),
+        )
+        data[mode] = got.kept
     shutil.rmtree(root, ignore_errors=True)
     return data
 
@@ -438,47 +442,43 @@ def measure_pack(reps: int) -> dict[str, Any]:
 def measure_snapshot(reps: int) -> dict[str, Any]:
     """The code snapshot of this repository: snapshot.plan_snapshot + snapshot.make (as root)."""
     data: dict[str, Any] = {}
-    for mode in MODES:
-        for rep in range(reps + (0 if mode == "cold" else 1)):
-            dest = WORK / "snapshot"
+    dest = WORK / "snapshot"
+
+    def snap(cold: bool) -> Callable[[int], dict[str, Any]]:
+        def rep(_: int) -> dict[str, Any]:
             shutil.rmtree(dest, ignore_errors=True)
-            if mode == "cold":
+            if cold:
                 drop_caches()
-            t0 = time.perf_counter()
-            p = snapshot.plan_snapshot(REPO)
-            t1 = time.perf_counter()
-            stats = snapshot.make(p, dest / "code", exclude=REPO / "runs")
-            t2 = time.perf_counter()
-            r = {"plan_s": t1 - t0, "make_s": t2 - t1, "s": t2 - t0}
+            plan_s, p = h.timed(lambda: snapshot.plan_snapshot(REPO))
+            make_s, stats = h.timed(lambda: snapshot.make(p, dest / "code", exclude=REPO / "runs"))
+            r = {"plan_s": plan_s, "make_s": make_s, "s": plan_s + make_s}
             r.update(files=stats.files, bytes=stats.bytes, links=stats.links)
-            say(f"{mode} snapshot rep {rep}: plan {r['plan_s']:.3f} s, make {r['make_s']:.3f} s")
-            if mode == "cold" or rep:
-                add(data, mode, "snapshot", r)
-    shutil.rmtree(WORK / "snapshot", ignore_errors=True)
+            return r
+
+        return rep
+
+    for mode in MODES:
+        got = h.interleave(
+            {"snapshot": snap(mode == "cold")},
+            reps,
+            warmup=0 if mode == "cold" else 1,
+            catch=(),
+            progress=say_part(mode),
+        )
+        data[mode] = got.kept
+    shutil.rmtree(dest, ignore_errors=True)
     return data
-
-
-def first_line(argv: list[str]) -> str:
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, check=False)
-        return (p.stdout + p.stderr).strip().splitlines()[0]
-    except (OSError, IndexError):
-        return "unavailable"
 
 
 def machine_facts() -> dict[str, str]:
     node_tmp = user_ok(srun_argv(1, 'echo "$SLURMD_NODENAME $(stat -f -c %T /tmp)"'), 120)
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
+        **h.machine_facts(slurm=True),
         "memory": f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
-        "kernel": platform.release(),
-        "slurm": sh(["sinfo", "--version"]).strip(),
-        "python": platform.python_version(),
-        "GNU tar": first_line(["tar", "--version"]).split()[-1],
-        "rsync": first_line(["rsync", "--version"]).split()[2],
-        "GNU cp": first_line(["cp", "--version"]).split()[-1],
-        "dataset fs": sh(["findmnt", "-n", "-o", "FSTYPE", "-T", str(WORK)]).strip(),
+        "GNU tar": h.first_line(["tar", "--version"]).split()[-1],
+        "rsync": h.first_line(["rsync", "--version"]).split()[2],
+        "GNU cp": h.first_line(["cp", "--version"]).split()[-1],
+        "dataset fs": as_root(["findmnt", "-n", "-o", "FSTYPE", "-T", str(WORK)]).strip(),
         "node /tmp": ", ".join(sorted(node_tmp.strip().splitlines())),
     }
 
@@ -495,8 +495,9 @@ def series(data: dict[str, Any], mode: str, name: str, key: str = "s") -> list[f
 
 
 def table(copies: dict[str, Any]) -> list[str]:
-    head = "| method | cold median (min-max) | cold MB/s | cold files/s | warm median (min-max) "
-    lines = [head + "| warm MB/s | warm files/s | n |", "|---|---|---|---|---|---|---|---|"]
+    head = ["method", "cold median (min-max)", "cold MB/s", "cold files/s"]
+    head += ["warm median (min-max)", "warm MB/s", "warm files/s", "n"]
+    lines = []
     rows = [(m.name, m.name, "s", m.files) for m in METHODS]
     for name, per_node in HPC_RUNS.items():
         tag = f" (`--tasks-per-node {per_node}`)"
@@ -507,17 +508,17 @@ def table(copies: dict[str, Any]) -> list[str]:
         for mode in MODES:
             xs = series(copies, mode, name, key)
             ns.append(str(len(xs)))
-            cells += [fmt(xs), *rate(med(xs), files)]
-        lines.append(f"| {' | '.join(cells)} | {'/'.join(ns)} |")
-    return lines
+            cells += [h.fmt(xs), *rate(h.median(xs), files)]
+        lines.append([*cells, "/".join(ns)])
+    return h.table(head, lines)
 
 
 def parts_table(copies: dict[str, Any], pack: dict[str, Any], snap: dict[str, Any]) -> list[str]:
-    lines = ["| part | cold median (min-max) | warm median (min-max) | n |", "|---|---|---|---|"]
+    lines: list[list[str]] = []
 
     def row(label: str, data: dict[str, Any], name: str, key: str = "s") -> None:
         c, w = series(data, "cold", name, key), series(data, "warm", name, key)
-        lines.append(f"| {label} | {fmt(c)} | {fmt(w)} | {len(c)}/{len(w)} |")
+        lines.append([label, h.fmt(c), h.fmt(w), f"{len(c)}/{len(w)}"])
 
     row(
         "reuse decision at submit (`stage.plan_stage()`: manifest walk + hash)",
@@ -536,11 +537,8 @@ def parts_table(copies: dict[str, Any], pack: dict[str, Any], snap: dict[str, An
         "hpclaunch",
         "wall",
     )
-    return lines
-
-
-def verdict(ok: bool, text: str) -> str:
-    return f"{'PASS' if ok else ('N/A' if 'nan' in text else 'MISS')}: {text}"
+    head = ["part", "cold median (min-max)", "warm median (min-max)", "n"]
+    return h.table(head, lines)
 
 
 def targets(copies: dict[str, Any], name: str = "hpclaunch") -> list[str]:
@@ -549,10 +547,10 @@ def targets(copies: dict[str, Any], name: str = "hpclaunch") -> list[str]:
     tar, cp = METHODS[3].name, METHODS[0].name
     tpn = f"`--tasks-per-node {HPC_RUNS[name]}`"
     for mode in MODES:
-        unpack, base = med(series(copies, mode, name)), med(series(copies, mode, tar))
+        unpack, base = h.median(series(copies, mode, name)), h.median(series(copies, mode, tar))
         limit = TARGET_UNPACK_OVER_TAR * base
         out.append(
-            verdict(
+            h.verdict(
                 unpack <= limit,
                 f"per-node unpack, {tpn}, {mode}: {unpack:.3f} s vs `tar -xf` {base:.3f} s: "
                 f"ratio {unpack / base:.2f} (target <= {TARGET_UNPACK_OVER_TAR}, i.e. "
@@ -565,10 +563,10 @@ def targets(copies: dict[str, Any], name: str = "hpclaunch") -> list[str]:
                 f"folder; {unpack - base:+.3f} s over plain `tar -xf` here"
             )
     for mode in MODES:
-        stage = med(series(copies, mode, name, "stage_s"))
-        base = med(series(copies, mode, cp))
+        stage = h.median(series(copies, mode, name, "stage_s"))
+        base = h.median(series(copies, mode, cp))
         out.append(
-            verdict(
+            h.verdict(
                 base / stage >= TARGET_STAGE_SPEEDUP,
                 f"whole stage of an unchanged dataset, {tpn}, {mode}: {stage:.3f} s vs `cp -r` "
                 f"per rank (2 per node) {base:.3f} s: {base / stage:.2f}x faster "
@@ -576,8 +574,8 @@ def targets(copies: dict[str, Any], name: str = "hpclaunch") -> list[str]:
             )
         )
         if out[-1].startswith("MISS"):
-            plain = med(series(copies, mode, tar))
-            plan = med(series(copies, mode, name, "plan_s"))
+            plain = h.median(series(copies, mode, tar))
+            plan = h.median(series(copies, mode, name, "plan_s"))
             need = base / TARGET_STAGE_SPEEDUP - plan
             out[-1] += (
                 f". Why: here `cp -r` per rank takes only {base / plain:.2f}x the time of a "
@@ -613,7 +611,10 @@ def guard_note(copies: dict[str, Any]) -> list[str]:
 
 
 def snapshot_line(snap: dict[str, Any]) -> str:
-    cold, warm = med(series(snap, "cold", "snapshot")), med(series(snap, "warm", "snapshot"))
+    cold, warm = (
+        h.median(series(snap, "cold", "snapshot")),
+        h.median(series(snap, "warm", "snapshot")),
+    )
     return (
         f"Beside it, the code snapshot of this repository that every cluster submission "
         f"makes: {warm:.3f} s warm, {cold:.3f} s cold (plan + make, medians)."
@@ -671,11 +672,10 @@ def doc_section(body: list[str], data: dict[str, Any]) -> str:
     facts = data["facts"]
     fact_line = "; ".join(f"{k} {v}" for k, v in facts.items() if k != "date")
     before = ", ".join(f"{k} {v} s" for k, v in ISSUE_BEFORE.items())
-    return "\n".join(
+    return h.section(
+        "staging",
+        "Staging a dataset onto the nodes (`bench/staging.py`)",
         [
-            MARK_START,
-            "## Staging a dataset onto the nodes (`bench/staging.py`)",
-            "",
             f"Measured {facts['date']} on the 2-node testbed ({fact_line}). The nodes are "
             "network and mount namespaces of this one machine: they share its CPUs, its disk "
             "and one page cache, each with its own memory-backed /tmp. The dataset, the ready "
@@ -700,20 +700,13 @@ def doc_section(body: list[str], data: dict[str, Any]) -> str:
             "",
             *body,
             "",
-            "Reproduce:",
-            "",
-            "```bash",
-            'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
-            "sudo apt-get install -y rsync  # the `rsync -a` row",
-            f"sudo REPS={data['reps']} .venv/bin/python bench/staging.py",
-            "```",
-            MARK_END,
-        ]
+            *h.reproduce(
+                'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
+                "sudo apt-get install -y rsync  # the `rsync -a` row",
+                f"sudo REPS={data['reps']} .venv/bin/python bench/staging.py",
+            ),
+        ],
     )
-
-
-def write_doc(section: str) -> None:
-    write_section(DOC, MARK_START, MARK_END, section)
 
 
 # ----------------------------------------------------------------------------- main
@@ -740,20 +733,14 @@ def measure(reps: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    if os.environ.get("RENDER_ONLY") == "1":
-        data = json.loads(RESULTS.read_text())
-    else:
+    args = h.parse(h.arguments(__doc__.splitlines()[0], reps=5))
+    if not args.render_only:
         if os.geteuid() != 0:
             sys.exit("bench/staging.py runs as root (drops the page cache, runs as hpcuser)")
         if not shutil.which("rsync"):
             sys.exit("bench/staging.py: rsync is missing: apt-get install -y rsync")
-        data = measure(int(os.environ.get("REPS", "5")))
-        RESULTS.write_text(json.dumps(data, indent=1))
-    body = render(data)
-    say("\n".join(body))
-    if os.environ.get("NO_DOC") != "1":
-        write_doc(doc_section(body, data))
-        say(f"wrote {DOC}")
+    data = h.results(args, RESULTS, lambda: measure(args.reps))
+    h.publish(args, "staging", doc_section(render(data), data))
     return 0
 
 

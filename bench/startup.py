@@ -15,7 +15,8 @@ lean  = `python3 -m venv` + `pip install -e REPO`;
 heavy = the same + torch==2.13.0 (the local wheel), lightning, jax[cpu], wandb.
 
     export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf
-    .venv/bin/python bench/startup.py --reps 7 [--src OTHER_TREE/src]
+    .venv/bin/python bench/startup.py --reps 7 [--src OTHER_TREE/src] [--venvs lean]
+    .venv/bin/python bench/startup.py --quick   # 1 rep of import and dry-run: a check
 
 --src runs another source tree through the same venvs (it goes first on PYTHONPATH):
 a before/after comparison without reinstalling. PYTHONDONTWRITEBYTECODE is dropped, so
@@ -31,12 +32,13 @@ import os
 import platform
 import re
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+import harness as h  # bench/ is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(os.environ.get("HPC_BENCH_DIR", "/var/tmp/hpc-bench"))
@@ -102,9 +104,7 @@ def wait_gone(job: str, env: dict[str, str], timeout: float = 30.0) -> None:
 def run_once(case: str, venv: Path, env: dict[str, str], cwd: Path) -> tuple[float, float]:
     """(wall s, CPU s) of one rep."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(argv(case, venv), cwd=cwd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    wall, proc = h.run_timed(argv(case, venv), cwd=cwd, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
@@ -136,23 +136,23 @@ def measure(
     for case in cases:
         if case == "submit" and not env.get("SLURM_CONF"):
             raise SystemExit("submit needs the testbed: export SLURM_CONF=...")
-        for venv in paths.values():
-            run_once(case, venv, env, work)  # warm-up: .pyc files, page cache
-        got: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
-        for _ in range(reps):
-            for name, venv in paths.items():
-                got[name].append(run_once(case, venv, env, work))
-        for name, xs in got.items():
-            walls, cpus = [x[0] for x in xs], [x[1] for x in xs]
+        # The venvs in turn, after one warm-up each (.pyc files, page cache).
+        methods = {
+            name: (lambda rep, c=case, v=venv: run_once(c, v, env, work))
+            for name, venv in paths.items()
+        }
+        got = h.interleave(methods, reps, catch=())
+        for name, xs in got.kept.items():
+            wall = h.summary([x[0] for x in xs])
             rows.append(
                 {
                     "case": case,
                     "venv": name,
-                    "n": len(xs),
-                    "median_s": statistics.median(walls),
-                    "min_s": min(walls),
-                    "max_s": max(walls),
-                    "cpu_median_s": statistics.median(cpus),
+                    "n": wall.n,
+                    "median_s": wall.median,
+                    "min_s": wall.min,
+                    "max_s": wall.max,
+                    "cpu_median_s": h.median([x[1] for x in xs]),
                 }
             )
     return rows
@@ -161,11 +161,8 @@ def measure(
 def _cell(row: Optional[dict[str, Any]]) -> str:
     if row is None:
         return "n/a"
-    ms = {k: 1000 * row[k] for k in ("median_s", "min_s", "max_s", "cpu_median_s")}
-    return (
-        f"{ms['median_s']:.0f} ms ({ms['min_s']:.0f}-{ms['max_s']:.0f}), "
-        f"CPU {ms['cpu_median_s']:.0f} ms"
-    )
+    wall = h.fmt_range(row["median_s"], row["min_s"], row["max_s"], "ms", digits=0)
+    return f"{wall}, CPU {1000 * row['cpu_median_s']:.0f} ms"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -173,15 +170,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     venvs = list(dict.fromkeys(row["venv"] for row in rows))
     cases = list(dict.fromkeys(row["case"] for row in rows))
     found = {(row["case"], row["venv"]): row for row in rows}
-    lines = [
-        "| what | " + " | ".join(f"{v} venv, median (min-max)" for v in venvs) + " | n |",
-        "|---" * (len(venvs) + 2) + "|",
-    ]
+    cells = []
     for case in cases:
-        cells = [_cell(found.get((case, v))) for v in venvs]
+        per_venv = [_cell(found.get((case, v))) for v in venvs]
         n = max(found[(case, v)]["n"] for v in venvs if (case, v) in found)
-        lines.append(f"| {CASES.get(case, case)} | " + " | ".join(cells) + f" | {n} |")
-    return "\n".join(lines)
+        cells.append([CASES.get(case, case), *per_venv, str(n)])
+    head = ["what", *(f"{v} venv, median (min-max)" for v in venvs), "n"]
+    return "\n".join(h.table(head, cells))
 
 
 def describe(root: Path = BENCH_DIR, venvs: tuple[str, ...] = tuple(VENVS)) -> str:
@@ -205,13 +200,18 @@ def main() -> int:
     p.add_argument("--root", type=Path, default=BENCH_DIR, help="where the venvs live")
     p.add_argument("--src", type=Path, help="another tree's src/ to run instead")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ",".join(CASES))
+    p.add_argument("--venvs", default=",".join(VENVS), help="comma-separated: " + ",".join(VENVS))
+    p.add_argument("--quick", action="store_true", help="1 rep of import and dry-run: a check")
     args = p.parse_args()
+    if args.quick:
+        args.reps, args.cases = 1, "import,dry-run"
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
-    unknown = [c for c in cases if c not in CASES]
+    venvs = tuple(v.strip() for v in args.venvs.split(",") if v.strip())
+    unknown = [c for c in cases if c not in CASES] + [v for v in venvs if v not in VENVS]
     if unknown:
-        raise SystemExit(f"unknown case(s) {unknown}; known: {list(CASES)}")
-    rows = measure(args.reps, args.root, args.src, cases)
-    print(describe(args.root))
+        raise SystemExit(f"unknown case(s) or venv(s) {unknown}; known: {[*CASES, *VENVS]}")
+    rows = measure(args.reps, args.root, args.src, cases, venvs)
+    print(describe(args.root, venvs))
     print(f"source: {args.src.resolve() if args.src else REPO / 'src'}\n")
     print(table(rows))
     return 0

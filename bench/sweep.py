@@ -28,8 +28,9 @@ per status refresh, per command. PASS/MISS against the targets of the sweep issu
 printed (never asserted), and the sweep section of docs/benchmarks.md is rewritten.
 
     export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf
-    REPS=5 PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/sweep.py [--no-doc]
+    REPS=5 PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/sweep.py [--no-doc | --doc FILE]
     .venv/bin/python bench/sweep.py --render-only   # the doc section from the last run
+    .venv/bin/python bench/sweep.py --quick         # 1 rep, 2 steady-state runs: a check
 
 The job table sets the pace, not the CPU: every task of a held array counts against
 MaxJobCount (10,000 on the testbed) and a cancelled array keeps its records until
@@ -50,14 +51,10 @@ unique to the run, which the final clean-up also cancels by.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import pwd
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -66,16 +63,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from benchdoc import write_section  # bench/ is on sys.path when run as a script
+import cluster  # bench/ is on sys.path when run as a script
+import harness as h
+from cluster import BINDIR, PY, default_partition, sh
+from harness import fresh
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-DOC = ROOT / "docs" / "benchmarks.md"
-PY = sys.executable
-BINDIR = Path(PY).parent
 SCRATCH = Path(os.environ.get("BENCH_SCRATCH", "/var/tmp/hpclaunch-bench")) / "sweep"
-TESTBED_CONF = Path("/var/tmp/hpclaunch-testbed/slurm.conf")
-MARK_START, MARK_END = "<!-- bench:sweep:start -->", "<!-- bench:sweep:end -->"
 SHIMMED = ("sbatch", "squeue", "sacct", "scontrol", "sacctmgr", "scancel", "sinfo", "srun")
 A_VALUES, B_VALUES = 100, 10
 POINTS = A_VALUES * B_VALUES
@@ -93,32 +88,6 @@ ROOM_TIMEOUT_S = 900.0
 
 
 # ----------------------------------------------------------------------------- helpers
-def sh(argv: list[str], **kw: Any) -> str:
-    """Run a command (no shell), return stdout; raise with its stderr on failure."""
-    p = subprocess.run(argv, capture_output=True, text=True, **kw)
-    if p.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} exited {p.returncode}: {p.stderr.strip()[-500:]}")
-    return str(p.stdout)
-
-
-def fmt(xs: Optional[list[float]], unit: str = "s") -> str:
-    if not xs:
-        return "n/a"
-    k, nd = (1000.0, 1) if unit == "ms" else (1.0, 3)
-    med, lo, hi = statistics.median(xs) * k, min(xs) * k, max(xs) * k
-    return f"{med:.{nd}f} {unit} ({lo:.{nd}f}-{hi:.{nd}f})"
-
-
-def med(xs: Optional[list[float]]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
-
-
 def hpclaunch_argv() -> list[str]:
     exe = BINDIR / "hpclaunch"
     if exe.exists():
@@ -128,22 +97,7 @@ def hpclaunch_argv() -> list[str]:
 
 # ----------------------------------------------------------------------------- cluster
 def ensure_cluster() -> None:
-    if not os.environ.get("SLURM_CONF"):
-        if not TESTBED_CONF.exists():
-            raise SystemExit(
-                "SLURM_CONF is unset and the testbed is not up: "
-                'export "$(sudo bash testbed/up.sh | tail -n 1)"'
-            )
-        os.environ["SLURM_CONF"] = str(TESTBED_CONF)
-    # The measured processes get the real interpreter's bin first (no pyenv shims).
-    os.environ["PATH"] = f"{BINDIR}{os.pathsep}{os.environ['PATH']}"
-    sh(["sinfo", "-h", "-o", "%P"])  # fails early when no controller answers
-
-
-def default_partition() -> str:
-    parts = sh(["sinfo", "-h", "-o", "%P"]).split()
-    star = [p for p in parts if p.endswith("*")]
-    return (star or parts)[0].rstrip("*")
+    cluster.ensure_cluster()
 
 
 def config_value(key: str, default: int) -> int:
@@ -374,13 +328,7 @@ class Bench:
         self.errors: dict[str, list[str]] = {}
         self.notes: dict[str, Any] = {}
         self.keep: Optional[tuple[str, str]] = None  # (sweep id, array id) left queued
-        self.last: dict[str, float] = {}  # this rep's values, for the progress lines
         self.sweeps: list[tuple[str, str]] = []  # every hpclaunch sweep: (sweep id, array id)
-
-    def add(self, key: str, value: float, rep: int) -> None:
-        self.last[key] = value
-        if rep > 0:
-            self.samples.setdefault(key, []).append(value)
 
     def env_for(self, rep: int, what: str) -> dict[str, str]:
         return self.counting.env(self.env) if rep == 0 else dict(self.env)
@@ -390,7 +338,7 @@ class Bench:
             self.calls[what] = self.counting.calls()
 
     # -- hpclaunch
-    def hpclaunch(self, snapshot: bool, rep: int, last: bool) -> None:
+    def hpclaunch(self, snapshot: bool, rep: int, last: bool) -> dict[str, float]:
         tag = "hl_snap" if snapshot else "hl_nosnap"
         argv = [*hpclaunch_argv(), "sweep", "--cluster", "slurm", "--run-root", str(self.run_root)]
         argv += ["-J", JOB_NAME, *grid_args(), "--sbatch-arg=--hold", "--json"]
@@ -411,24 +359,20 @@ class Bench:
         self.sweeps += [(str(info["sweep_id"]), str(j)) for j in info.get("job_ids") or []]
         if info.get("points") != POINTS or len(info.get("job_ids") or []) != 1:
             raise RuntimeError(f"unexpected submission answer: {info}")
-        self.add(f"{tag}_submit", t_id, rep)
-        self.add(f"{tag}_exit", t_exit, rep)
         # The first status after submission (it writes what it learnt into the points).
         t_first, counts = self.status(info["sweep_id"], rep, f"{tag}_status_first")
-        self.add("hl_status_first", t_first, rep)
         self.notes[f"{tag}_counts"] = counts
         if rep == 0:  # and a second one, counted: the steady state's calls
             self.status(info["sweep_id"], rep, f"{tag}_status_again")
         if last and snapshot:  # left queued for the steady-state status, then cancelled
             self.keep = (info["sweep_id"], str(info["job_ids"][0]))
             JOBS.kept.add(self.keep[1])
+        return {f"{tag}_submit": t_id, f"{tag}_exit": t_exit, "hl_status_first": t_first}
 
     def status(self, sweep_id: str, rep: int, what: str) -> tuple[float, dict[str, int]]:
         argv = [*hpclaunch_argv(), "sweep", "status", sweep_id, "--json"]
         env = self.env_for(rep, what)
-        t0 = time.perf_counter()
-        p = subprocess.run(argv, cwd=self.project, env=env, capture_output=True, text=True)
-        t = time.perf_counter() - t0
+        t, p = h.run_timed(argv, cwd=self.project, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"sweep status exited {p.returncode}: {p.stderr.strip()[-800:]}")
         self.record_calls(rep, what)
@@ -438,31 +382,27 @@ class Bench:
         return t, counts
 
     # -- floor
-    def floor(self, rep: int) -> None:
+    def floor(self, rep: int) -> dict[str, float]:
         argv = ["sbatch", "--parsable", f"--array=0-{POINTS - 1}", "--hold", "-J", JOB_NAME]
         argv += ["-p", self.partition, "-o", "/dev/null", "--wrap", "true"]
         room()
         env = self.env_for(rep, "floor_submit")
-        t0 = time.perf_counter()
-        out = sh(argv, env=env, cwd=SCRATCH)
-        t = time.perf_counter() - t0
+        t_submit, out = h.timed(lambda: sh(argv, env=env, cwd=SCRATCH))
         self.record_calls(rep, "floor_submit")
         job_id = out.strip().split(";")[0]
         JOBS.add(job_id)
-        self.add("floor_submit", t, rep)
         # The floor of a status refresh: hpclaunch's own squeue, alone.
         from hpclaunch.sweeps import arrays
 
         env = self.env_for(rep, "floor_status")
-        t0 = time.perf_counter()
-        listing = sh([*arrays.SQUEUE_ARGV, "-j", job_id], env=env)
-        self.add("floor_status", time.perf_counter() - t0, rep)
+        t_status, listing = h.timed(lambda: sh([*arrays.SQUEUE_ARGV, "-j", job_id], env=env))
         self.record_calls(rep, "floor_status")
         if len(listing.splitlines()) != POINTS:
             raise RuntimeError(f"squeue -r listed {len(listing.splitlines())} tasks of {job_id}")
+        return {"floor_submit": t_submit, "floor_status": t_status}
 
     # -- submitit
-    def submitit(self, rep: int) -> None:
+    def submitit(self, rep: int) -> dict[str, float]:
         folder = fresh(SCRATCH / "submitit" / f"rep{rep}")
         argv = [PY, str(BENCH / "sweep_submitit.py"), str(folder), str(POINTS)]
         argv += [self.partition, JOB_NAME]
@@ -483,12 +423,12 @@ class Bench:
             self.calls["submitit_submit"] = submit
             self.calls["submitit_refresh"] = refresh
             self.calls["submitit_states"] = states
-        self.add("submitit_submit", t_id, rep)
-        self.add("submitit_map", float(first["map_s"]), rep)
-        self.add("submitit_import", float(first["import_s"]), rep)
+        got = {"submitit_submit": t_id, "submitit_map": float(first["map_s"])}
+        got["submitit_import"] = float(first["import_s"])
         if "refresh_s" in second:
-            self.add("submitit_status", float(second["refresh_s"]), rep)
+            got["submitit_status"] = float(second["refresh_s"])
             self.notes["submitit_states"] = second.get("states")
+        return got
 
     # -- status of sweeps Slurm has forgotten
     def status_purged(self, limit: int) -> None:
@@ -502,9 +442,7 @@ class Bench:
             self.counting.log.write_text("")
             env = self.counting.env(self.env)
             argv = [*hpclaunch_argv(), "sweep", "status", sweep_id, "--json"]
-            t0 = time.perf_counter()
-            p = subprocess.run(argv, cwd=self.project, env=env, capture_output=True, text=True)
-            t = time.perf_counter() - t0
+            t, p = h.run_timed(argv, cwd=self.project, env=env)
             if p.returncode != 0:
                 raise RuntimeError(f"sweep status exited {p.returncode}: {p.stderr[-800:]}")
             self.samples.setdefault("hl_status_purged", []).append(t)
@@ -518,13 +456,12 @@ class Bench:
             return
         sweep_id, array_id = self.keep
         try:
-            cmd = shlex.join([*hpclaunch_argv(), "sweep", "status", sweep_id, "--json"])
+            cmd = [*hpclaunch_argv(), "sweep", "status", sweep_id, "--json"]
             js = SCRATCH / "hyperfine-status.json"
-            argv = ["hyperfine", "-N", "--warmup", "2", "--runs", str(runs)]
-            argv += ["--export-json", str(js), "--output", "null", cmd]
+            argv = h.hyperfine_argv([cmd], runs, js, warmup=2, options=["--output", "null"])
             if shutil.which("hyperfine"):
                 sh(argv, env=self.env, cwd=self.project)
-                times = json.loads(js.read_text())["results"][0]["times"]
+                times = h.hyperfine_times(["status"], js)["status"]
             else:  # fallback: our own loop
                 times = [self.status(sweep_id, 1, "status_steady")[0] for _ in range(runs)]
             self.samples["hl_status_steady"] = [float(t) for t in times]
@@ -593,58 +530,39 @@ def run_all(b: Bench) -> None:
     """Rep 0 counts the scheduler calls (shims on PATH) and is not timed; reps 1..REPS
     are timed. The methods take turns within a rep; each one's jobs are cancelled
     right after it, so every submission finds the same queue."""
-    methods: dict[str, Callable[[int, bool], None]] = {
-        "floor": lambda rep, last: b.floor(rep),
-        "hpclaunch --no-snapshot": lambda rep, last: b.hpclaunch(False, rep, last),
-        "hpclaunch": lambda rep, last: b.hpclaunch(True, rep, last),
-        "submitit": lambda rep, last: b.submitit(rep),
+    methods: dict[str, Callable[[int], dict[str, float]]] = {
+        "floor": b.floor,
+        "hpclaunch --no-snapshot": lambda rep: b.hpclaunch(False, rep, rep == b.reps),
+        "hpclaunch": lambda rep: b.hpclaunch(True, rep, rep == b.reps),
+        "submitit": b.submitit,
     }
-    for rep in range(b.reps + 1):
-        for name, fn in methods.items():
-            errs = b.errors.setdefault(name, [])
-            if len(errs) >= MAX_ERRORS:
-                continue
-            b.last = {}
-            try:
-                fn(rep, rep == b.reps)
-            except Exception as e:
-                errs.append(f"{type(e).__name__}: {e}")
-                print(f"{name} rep {rep}: FAILED {errs[-1]}", flush=True)
-                continue
-            finally:
-                JOBS.cancel()
-            tag = "calls  " if rep == 0 else f"rep {rep}  "
-            vals = " ".join(f"{k}={v:.3f}" for k, v in b.last.items())
-            print(f"{name:24s} {tag} {vals}", flush=True)
+    got = h.interleave(
+        methods,
+        b.reps,
+        max_errors=MAX_ERRORS,
+        after=lambda _: JOBS.cancel(),
+        progress=h.print_metrics,
+    )
+    for name in methods:
+        for key, values in h.columns(got.kept[name]).items():
+            b.samples.setdefault(key, []).extend(values)
+    b.errors.update(got.errors)
 
 
 # ----------------------------------------------------------------------------- report
 def machine_facts(queued_at_start: int) -> dict[str, str]:
-    try:
-        import submitit
-
-        sub = str(submitit.__version__)
-    except Exception as e:
-        sub = f"unavailable ({type(e).__name__})"
     hf = shutil.which("hyperfine")
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
-        "load": f"{os.getloadavg()[0]:.2f}",
-        "kernel": platform.release(),
-        "slurm": sh(["sinfo", "--version"]).strip(),
-        "python": f"{platform.python_version()} ({PY})",
-        "submitit": sub,
+        **h.machine_facts(slurm=True, interpreter=PY, user=True),
+        "submitit": h.module_version("submitit"),
         "hyperfine": sh([hf, "--version"]).split()[-1] if hf else "unavailable",
         "tasks queued at start": str(queued_at_start),
-        "user": pwd.getpwuid(os.getuid()).pw_name,
     }
 
 
 def cell(data: dict[str, Any], key: str, unit: str = "s", note: str = "") -> str:
     xs = data["samples"].get(key)
-    text = fmt(xs, unit)
-    return f"{text}{note}" if xs else "n/a"
+    return f"{h.fmt(xs, unit)}{note}" if xs else "n/a"
 
 
 def calls_cell(data: dict[str, Any], *keys: str) -> str:
@@ -723,13 +641,8 @@ def results_table(data: dict[str, Any]) -> list[str]:
             "n/a",
         ),
     ]
-    lines = [
-        f"| what (n={n} unless said) | hpclaunch | submitit | floor (`sbatch --array`) |",
-        "|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in r) + " |")
-    return lines
+    head = [f"what (n={n} unless said)", "hpclaunch", "submitit", "floor (`sbatch --array`)"]
+    return h.table(head, rows)
 
 
 def footnotes(data: dict[str, Any]) -> list[str]:
@@ -739,7 +652,7 @@ def footnotes(data: dict[str, Any]) -> list[str]:
     hl_counts = notes.get("hl_snap_counts") or notes.get("hl_nosnap_counts") or {}
     return [
         "¹ a Python process from its start to the printed array id: `import submitit` "
-        f"({fmt(data['samples'].get('submitit_import'))}), `AutoExecutor` + parameters, "
+        f"({h.fmt(data['samples'].get('submitit_import'))}), `AutoExecutor` + parameters, "
         f"`map_array` over {POINTS} points (one pickle per point, one `sbatch --array="
         f"0-{POINTS - 1}%256 --hold`).",
         f"² `sbatch --parsable --array=0-{POINTS - 1} --hold --wrap true`, the whole process.",
@@ -770,10 +683,10 @@ def targets(data: dict[str, Any]) -> list[str]:
     s, c = data["samples"], data["calls"]
 
     def verdict(ok: bool, text: str, known: bool = True) -> None:
-        out.append(f"{'PASS' if ok else ('MISS' if known else 'N/A')}: {text}")
+        out.append(h.verdict(ok, text, known))
 
     for key, label in (("hl_nosnap_submit", "without"), ("hl_snap_submit", "with")):
-        t = med(s.get(key))
+        t = h.median(s.get(key))
         verdict(
             t < TARGET_SUBMIT_S,
             f"`hpclaunch sweep` of {POINTS} held points {label} the code snapshot: "
@@ -810,13 +723,13 @@ def targets(data: dict[str, Any]) -> list[str]:
     else:
         verdict(False, "`sweep status` of a purged sweep: not measured", False)
     for key, label in (("hl_status_steady", "steady state"), ("hl_status_first", "first refresh")):
-        t = med(s.get(key))
+        t = h.median(s.get(key))
         verdict(
             t < TARGET_STATUS_S,
             f"`sweep status` of the 1,000 queued tasks ({label}): {t:.3f} s < 0.5 s",
             t == t,
         )
-    t = med(s.get("parse"))
+    t = h.median(s.get("parse"))
     verdict(
         t < TARGET_PARSE_S,
         f"parse_squeue of {PARSE_TASKS:,} tasks: {t * 1e3:.1f} ms < 100 ms",
@@ -838,13 +751,12 @@ def render(data: dict[str, Any]) -> list[str]:
 
 def doc_section(body: list[str], data: dict[str, Any]) -> str:
     facts, room = data["facts"], data["room"]
-    fact_line = ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("date", "user"))
-    return "\n".join(
+    return h.section(
+        "sweep",
+        "Sweeps on the Slurm testbed (`bench/sweep.py`)",
         [
-            MARK_START,
-            "## Sweeps on the Slurm testbed (`bench/sweep.py`)",
-            "",
-            f"Measured {facts['date']}; {fact_line}. Jobs were submitted as {facts['user']}, "
+            f"Measured {facts['date']}; {h.facts_line(facts)}. Jobs were submitted as "
+            f"{facts['user']}, "
             "held (`--hold`: nothing ran) and cancelled by the harness. Median (min-max) "
             "over n reps after one warm-up rep that counted the scheduler calls. hpclaunch "
             "ran from a throwaway git project (a train.py, 20 small modules; one commit) "
@@ -859,28 +771,23 @@ def doc_section(body: list[str], data: dict[str, Any]) -> str:
             "",
             *body,
             "",
-            "Reproduce:",
-            "",
-            "```bash",
-            "bash scripts/setup.sh --test && .venv/bin/pip install -e '.[bench]'",
-            'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
-            f"REPS={data['reps']} PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/sweep.py",
-            "```",
-            MARK_END,
-        ]
+            *h.reproduce(
+                "bash scripts/setup.sh --test && .venv/bin/pip install -e '.[bench]'",
+                'export "$(sudo bash testbed/up.sh | tail -n 1)"  # (re)starts the testbed',
+                f"REPS={data['reps']} PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/sweep.py",
+            ),
+        ],
     )
 
 
 # ----------------------------------------------------------------------------- main
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="hpclaunch sweep benchmark (Slurm testbed)")
-    p.add_argument("--reps", type=int, default=int(os.environ.get("REPS", "5")))
+    p = h.arguments("hpclaunch sweep benchmark (Slurm testbed)", reps=5)
     p.add_argument("--status-runs", type=int, default=0, help="hyperfine runs (default 2*reps)")
-    p.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
-    p.add_argument(
-        "--render-only", action="store_true", help="re-render from the last run's results.json"
-    )
-    return p.parse_args()
+    args = h.parse(p)
+    if args.quick:
+        args.status_runs = 2
+    return args
 
 
 def measure(reps: int, status_runs: int) -> dict[str, Any]:
@@ -926,24 +833,21 @@ def measure(reps: int, status_runs: int) -> dict[str, Any]:
 
 def main() -> int:
     args = parse_args()
-    if args.render_only:
-        data = json.loads((SCRATCH / "results.json").read_text())
-    else:
+
+    def measured() -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             data = measure(args.reps, args.status_runs)
         finally:
             JOBS.cancel_all()
         data["total_s"] = time.perf_counter() - t0
-        (SCRATCH / "results.json").write_text(json.dumps(data, indent=1))
-    body = render(data)
-    print("\n".join(body))
+        return data
+
+    data = h.results(args, SCRATCH / "results.json", measured)
     waited = data["room"]["waited_s"]
-    print(f"\nharness took {data['total_s']:.0f} s ({waited:.0f} s waiting for job-table room)")
+    print(f"harness took {data['total_s']:.0f} s ({waited:.0f} s waiting for job-table room)")
     print(f"raw results in {SCRATCH / 'results.json'}")
-    if not args.no_doc:
-        write_section(DOC, MARK_START, MARK_END, doc_section(body, data))
-        print(f"wrote {DOC}")
+    h.publish(args, "sweep", doc_section(render(data), data))
     return 0
 
 

@@ -21,12 +21,13 @@ harness waits for job-table room (bench/sweep.py's Room: MaxJobCount, MinJobAge)
 
     export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf
     env -u PYTHONDONTWRITEBYTECODE REPS=3 .venv/bin/python bench/sweep_submit.py [--no-doc]
+
+Options are bench/harness.py's: --reps, --quick (1 rep), --no-doc, --doc FILE,
+--render-only (from BENCH_SCRATCH's sweep-submit-results.json).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -35,21 +36,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import cluster
+import harness as h
 import sweep as sw  # bench/sweep.py: cluster, job-table room, timing helpers
-from benchdoc import write_section
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 SCRATCH = sw.SCRATCH.parent / "sweep-submit"
 BASELINE = os.environ.get("SWEEP_BASELINE", "27c0c09")
-MARK_START, MARK_END = "<!-- bench:sweep-submit:start -->", "<!-- bench:sweep-submit:end -->"
 IMPORTS = (
     "import hpclaunch.cli.main, hpclaunch.cli.sweep_cmd, hpclaunch.api, hpclaunch.sweeps.submit"
 )
 
 
 def baseline_src() -> Path:
-    base = sw.fresh(SCRATCH / "baseline")
+    base = h.fresh(SCRATCH / "baseline")
     archive = subprocess.run(["git", "archive", BASELINE, "src"], cwd=ROOT, capture_output=True)
     if archive.returncode != 0:
         raise SystemExit(f"git archive {BASELINE}: {archive.stderr.decode().strip()}")
@@ -58,7 +59,7 @@ def baseline_src() -> Path:
 
 
 def hl(src: Path) -> list[str]:
-    return [sw.PY, "-c", f"import sys; sys.path.insert(0, {str(src)!r}); "
+    return [cluster.PY, "-c", f"import sys; sys.path.insert(0, {str(src)!r}); "
             "from hpclaunch.cli.main import main; sys.exit(main())"]  # fmt: skip
 
 
@@ -66,17 +67,12 @@ class Run:
     def __init__(self, reps: int) -> None:
         self.reps = reps
         self.project = sw.make_project(SCRATCH / "project")
-        self.run_root = sw.fresh(SCRATCH / "runs")
-        self.partition = sw.default_partition()
+        self.run_root = h.fresh(SCRATCH / "runs")
+        self.partition = cluster.default_partition()
         self.env = {**os.environ, "XDG_DATA_HOME": str(SCRATCH / "xdg")}
         for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "PYTHONDONTWRITEBYTECODE"):
             self.env.pop(var, None)
         self.src = {"this tree": ROOT / "src", "baseline": baseline_src()}
-        self.samples: dict[str, list[float]] = {}
-
-    def add(self, key: str, value: float, rep: int) -> None:
-        if rep > 0:
-            self.samples.setdefault(key, []).append(value)
 
     def hpclaunch(self, tree: str, rep: int) -> float:
         argv = [*hl(self.src[tree]), "sweep", "--cluster", "slurm"]
@@ -97,8 +93,8 @@ class Run:
         # still be going on in the file system's journal while the next method writes
 
     def submitit(self, rep: int) -> float:
-        folder = sw.fresh(SCRATCH / "submitit")
-        argv = [sw.PY, str(BENCH / "sweep_submitit.py"), str(folder), str(sw.POINTS)]
+        folder = h.fresh(SCRATCH / "submitit")
+        argv = [cluster.PY, str(BENCH / "sweep_submitit.py"), str(folder), str(sw.POINTS)]
         argv += [self.partition, sw.JOB_NAME]
         sw.room()
         try:
@@ -113,16 +109,13 @@ class Run:
         argv = ["sbatch", "--parsable", f"--array=0-{sw.POINTS - 1}", "--hold"]
         argv += ["-J", sw.JOB_NAME, "-p", self.partition, "-o", "/dev/null", "--wrap", "true"]
         sw.room()
-        t0 = time.perf_counter()
-        out = sw.sh(argv, env=self.env, cwd=SCRATCH)
-        took = time.perf_counter() - t0
+        took, out = h.timed(lambda: cluster.sh(argv, env=self.env, cwd=SCRATCH))
         sw.JOBS.add(out.strip().split(";")[0])
         return took
 
     def imports(self, rep: int) -> float:
-        t0 = time.perf_counter()
-        subprocess.run([sw.PY, "-c", IMPORTS], env=self.env, check=True, cwd=SCRATCH)
-        return time.perf_counter() - t0
+        argv = [cluster.PY, "-c", IMPORTS]
+        return h.timed(lambda: subprocess.run(argv, env=self.env, check=True, cwd=SCRATCH))[0]
 
     def folders(self, rep: int) -> float:
         """The point folders alone: what the layout costs the file system, no hpclaunch."""
@@ -144,7 +137,7 @@ class Run:
 def measure(reps: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     sw.ensure_cluster()
-    sw.fresh(SCRATCH)
+    h.fresh(SCRATCH)
     sw.ROOM = sw.Room()
     r = Run(reps)
     methods: dict[str, Callable[[int], float]] = {
@@ -156,14 +149,9 @@ def measure(reps: int) -> dict[str, Any]:
         "folders": r.folders,
     }
     try:
-        for rep in range(reps + 1):
-            for name, fn in methods.items():
-                try:
-                    r.add(name, fn(rep), rep)
-                finally:
-                    sw.JOBS.cancel()
-            last = {k: v[-1] for k, v in r.samples.items() if v and rep > 0}
-            print(f"rep {rep}: " + " ".join(f"{k}={v:.3f}" for k, v in last.items()), flush=True)
+        got = h.interleave(
+            methods, reps, catch=(), after=lambda _: sw.JOBS.cancel(), progress=h.print_metrics
+        )
     finally:
         left = sw.JOBS.cancel_all()
         if left:
@@ -174,7 +162,7 @@ def measure(reps: int) -> dict[str, Any]:
     return {
         "facts": facts,
         "reps": reps,
-        "samples": r.samples,
+        "samples": got.kept,
         "total_s": time.perf_counter() - t0,
         "waited_s": sw.ROOM.waited_s,
         "baseline": subprocess.run(
@@ -183,65 +171,64 @@ def measure(reps: int) -> dict[str, Any]:
     }
 
 
-def render(data: dict[str, Any]) -> list[str]:
+def render(data: dict[str, Any]) -> str:
     f, s, n = data["facts"], data["samples"], data["reps"]
 
     def cell(key: str) -> str:
-        return sw.fmt(s.get(key))
+        return h.fmt(s.get(key))
 
-    this, peer = sw.med(s.get("hpclaunch (this tree)")), sw.med(s.get("submitit"))
-    base = sw.med(s.get("hpclaunch (baseline)"))
-    verdict = "PASS" if this <= peer else "MISS"
-    return [
-        MARK_START,
-        "## A held 1,000-point sweep, command to sweep id (`bench/sweep_submit.py`)",
-        "",
-        f"Measured {f.get('date', '')}; nproc {f.get('nproc')}, load {f['load']} (2 cores "
-        "shared with other developers' tests, type checks and the testbed's slurmctld and "
-        "nodes: taken under load; read the same-run ratios), slurm "
-        f"{f.get('slurm')}, python {f.get('python')}, submitit {f.get('submitit')}. "
-        f"Median (min-max) of n={n} interleaved reps after a warm-up rep; every array held "
-        f"and cancelled. Baseline: the tree at {data['baseline']} (before the issue-26 fixes) "
-        f"from a `git archive` copy, same interpreter. The harness took "
-        f"{data['total_s']:.0f} s, {data['waited_s']:.0f} s of it waiting for job-table room.",
-        "",
-        "| what | time to the printed id |",
-        "|---|---|",
-        f"| hpclaunch sweep, --no-snapshot (this tree) | {cell('hpclaunch (this tree)')} |",
-        f"| hpclaunch sweep, --no-snapshot (baseline) | {cell('hpclaunch (baseline)')} |",
-        f"| peer: submitit, process start to array id (`map_array`) | {cell('submitit')} |",
-        f"| floor: `sbatch --array=0-999 --hold --wrap true` | {cell('floor')} |",
-        f"| floor: start-up and the sweep command's imports | {cell('imports')} |",
-        f"| floor: 1,000 point folders (3 folders + 3 files each), bare loop | {cell('folders')} |",
-        "",
-        f"- {verdict}: this tree {this:.3f} s against submitit {peer:.3f} s in the same run "
-        f"({this / peer:.2f}x; target at most 1.00x, aim 0.2 s); baseline {base:.3f} s "
-        f"({base / peer:.2f}x)",
-        "",
-        "```bash",
-        "export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf",
-        "env -u PYTHONDONTWRITEBYTECODE REPS=3 .venv/bin/python bench/sweep_submit.py",
-        "```",
-        MARK_END,
-    ]
+    this, peer = h.median(s.get("hpclaunch (this tree)")), h.median(s.get("submitit"))
+    base = h.median(s.get("hpclaunch (baseline)"))
+    return h.section(
+        "sweep-submit",
+        "A held 1,000-point sweep, command to sweep id (`bench/sweep_submit.py`)",
+        [
+            f"Measured {f.get('date', '')}; nproc {f.get('nproc')}, load {f['load']} (2 cores "
+            "shared with other developers' tests, type checks and the testbed's slurmctld and "
+            "nodes: taken under load; read the same-run ratios), slurm "
+            f"{f.get('slurm')}, python {f.get('python')}, submitit {f.get('submitit')}. "
+            f"Median (min-max) of n={n} interleaved reps after a warm-up rep; every array held "
+            f"and cancelled. Baseline: the tree at {data['baseline']} (before the issue-26 "
+            f"fixes) from a `git archive` copy, same interpreter. The harness took "
+            f"{data['total_s']:.0f} s, {data['waited_s']:.0f} s of it waiting for job-table "
+            "room.",
+            "",
+            *h.table(
+                ["what", "time to the printed id"],
+                [
+                    ["hpclaunch sweep, --no-snapshot (this tree)", cell("hpclaunch (this tree)")],
+                    ["hpclaunch sweep, --no-snapshot (baseline)", cell("hpclaunch (baseline)")],
+                    ["peer: submitit, process start to array id (`map_array`)", cell("submitit")],
+                    ["floor: `sbatch --array=0-999 --hold --wrap true`", cell("floor")],
+                    ["floor: start-up and the sweep command's imports", cell("imports")],
+                    [
+                        "floor: 1,000 point folders (3 folders + 3 files each), bare loop",
+                        cell("folders"),
+                    ],
+                ],
+            ),
+            "",
+            "- "
+            + h.verdict(
+                this <= peer,
+                f"this tree {this:.3f} s against submitit {peer:.3f} s in the same run "
+                f"({this / peer:.2f}x; target at most 1.00x, aim 0.2 s); baseline {base:.3f} s "
+                f"({base / peer:.2f}x)",
+            ),
+            "",
+            *h.reproduce(
+                "export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf",
+                f"env -u PYTHONDONTWRITEBYTECODE REPS={n} .venv/bin/python bench/sweep_submit.py",
+            ),
+        ],
+    )
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=int(os.environ.get("REPS", "3")))
-    p.add_argument("--no-doc", action="store_true")
-    p.add_argument("--render-only", action="store_true")
-    args = p.parse_args()
-    results = SCRATCH.parent / "sweep-submit-results.json"
-    if args.render_only:
-        data = json.loads(results.read_text())
-    else:
-        data = measure(args.reps)
-        results.write_text(json.dumps(data, indent=1))
-    text = "\n".join(render(data))
-    print(text)
-    if not args.no_doc:
-        write_section(sw.DOC, MARK_START, MARK_END, text)
+    args = h.parse(h.arguments(__doc__.splitlines()[0], reps=3))
+    saved = SCRATCH.parent / "sweep-submit-results.json"
+    data = h.results(args, saved, lambda: measure(args.reps))
+    h.publish(args, "sweep-submit", render(data))
     return 0
 
 
