@@ -283,10 +283,9 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         *default_notes(spec, profile),
     ]
     if spec.setup:
-        body += ["", "# --setup lines (yours), stopped at the first failure"]
-        body += [*shell.setup_failed_trap(str(paths.run_dir / node.EVENTS)), "set -e"]
-        body += list(spec.setup)
-        body += ["set +e", shell.setup_trap_off()]
+        trap = shell.setup_failed_trap(str(paths.run_dir / node.EVENTS))
+        body += ["", "# --setup lines (yours), stopped at the first failure", *trap, "set -e"]
+        body += [*spec.setup, "set +e", shell.setup_trap_off()]
     body += rendezvous_lines(spec)
     attempts = bool(spec.requeue or spec.chain > 1)
     if attempts:
