@@ -8,8 +8,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpclaunch.backends import sweepstate
-from hpclaunch.records import sweeprecord
 from hpclaunch.sweeps import submit
 
 # Submitting imports what it uses and no more (a held 1,000-point sweep to its id is
@@ -89,6 +87,7 @@ def print_status(
     direction: Optional[str],
     as_json: bool,
 ) -> int:
+    from hpclaunch.backends import sweepstate
     from hpclaunch.backends.runstatus import is_open
     from hpclaunch.records.refs import sweep_dir
 
@@ -170,6 +169,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
     from hpclaunch.cli.common import environ
+    from hpclaunch.records import sweeprecord
     from hpclaunch.records.refs import sweep_dir
     from hpclaunch.sweeps import ops
 

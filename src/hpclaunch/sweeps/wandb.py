@@ -32,7 +32,6 @@ from hpclaunch.basics import shell
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import UserError, show
 from hpclaunch.payload import containers
-from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script.launchers import encode_argv
 from hpclaunch.sweeps.script import POINT_DIR, WANDB_EXIT, WANDB_POINT
@@ -262,6 +261,7 @@ def run_point(
 ) -> int:
     """The sweep's command (`hpclaunch run -- PROGRAM`) inside a W&B point: the point's
     job.sh runs PROGRAM on every rank; its exit code is kept for the agent's side."""
+    from hpclaunch.records import runrecord
 
     folder = Path(environ[WANDB_POINT])
     if params is None:
