@@ -202,3 +202,30 @@ def test_rank_logs_follow_the_latest_attempt(tmp_path: Path) -> None:
     assert attempt_numbers(tmp_path) == [0, 2, 10]
     assert rank_logs(tmp_path) == tmp_path / "logs" / "attempt-10"
     assert rank_logs(tmp_path, 2) == tmp_path / "logs" / "attempt-2"
+
+
+@pytest.mark.parametrize("budget_end_recorded", [True, False])
+def test_a_spent_budget_is_named_whether_or_not_the_shell_recorded_it(
+    tmp_path: Path, budget_end_recorded: bool
+) -> None:
+    """Under load, Slurm's time limit can end the job before its batch shell writes the
+    budget's end: `status` says the same sentence either way (it said two before)."""
+    from hpclaunch.cli import reporting
+
+    end = {"reason": requeue.BUDGET, "why": "time-limit"} if budget_end_recorded else {}
+    events = [
+        {"event": "attempt_start", "attempt": 0, "time": 1.0, "job_id": "7"},
+        {"event": "attempt_end", "attempt": 0, "time": 2.0, "reason": "requeued"},
+        {"event": "attempt_start", "attempt": 1, "time": 3.0, "job_id": "7"},
+    ]
+    if end:
+        events.append({"event": "attempt_end", "attempt": 1, "time": 4.0, **end})
+    record = runrecord.from_dict(
+        {"run_id": "r", "state": "TIMEOUT", "exit_code": 124, "options": {"max_requeues": 1}},
+        tmp_path,
+    )
+    _events(tmp_path, events)
+    record.events = runrecord.read_events(tmp_path)
+    line = reporting.summary(record)
+    assert "2 attempts" in line, line
+    assert "the requeue budget (--max-requeues 1) is spent" in line, line

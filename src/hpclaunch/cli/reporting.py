@@ -123,9 +123,11 @@ def _attempts_note(record: RunRecord) -> str:
     if not tried or (len(tried) == 1 and not tried[-1].reason):
         return ""
     text = f"; {len(tried)} attempt{'s' if len(tried) > 1 else ''}"
-    ended = tried[-1].describe(last=True)
     given = layering.recorded_options(record.options).max_requeues  # as the user gave it
     budget = 3 if given is None or given < 0 else given
+    # The budget is named whether the batch shell recorded its end before Slurm ended the
+    # job (the attempt's reason) or Slurm's time limit came first (no reason recorded).
+    ended = tried[-1].describe(last=True, budget=budget)
     if not ended and record.state == states.State.TIMEOUT and len(tried) > budget:
         ended = f"stopped at the time limit: the requeue budget (--max-requeues {budget}) is spent"
     return text + (f", the last {ended}" if ended else "")

@@ -42,13 +42,15 @@ class Attempt:
     why: str = ""  # time-limit | preempted
     exit_code: Optional[int] = None  # the ranks' step, as the batch shell saw it
 
-    def describe(self, last: bool) -> str:
-        """How the attempt ended, in words ("" for the last one while it has no end)."""
+    def describe(self, last: bool, budget: Optional[int] = None) -> str:
+        """How the attempt ended, in words ("" for the last one while it has no end);
+        `budget`: the run's --max-requeues, named when the budget ended it."""
         why = _WHY.get(self.why, self.why)
         if self.reason == REQUEUED:
             return f"requeued by hpclaunch ({why})" if why else "requeued by hpclaunch"
         if self.reason == BUDGET:
-            spent = "the requeue budget is spent"
+            given = "" if budget is None else f" (--max-requeues {budget})"
+            spent = f"the requeue budget{given} is spent"
             return f"stopped: {spent} ({why})" if why else f"stopped: {spent}"
         if self.reason:
             return _REASONS.get(self.reason, self.reason)
