@@ -65,12 +65,9 @@ def test_project_gpus_on_a_machine_without_gpus_name_the_key(tmp_path: Path) -> 
     ("tool", "listing"),
     [
         ("nvidia-smi", "GPU 0: NVIDIA A100 (UUID: GPU-1)\nGPU 1: NVIDIA A100 (UUID: GPU-2)\n"),
-        ("amd-smi", "GPU: 0\n    BDF: 0000:c1:00.0\nGPU: 1\n    BDF: 0000:c6:00.0\n"),
-        (
-            "rocm-smi",
-            "GPU[0]\t\t: Device Name: MI250X\nGPU[0]\t\t: Device ID: 0x740c\n"
-            "GPU[1]\t\t: Device Name: MI250X\nGPU[1]\t\t: Device ID: 0x740c\n",
-        ),
+        # The JSON listings hpclaunch asks for (tests/doubles/gpu emulates rocm-smi's).
+        ("amd-smi", '[{"gpu": 0, "bdf": "0000:c1:00.0"}, {"gpu": 1, "bdf": "0000:c6:00.0"}]'),
+        ("rocm-smi", '{"card0": {"Device ID": "0x740c"}, "card1": {"Device ID": "0x740c"}}'),
     ],
 )
 def test_project_gpus_are_counted_on_this_machine(tmp_path: Path, tool: str, listing: str) -> None:

@@ -9,10 +9,12 @@ are kept by the system ("low-noise mode"). Clusters whose table is not regular g
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -83,30 +85,42 @@ def map_cpu_bind(topology: Topology, verbose: bool = True) -> str:
     return f"{'verbose,' if verbose else ''}map_cpu:{first}"
 
 
-# Tools that list this machine's GPUs, and how one listed GPU's line starts.
-_GPU_LISTERS = (
-    (("nvidia-smi", "-L"), "GPU "),
-    (("amd-smi", "list"), "GPU:"),
-    (("rocm-smi", "--showid"), "GPU["),
-)
+# The GPU tools' own listings: how this machine's GPUs are found (a local run's watch, a
+# project file's gpus-per-node checked against a workstation). The first tool that runs
+# and answers is the one that counts.
+GPU_LISTINGS = {
+    "nvidia-smi": ["-L"],  # "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)" a line
+    "rocm-smi": ["--showid", "--json"],  # {"card0": {...}, ...}
+    "amd-smi": ["list", "--json"],  # [{"gpu": 0, ...}, ...]
+}
 
 
-def local_gpus() -> int:
-    """How many GPUs this machine's nvidia-smi, amd-smi or rocm-smi lists (the first that
-    lists any; rocm-smi prints several lines per GPU, counted once each); 0: none."""
-    for argv, mark in _GPU_LISTERS:
-        path = shutil.which(argv[0])
-        if path is None:
+def local_gpus(path: Optional[str] = None) -> int:
+    """The GPUs this machine's first GPU tool on `path` (default: PATH) lists
+    (nvidia-smi -L, rocm-smi --showid --json, amd-smi list --json); 0 without a tool, or
+    when it lists none."""
+    for tool, args in GPU_LISTINGS.items():
+        found = shutil.which(tool, path=path)
+        if found is None:
             continue
         try:
             done = subprocess.run(
-                [path, *argv[1:]], capture_output=True, text=True, timeout=10, check=False
+                [found, *args], capture_output=True, text=True, timeout=20, check=False
             )
         except (OSError, subprocess.SubprocessError):
             continue
-        lines = [line for line in done.stdout.splitlines() if line.startswith(mark)]
-        # rocm-smi: "GPU[0]  : Device ID: ..." and more lines of the same GPU.
-        listed = {line.split(":")[0].strip() if mark == "GPU[" else line for line in lines}
-        if done.returncode == 0 and listed:
-            return len(listed)
+        if done.returncode == 0:
+            return _listed(tool, done.stdout)
     return 0
+
+
+def _listed(tool: str, out: str) -> int:
+    if tool == "nvidia-smi":
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    try:
+        data = json.loads(out)
+    except ValueError:
+        return 0
+    if isinstance(data, dict):
+        return sum(1 for key in data if str(key).startswith("card"))
+    return len(data) if isinstance(data, list) else 0

@@ -22,14 +22,12 @@ Why it starts the way it does (docs/watching.md says the same for users):
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 from typing import Optional
 
 from hpclaunch import node
 from hpclaunch.basics import shell
+from hpclaunch.config import topology
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import Profile
@@ -45,12 +43,6 @@ STOP_FILE = ".gpu-watch-stop-${SLURM_JOB_ID}"
 
 WINDOW_RANGE_S = (5.0, 86400.0)  # --watch-window: a few samples at least, a day at most
 WARMUP_RANGE_S = (0.0, 86400.0)  # --watch-warmup
-# The GPU tools' own listings: how a workstation's GPUs are found for a local run.
-GPU_LISTINGS = {
-    "nvidia-smi": ["-L"],  # "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)" a line
-    "rocm-smi": ["--showid", "--json"],  # {"card0": {...}, ...}
-    "amd-smi": ["list", "--json"],  # [{"gpu": 0, ...}, ...]
-}
 
 
 def window_from_values(options: RunOptions) -> tuple[Optional[float], Optional[float]]:
@@ -66,36 +58,6 @@ def window_from_values(options: RunOptions) -> tuple[Optional[float], Optional[f
             )
         found.append(float(given) if given is not None else None)
     return found[0], found[1]
-
-
-def local_gpu_count(path: str) -> int:
-    """The GPUs this machine's first GPU tool on `path` lists (nvidia-smi -L, rocm-smi
-    --showid --json, amd-smi list --json); 0 without a tool, or when it lists none."""
-    for tool, args in GPU_LISTINGS.items():
-        found = shutil.which(tool, path=path)
-        if found is None:
-            continue
-        try:
-            done = subprocess.run(
-                [found, *args], capture_output=True, text=True, timeout=20, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if done.returncode == 0:
-            return _listed(tool, done.stdout)
-    return 0
-
-
-def _listed(tool: str, out: str) -> int:
-    if tool == "nvidia-smi":
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    try:
-        data = json.loads(out)
-    except ValueError:
-        return 0
-    if isinstance(data, dict):
-        return sum(1 for key in data if str(key).startswith("card"))
-    return len(data) if isinstance(data, list) else 0
 
 
 def interval_from_values(
@@ -115,7 +77,7 @@ def interval_from_values(
             )
     if options.no_watch:
         return 0.0
-    if local and not local_gpu_count(path or os.defpath):  # a workstation's GPUs count
+    if local and not topology.local_gpus(path or os.defpath):  # a workstation's GPUs count
         return 0.0
     if not local and not gpus_per_node:
         return 0.0
