@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 from hpclaunch import node
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localplan import local_dry_run, local_plan, local_values
-from hpclaunch.backends.localreaper import Watchdog, process_start
+from hpclaunch.backends.localreaper import Reaper, process_start
 from hpclaunch.backends.localsettle import cancel_point, cancel_recorded, settled
 from hpclaunch.backends.localtasks import LocalPlan, LocalTasks, local_job_id
 from hpclaunch.backends.requests import DryRun
@@ -79,7 +79,7 @@ class LocalBackend(Backend):
         try:
             tasks = LocalTasks(
                 local_plan(launch, job_id, base, values, local_dir),
-                watchdog=Watchdog(str(paths.events), grace_s=5.0),
+                reaper=Reaper(str(paths.events), grace_s=5.0),
                 time_limit_s=spec.time_s,
             )
             stage_spec = _stage_in(spec, paths, local_dir)
