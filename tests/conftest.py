@@ -96,6 +96,7 @@ def slurm_conf() -> Path:
 DURATIONS = Path(__file__).with_name("durations.json")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: the testbed mark added here counts
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test.sh), the longest tests first (their times from
     tests/durations.json), then the rest of the testbed's: they mostly wait on Slurm, so
@@ -103,6 +104,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ending on a requeue test of four minutes dealt out last (xdist hands each worker its
     share of the first quarter of the list in order). A stable sort: every worker
     collects the same order, and the order within a group stays the files' own."""
+    for item in items:
+        # Whatever needs the testbed (every such fixture asks for slurm_conf) is marked so,
+        # so that scripts/test.sh can run the unit tests beside the serial phase.
+        if "slurm_conf" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.testbed)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     try:
