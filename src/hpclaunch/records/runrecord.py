@@ -263,12 +263,18 @@ def read_events(run_dir: Path) -> RankEvents:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic: a crash or a full disk in the middle leaves the old content (write aside,
     then rename) and no file aside."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` into `path` atomically (write aside, fsync, rename), with the folder's
+    share (0600, or 0640 in a group-shared folder); nothing aside is left on failure."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    share = filemodes.share_of(path.parent)  # 0600, or 0640 in a group-shared folder
+    share = filemodes.share_of(path.parent)
     try:
         fd = filemodes.open_new(tmp, os.O_WRONLY | os.O_TRUNC, share)
         with open(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

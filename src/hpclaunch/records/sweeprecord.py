@@ -16,14 +16,12 @@ for Optuna, writes params.env/params.json when it asks for its trial.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.basics import filemodes
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import EVENTS, RESULT_JSON
 from hpclaunch.records import runrecord
@@ -76,19 +74,7 @@ def write(sweep_dir: Path, data: Mapping[str, Any]) -> None:
     keys = sorted(data)
     body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(data[k], sort_keys=True)}" for k in keys)
     text = "{\n" + body + "\n}\n" if keys else "{}\n"
-    path = sweep_dir / SWEEP_JSON
-    tmp = path.with_name(f".{SWEEP_JSON}.{os.getpid()}.tmp")
-    try:
-        fd = filemodes.open_new(tmp, os.O_WRONLY | os.O_TRUNC, filemodes.share_of(sweep_dir))
-        with open(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    runrecord.write_text(sweep_dir / SWEEP_JSON, text)
 
 
 def update(sweep_dir: Path, **changes: Any) -> dict[str, Any]:
