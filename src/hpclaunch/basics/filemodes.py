@@ -94,3 +94,21 @@ def open_new(path: Path, flags: int, share: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` into `path` atomically (write aside, fsync, rename), with the folder's
+    share (0600, or 0640 in a group-shared folder); nothing aside is left on failure."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    share = share_of(path.parent)
+    try:
+        fd = open_new(tmp, os.O_WRONLY | os.O_TRUNC, share)
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -263,25 +262,7 @@ def read_events(run_dir: Path) -> RankEvents:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic: a crash or a full disk in the middle leaves the old content (write aside,
     then rename) and no file aside."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def write_text(path: Path, text: str) -> None:
-    """`text` into `path` atomically (write aside, fsync, rename), with the folder's
-    share (0600, or 0640 in a group-shared folder); nothing aside is left on failure."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    share = filemodes.share_of(path.parent)
-    try:
-        fd = filemodes.open_new(tmp, os.O_WRONLY | os.O_TRUNC, share)
-        with open(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    filemodes.write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _locked(run_dir: Path) -> contextlib.AbstractContextManager[None]:

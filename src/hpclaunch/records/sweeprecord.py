@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from hpclaunch.basics import filemodes
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import EVENTS, RESULT_JSON
 from hpclaunch.records import runrecord
@@ -74,7 +75,7 @@ def write(sweep_dir: Path, data: Mapping[str, Any]) -> None:
     keys = sorted(data)
     body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(data[k], sort_keys=True)}" for k in keys)
     text = "{\n" + body + "\n}\n" if keys else "{}\n"
-    runrecord.write_text(sweep_dir / SWEEP_JSON, text)
+    filemodes.write_atomic(sweep_dir / SWEEP_JSON, text)
 
 
 def update(sweep_dir: Path, **changes: Any) -> dict[str, Any]:
