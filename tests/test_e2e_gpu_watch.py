@@ -205,7 +205,10 @@ def test_each_sweep_point_has_its_own_samples(hpc: Hpc) -> None:
     points = sorted((sweep / "points").iterdir())
     assert len(points) == 2, list(sweep.iterdir())
     for point in points:
-        rows = _rows(point, "node1")
+        # Each point ran on one node, whichever Slurm chose (beside other tests' jobs it
+        # need not be node1): its own samples are that node's file.
+        [csv] = (point / "metrics").glob("gpu-node*.csv")
+        rows = _rows(point, csv.stem.removeprefix("gpu-"))
         assert rows and {tuple(r[2:]) for r in rows} == {("0", "95", "40000", "600")}, rows
 
 
