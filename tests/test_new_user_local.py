@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -100,7 +101,8 @@ def test_a_local_run_on_a_machine_with_gpus_gets_the_watch_and_its_warning(
     (csv_file,) = (folder / "metrics").glob("gpu-*.csv")
     rows = csv_file.read_text().splitlines()
     assert rows[0] == "time,node,gpu,busy_pct,mem_mib,power_w" and len(rows) > 10
-    assert "input-bound? over the last 5 s, all 2 GPUs" in done.stderr
+    # The window is the span the samples cover: 5 s, a second either way on a busy machine.
+    assert re.search(r"input-bound\? over the last [4-6] s, all 2 GPUs", done.stderr), done.stderr
     events = (folder / "events.jsonl").read_text()
     assert '"input_bound"' in events
     top = _hpclaunch(tmp_path, "top", "last", "--json")
