@@ -5,12 +5,17 @@ pytest's own --durations list covers only its phase; this reads both phases' rep
 (pytest --junitxml) and prints one list for the run, each test's set-up + call +
 tear-down time, as pytest's --durations would for the whole.
 
-    python scripts/slowest.py [-n COUNT] REPORT.xml...
+    python scripts/slowest.py [-n COUNT] [--durations-out tests/durations.json] REPORT.xml...
+
+--durations-out writes every test of at least 2 s and its time (JSON, sorted), the table
+tests/conftest.py orders the side-by-side phase by: longest first, so the tests that wait
+minutes on Slurm start at once beside the unit tests instead of ending the run alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,9 +35,13 @@ def test_times(reports: list[Path]) -> list[tuple[float, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=10, help="how many (default 10)")
+    parser.add_argument("--durations-out", type=Path, help="write tests of >= 2 s as JSON")
     parser.add_argument("reports", nargs="+", type=Path)
     args = parser.parse_args()
     times = sorted(test_times(args.reports), reverse=True)
+    if args.durations_out:
+        slow = {name: round(seconds, 1) for seconds, name in times if seconds >= 2}
+        args.durations_out.write_text(json.dumps(dict(sorted(slow.items())), indent=0) + "\n")
     total = sum(seconds for seconds, _ in times)
     print(
         f"===== {args.n} slowest tests of the whole run ({len(times)} tests, {total:.0f} s) ====="

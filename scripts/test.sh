@@ -27,32 +27,49 @@ echo "test: mypy --strict" >&2
 mypy
 set_up=$((SECONDS - started))
 echo "test: set-up, testbed, ruff and mypy took ${set_up} s; pytest" >&2
-# Two phases. 1: every test not marked serial, in HPCLAUNCH_TEST_WORKERS parallel
-# workers (pytest-xdist): unit tests share the CPUs, and end-to-end tests, which mostly
-# wait on Slurm (time limits, signals, requeues), queue side by side on the testbed.
-# 2: the tests marked serial (they crash or drain nodes, reconfigure slurmctld, count
-# all jobs or wait for an idle cluster), one at a time with the cluster to themselves.
-# Both run whatever the other's outcome; the exit status is the first failure's.
+# Three phases, by what a test needs (tests/conftest.py marks every test that needs the
+# testbed `testbed`; `serial`: it needs the cluster, or this host's /tmp, to itself):
+# 1. the testbed's side-by-side tests in HPCLAUNCH_TEST_WORKERS pytest-xdist workers,
+#    longest first: they mostly wait on Slurm (time limits, signals, requeues);
+# 2. the testbed's serial tests one at a time (they crash or drain nodes, reconfigure
+#    slurmctld, count all jobs or wait for an idle cluster), mostly waiting too, while
+#    the unit tests (no testbed, not serial) fill the CPUs beside them in their own
+#    workers, their output kept and printed after;
+# 3. the serial unit tests (they compare this host's whole /tmp before and after).
+# Every phase runs whatever the others' outcome; the exit status is the first failure's.
 workers=${HPCLAUNCH_TEST_WORKERS:-4}
+unit_workers=${HPCLAUNCH_UNIT_WORKERS:-2}
 reports=$(mktemp -d)
 pytest_started=$SECONDS
-first=0
-python -m pytest -q -n "$workers" -m "not serial" --durations=10 \
-    --junitxml="$reports/parallel.xml" "$@" || first=$?
-parallel_s=$((SECONDS - pytest_started))
-second=0
-python -m pytest -q -m serial --durations=10 --junitxml="$reports/serial.xml" "$@" || second=$?
-# 5 is pytest's "nothing selected" (arguments naming only one phase's tests): not a
-# failure unless neither phase selected anything.
+codes=()
+python -m pytest -q -n "$workers" -m "testbed and not serial" \
+    --junitxml="$reports/side-by-side.xml" "$@" && codes+=(0) || codes+=($?)
+side_s=$((SECONDS - pytest_started))
+python -m pytest -q -n "$unit_workers" -m "not testbed and not serial" \
+    --junitxml="$reports/unit.xml" "$@" >"$reports/unit.log" 2>&1 &
+unit_pid=$!
+python -m pytest -q -m "serial and testbed" \
+    --junitxml="$reports/serial.xml" "$@" && codes+=(0) || codes+=($?)
+wait "$unit_pid" && codes+=(0) || codes+=($?)
+echo "test: the unit tests, run beside the serial ones:" >&2
+cat "$reports/unit.log"
+beside_s=$((SECONDS - pytest_started - side_s))
+python -m pytest -q -m "serial and not testbed" \
+    --junitxml="$reports/serial-unit.xml" "$@" && codes+=(0) || codes+=($?)
+# 5 is pytest's "nothing selected" (arguments naming only some phases' tests): not a
+# failure unless no phase selected anything.
 status=0
-for code in "$first" "$second"; do
+selected=0
+for code in "${codes[@]}"; do
+    if [ "$code" != 5 ]; then selected=1; fi
     if [ "$code" != 0 ] && [ "$code" != 5 ] && [ "$status" = 0 ]; then status=$code; fi
 done
-if [ "$first" = 5 ] && [ "$second" = 5 ]; then status=5; fi
+if [ "$selected" = 0 ]; then status=5; fi
 # The run ends with its ten slowest tests (where the suite's time goes) and its times.
-python scripts/slowest.py -n 10 "$reports/parallel.xml" "$reports/serial.xml"
+python scripts/slowest.py -n 10 "$reports"/*.xml
 rm -rf "$reports"
-echo "test: set-up, testbed, ruff and mypy ${set_up} s; pytest ${parallel_s} s side by side" \
-    "(${workers} workers) + $((SECONDS - pytest_started - parallel_s)) s serial;" \
+echo "test: set-up, testbed, ruff and mypy ${set_up} s; pytest: testbed side by side" \
+    "${side_s} s (${workers} workers), serial beside the unit tests ${beside_s} s," \
+    "serial unit tests $((SECONDS - pytest_started - side_s - beside_s)) s;" \
     "total $((SECONDS - started)) s; exit status ${status}" >&2
 exit "$status"

@@ -268,12 +268,15 @@ else
     node_lines="NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[6831-6832] CPUs=$cpus$topology RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN"
 fi
 
-# TESTBED_OVERSUBSCRIBE=N (a proposal for CI; unset, nothing changes): up to N jobs share
-# each core (OverSubscribe=FORCE:N), so that the test suite's end-to-end tests, which
-# mostly sleep and wait on Slurm, run side by side instead of queueing behind each other
-# for the machine's few cores. CPU binding stays on the real cores; GPUs are not shared.
+# Jobs that ask for it (sbatch --oversubscribe, or SBATCH_OVERSUBSCRIBE=1 in sbatch's
+# environment) share cores, up to TESTBED_OVERSUBSCRIBE (default 4) jobs a core
+# (OverSubscribe=YES:N): the test suite's side-by-side end-to-end tests ask, since they
+# mostly sleep and wait on Slurm and would otherwise queue behind each other for the
+# machine's few cores; its serial tests and anyone else's jobs do not ask and see whole
+# cores as before. CPU binding stays on the real cores; GPUs are never shared.
 share=""
-if [[ "${TESTBED_OVERSUBSCRIBE:-}" =~ ^[2-9]$ ]]; then share=" OverSubscribe=FORCE:$TESTBED_OVERSUBSCRIBE"; fi
+oversubscribe=${TESTBED_OVERSUBSCRIBE:-4}
+if [[ "$oversubscribe" =~ ^[2-9]$ ]]; then share=" OverSubscribe=YES:$oversubscribe"; fi
 
 cat >"$CONF" <<EOF
 # Written by testbed/up.sh ($layout layout); rewritten on every run.

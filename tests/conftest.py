@@ -92,13 +92,35 @@ def slurm_conf() -> Path:
     return conf
 
 
+# Each slow test's time in an earlier whole run (scripts/slowest.py --durations-out).
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: the testbed mark added here counts
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (scripts/test.sh), the testbed's tests first: they mostly wait on
-    Slurm, so starting them early lets the unit tests fill the CPUs meanwhile instead of
-    the run ending on a long end-to-end test started last. A stable sort: the order
-    within each group stays the files' own."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: 0 if item.get_closest_marker("testbed") else 1)
+    """Under pytest-xdist (scripts/test.sh), the longest tests first (their times from
+    tests/durations.json), then the rest of the testbed's: they mostly wait on Slurm, so
+    starting them early lets the unit tests fill the CPUs meanwhile instead of the run
+    ending on a requeue test of four minutes dealt out last (xdist hands each worker its
+    share of the first quarter of the list in order). A stable sort: every worker
+    collects the same order, and the order within a group stays the files' own."""
+    for item in items:
+        # Whatever needs the testbed (every such fixture asks for slurm_conf) is marked so,
+        # so that scripts/test.sh can run the unit tests beside the serial phase.
+        if "slurm_conf" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.testbed)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        seconds = {}
+    items.sort(
+        key=lambda item: (
+            -float(seconds.get(item.nodeid, 0)),
+            0 if item.get_closest_marker("testbed") else 1,
+        )
+    )
 
 
 @pytest.fixture
@@ -138,6 +160,10 @@ def _user_folder(slurm_conf: Path, name: str, serial: bool) -> Iterator[Hpc]:
         "XDG_CONFIG_HOME": str(folder / "xdg"),
         "HPCLAUNCH_CLUSTER": "slurm",
     }
+    if not serial:
+        # Side by side with other tests' jobs: share the testbed's few cores with them
+        # (its partitions are OverSubscribe=YES, testbed/up.sh) instead of queueing.
+        env["SBATCH_OVERSUBSCRIBE"] = "1"
     yield Hpc(cwd=folder, env=env, user=name)
     if serial:  # the next test finds the cluster idle
         testbed.wait_idle(timeout=60)

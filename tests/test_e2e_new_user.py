@@ -17,11 +17,15 @@ def test_a_failing_setup_line_shows_its_output_and_keeps_a_failed_record(hpc: Hp
     assert "ran" not in done.stdout
     assert "no-such-module-command: command not found" in done.stderr, done.stderr
     assert "loading the modules" in done.stderr
-    assert "a --setup line failed (exit 127)" in done.stderr.strip().splitlines()[-1]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "a --setup line failed (exit 127)" in last
+    # The setup's own last words are in the error line and the record, not only the log.
+    assert "no-such-module-command: command not found" in last, last
     (row,) = hpc.runs()
     record = json.loads((Path(row["run_dir"]) / "run.json").read_text())
     assert record["state"] == "FAILED", record
     assert "--setup" in (record.get("reason") or ""), record
+    assert "command not found" in record["reason"], record
 
 
 def test_logs_follow_on_a_failed_slurm_run_exits_with_its_code(hpc: Hpc) -> None:

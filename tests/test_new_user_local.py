@@ -118,3 +118,22 @@ def test_a_local_run_without_gpu_tools_has_no_watch(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (folder,) = [p.parent for p in (tmp_path / "runs").rglob("run.json")]
     assert not (folder / "metrics").exists() and not (folder / "gpu_watch.py").exists()
+
+
+def test_a_batch_scripts_failed_setup_reason_carries_the_setups_last_words(
+    tmp_path: Path,
+) -> None:
+    """On a cluster the setup's output scrolls by in the job's log; the FAILED reason
+    (status, --wait's last line) carries its last line itself."""
+    from hpclaunch.backends.runstatus import setup_failure
+    from hpclaunch.records import runrecord
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "batch.out").write_text(
+        "loading the modules\nbash: line 12: module: command not found\n\n"
+    )
+    (tmp_path / "events.jsonl").write_text('{"event":"setup_failed","exit_code":127,"time":1}\n')
+    reason = setup_failure(tmp_path, runrecord.read_events(tmp_path))
+    assert reason is not None
+    assert reason.startswith("a --setup line failed (exit 127): bash: line 12: module: command")
+    assert reason.endswith(f"see {tmp_path / 'logs' / 'batch.out'}")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 from hpclaunch import node
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localplan import local_dry_run, local_plan, local_values
-from hpclaunch.backends.localreaper import Watchdog, process_start
+from hpclaunch.backends.localreaper import Reaper, process_start
 from hpclaunch.backends.localsettle import cancel_point, cancel_recorded, settled
 from hpclaunch.backends.localtasks import LocalPlan, LocalTasks, local_job_id
 from hpclaunch.backends.requests import DryRun
@@ -34,7 +34,7 @@ from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import HpclaunchError, SetupFailed
 from hpclaunch.node import stage_guard
 from hpclaunch.observe.jobend import JobStatus
-from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.records.runpaths import RunPaths, log_tail
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script import gpu_watch_lines, render
 
@@ -79,7 +79,7 @@ class LocalBackend(Backend):
         try:
             tasks = LocalTasks(
                 local_plan(launch, job_id, base, values, local_dir),
-                watchdog=Watchdog(str(paths.events), grace_s=5.0),
+                reaper=Reaper(str(paths.events), grace_s=5.0),
                 time_limit_s=spec.time_s,
             )
             stage_spec = _stage_in(spec, paths, local_dir)
@@ -255,9 +255,6 @@ def _stage_in(spec: JobSpec, paths: RunPaths, local_dir: str) -> Optional[dict[s
     return stage_spec
 
 
-SETUP_TAIL_LINES = 10  # of a failed --setup's output, shown in the error
-
-
 def run_setup(
     lines: Sequence[str], environ: Mapping[str, str], cwd: Path, paths: RunPaths
 ) -> dict[str, str]:
@@ -281,24 +278,13 @@ def run_setup(
         log.write(out)
     if done.returncode != 0:
         reason = f"a --setup line failed (exit {done.returncode}); see {paths.logs / 'batch.out'}"
-        raise SetupFailed(done.returncode, reason, last_lines(paths.logs / "batch.out"))
+        raise SetupFailed(done.returncode, reason, log_tail(paths.logs / "batch.out"))
     env: dict[str, str] = {}
     for item in dump.split(b"\0"):
         name, sep, value = item.partition(b"=")
         if sep and name:
             env[os.fsdecode(name)] = os.fsdecode(value)
     return env
-
-
-def last_lines(path: Path, count: int = SETUP_TAIL_LINES) -> list[str]:
-    """The end of a log (the setup lines' own output: "module: command not found")."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 64 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [line.rstrip("\r") for line in text.splitlines() if line.strip()][-count:]
 
 
 __all__ = ["OWNER", "LocalBackend", "cancel_recorded", "make_local_dir", "run_setup"]

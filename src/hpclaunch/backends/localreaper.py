@@ -1,4 +1,4 @@
-"""A local run's watchdog: its ranks end with their launcher, even a SIGKILLed one.
+"""A local run's reaper: its ranks end with their launcher, even a SIGKILLed one.
 
 The tasks of a local run live in their own sessions (so that a terminal's Ctrl-C reaches
 hpclaunch only, which then ends them in order). If hpclaunch itself dies without
@@ -62,7 +62,7 @@ if left:
 """
 
 
-class Watchdog:
+class Reaper:
     """Started before the tasks; `watch(pgid)` for each; `close()` after a clean end."""
 
     def __init__(self, events_file: str, grace_s: float) -> None:
@@ -82,7 +82,7 @@ class Watchdog:
             self._pipe.flush()
 
     def close(self) -> None:
-        """The tasks have ended: let the watchdog see end-of-file and leave."""
+        """The tasks have ended: let the reaper see end-of-file and leave."""
         if self._pipe is not None:
             with contextlib.suppress(OSError):
                 self._pipe.close()

@@ -1,5 +1,5 @@
 """Local jobs another process supervises: cancelling them, and settling the record of one
-whose launcher is gone (SIGKILLed, the machine rebooted), from the watchdog's facts.
+whose launcher is gone (SIGKILLed, the machine rebooted), from the reaper's facts.
 
 A local sweep's points all have one launcher, the sweep's runner (`hpclaunch sweep`
 in the foreground): a point is cancelled through its record (the runner starts no point
@@ -68,7 +68,7 @@ def cancel_point(record: RunRecord) -> bool:
 
 def settled(record: RunRecord) -> dict[str, object]:
     """A local run (or point) recorded as open whose launcher is gone did not run on: its
-    watchdog ended the ranks. The changes that say so (empty while it lives)."""
+    reaper ended the ranks. The changes that say so (empty while it lives)."""
     pid = record.launcher_pid
     if pid is None:
         return {}
@@ -91,7 +91,7 @@ def settled(record: RunRecord) -> dict[str, object]:
 def _ranks_ended(record: RunRecord) -> Optional[dict[str, object]]:
     """A local run whose every rank exited 0, the end its launcher could not write (a
     full disk): COMPLETED. Ranks that failed or were killed could also have been ended by
-    the watchdog, whose own event may not be written yet: those stay CANCELLED."""
+    the reaper, whose own event may not be written yet: those stay CANCELLED."""
     found = record.events
     size = record.world_size
     if not size or len(found.returncodes) < size or found.attempts:

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpclaunch.backends.localreaper import Watchdog
+from hpclaunch.backends.localreaper import Reaper
 from hpclaunch.node.stage_guard import signals_held  # the same guard the staging tars start under
 from hpclaunch.observe.jobend import exit_code_of, first_failure
 from hpclaunch.observe.logs import LogFollower
@@ -292,12 +292,12 @@ class LocalTasks:
     they end, one fails (the others are ended, like srun --kill-on-bad-exit), the time
     limit passes, the caller is interrupted, or `cancel` ends them. No task process
     outlives `supervise`, except when it gives up waiting at a deadline (TimeoutError:
-    the tasks go on). A watchdog, when given, ends them if this process dies first."""
+    the tasks go on). A reaper, when given, ends them if this process dies first."""
 
     def __init__(
         self,
         plan: LocalPlan,
-        watchdog: Watchdog | None = None,
+        reaper: Reaper | None = None,
         time_limit_s: float | None = None,
     ) -> None:
         self.plan = plan
@@ -305,7 +305,7 @@ class LocalTasks:
         self.cancelled = False
         self.timed_out = False
         self.stopped_by: int | None = None  # 130 Ctrl-C, 128+N a signal to hpclaunch
-        self._watchdog = watchdog
+        self._reaper = reaper
         self._limit = None if time_limit_s is None else time.monotonic() + time_limit_s
 
     def spawn(self) -> None:
@@ -325,16 +325,16 @@ class LocalTasks:
                         start_new_session=True,
                     )
                     self.procs.append(proc)
-                    if self._watchdog is not None:
-                        self._watchdog.watch(proc.pid)
+                    if self._reaper is not None:
+                        self._reaper.watch(proc.pid)
         except BaseException:
             self.abort()
             raise
 
     def abort(self) -> None:
-        """Start failed or was interrupted: end what started, let the watchdog go."""
+        """Start failed or was interrupted: end what started, let the reaper go."""
         _stop(self.procs, 0.0, None)
-        self._close_watchdog()
+        self._close_reaper()
 
     def running(self) -> bool:
         return any(p.poll() is None for p in self.procs)
@@ -369,7 +369,7 @@ class LocalTasks:
                 self.stopped_by = 128 + e.signum
             _stop(self.procs, self.plan.kill_grace_s, follower)
             follower.drain()
-        self._close_watchdog()
+        self._close_reaper()
         if self.timed_out:
             return EXIT_TIMEOUT
         if self.stopped_by is not None:
@@ -379,10 +379,10 @@ class LocalTasks:
         rank_code = first_failure(self.plan.log_dir)
         return rank_code if rank_code is not None else exit_code_of(failed)
 
-    def _close_watchdog(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.close()
-            self._watchdog = None
+    def _close_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
 
 def run_local(plan: LocalPlan, out: TextIO, err: TextIO) -> int:

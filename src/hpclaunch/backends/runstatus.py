@@ -19,7 +19,7 @@ from hpclaunch.backends import for_record
 from hpclaunch.basics import states
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.observe.jobend import JobStatus, chain_status, job_exit_code
-from hpclaunch.records import runrecord
+from hpclaunch.records import runpaths, runrecord
 from hpclaunch.records.runpaths import rank_logs
 from hpclaunch.records.runrecord import RunRecord
 
@@ -178,7 +178,11 @@ def setup_failure(run_dir: Path, events: runrecord.RankEvents) -> Optional[str]:
     if events.setup_failed is None or events.started:
         return None
     log = run_dir / "logs" / "batch.out"
-    return f"a --setup line failed (exit {events.setup_failed}); see {log}"
+    # The setup's last words ("module: command not found") in the reason itself: on a
+    # cluster the error is this line, read long after the job's output scrolled by.
+    said = [line for line in runpaths.log_tail(log) if not line.startswith("hpclaunch")][-1:]
+    words = f": {said[0].strip()[:200]}" if said else ""
+    return f"a --setup line failed (exit {events.setup_failed}){words}; see {log}"
 
 
 def why_never_started(record: RunRecord) -> Optional[str]:

@@ -163,3 +163,18 @@ def strip_to_record(paths: RunPaths) -> None:
             child.unlink(missing_ok=True)
     if paths.run_dir not in paths.checkpoint_dir.parents:
         shutil.rmtree(paths.checkpoint_dir.parent, ignore_errors=True)
+
+
+SETUP_TAIL_LINES = 10  # of a failed --setup line's output, shown with the error
+
+
+def log_tail(path: Path, count: int = SETUP_TAIL_LINES) -> list[str]:
+    """The last non-blank lines of a log (a failed setup line's own output: "module:
+    command not found"); [] when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line.rstrip("\r") for line in text.splitlines() if line.strip()][-count:]
