@@ -16,15 +16,25 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 cleanup() { as_root bash testbed/down.sh >&2 || true; }
 trap cleanup EXIT
 
-conf_line=$(as_root bash testbed/up.sh | tail -n 1)
-export "${conf_line?}"   # SLURM_CONF=<path>, the testbed's last line
-echo "test: testbed up, ${conf_line}" >&2
-
+# The testbed starts (a minute or more: packages, daemons, nodes) while ruff and mypy run;
+# its log is printed when it is up (setup.sh's apt step, if any, has already ended).
+up_log=$(mktemp)
+up_out=$(mktemp)
+as_root bash testbed/up.sh >"$up_out" 2>"$up_log" &
+up_pid=$!
 echo "test: ruff" >&2
 ruff check src tests bench examples
 ruff format --check src tests bench examples
 echo "test: mypy --strict" >&2
 mypy
+up_status=0
+wait "$up_pid" || up_status=$?
+cat "$up_log" >&2
+if [ "$up_status" != 0 ]; then echo "test: testbed/up.sh failed ($up_status)" >&2; exit "$up_status"; fi
+conf_line=$(tail -n 1 "$up_out")
+rm -f "$up_log" "$up_out"
+export "${conf_line?}"   # SLURM_CONF=<path>, the testbed's last line
+echo "test: testbed up, ${conf_line}" >&2
 set_up=$((SECONDS - started))
 echo "test: set-up, testbed, ruff and mypy took ${set_up} s; pytest" >&2
 # Three phases, by what a test needs (tests/conftest.py marks every test that needs the
@@ -67,6 +77,8 @@ done
 if [ "$selected" = 0 ]; then status=5; fi
 # The run ends with its ten slowest tests (where the suite's time goes) and its times.
 python scripts/slowest.py -n 10 "$reports"/*.xml
+# ... and every test of a minute or more, for the note on where the time goes.
+python scripts/slowest.py --at-least 60 "$reports"/*.xml
 rm -rf "$reports"
 echo "test: set-up, testbed, ruff and mypy ${set_up} s; pytest: testbed side by side" \
     "${side_s} s (${workers} workers), serial beside the unit tests ${beside_s} s," \
