@@ -55,7 +55,6 @@ def _until_ended(hpc: Hpc, run: str, timeout: float = 120) -> dict[str, Any]:
         pause = min(pause * 1.5, 3)
 
 
-@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_after_ok_waits_for_completion_and_a_failure_never_leaves_it_pending(hpc: Hpc) -> None:
     good = _start(hpc, "--", "bash", "-c", "sleep 6")
     bad = _start(hpc, "--", "bash", "-c", "sleep 6; exit 3")
@@ -76,7 +75,7 @@ def test_after_ok_waits_for_completion_and_a_failure_never_leaves_it_pending(hpc
     assert never["state"] == "CANCELLED", never
     assert never["reason"] == f"never started: --after {bad['run_id']}:ok, and it ended FAILED"
     assert _until_ended(hpc, after_any["run_id"])["state"] == "COMPLETED"
-    assert not hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip()
+    assert testbed.jobs_from(hpc.cwd) == []  # this test's jobs: others run side by side
 
     # Already ended: judged from the records, before anything is submitted.
     refused = hpc.run("run", "--after", f"{bad['run_id']}", "--", "true")
@@ -89,7 +88,6 @@ def test_after_ok_waits_for_completion_and_a_failure_never_leaves_it_pending(hpc
     assert "--dependency" not in hpc.run("show", met["run_id"]).stdout
 
 
-@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_chain_runs_in_order_on_one_folder_and_stops_when_done(hpc: Hpc) -> None:
     (hpc.cwd / "member.py").write_text(CHAIN_PROGRAM)
     whole = subprocess.Popen(
@@ -118,4 +116,4 @@ def test_chain_runs_in_order_on_one_folder_and_stops_when_done(hpc: Hpc) -> None
     ).stdout
     for job in stopped["job_ids"][1:]:
         assert f"{job}|CANCELLED" in states or not hpc.cmd(["squeue", "-h", "-j", job]).stdout
-    assert not hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip()
+    assert testbed.jobs_from(hpc.cwd) == []

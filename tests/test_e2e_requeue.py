@@ -107,7 +107,6 @@ def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> No
     assert "2 attempts" in status and "requeue budget (--max-requeues 1) is spent" in status
 
 
-@pytest.mark.serial  # counts all of the user's jobs in squeue
 def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(
@@ -136,11 +135,9 @@ def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
     cancelled = hpc.run("cancel", started["run_id"])
     assert cancelled.returncode == 0, cancelled.stderr
     deadline = time.monotonic() + 60
-    while (
-        time.monotonic() < deadline and hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip()
-    ):
+    while time.monotonic() < deadline and testbed.jobs_from(hpc.cwd):  # this test's jobs
         time.sleep(0.5)
-    assert not hpc.cmd(["squeue", "-h", "-u", testbed.USER]).stdout.strip()
+    assert testbed.jobs_from(hpc.cwd) == []
     record = _record(hpc, started["run_id"])
     assert record["state"] == "CANCELLED", record
     assert [a["number"] for a in record["attempts"]] == [0]
