@@ -162,25 +162,6 @@ def fail_stale(sweep_dir: Path, study_name: str, alive: Alive) -> list[int]:
     return _fail_gone(study, _running(study), alive, exclude=None)
 
 
-def trial_rows(sweep_dir: Path, study_name: str) -> list[dict[str, object]]:
-    """Every trial as {"number", "state", "params", "value", "point"}, by number."""
-    if not (sweep_dir / JOURNAL).exists():
-        return []
-    study = _study(sweep_dir, study_name)
-    rows: list[dict[str, object]] = []
-    for t in study.get_trials(deepcopy=False):
-        rows.append(
-            {
-                "number": t.number,
-                "state": t.state.name,
-                "params": dict(t.params),
-                "value": t.value,
-                "point": t.user_attrs.get(POINT),
-            }
-        )
-    return rows
-
-
 def _load() -> None:
     require_optuna()
     import optuna
