@@ -50,11 +50,23 @@ echo "test: set-up, testbed, ruff and mypy took ${set_up} s; pytest" >&2
 workers=${HPCLAUNCH_TEST_WORKERS:-4}
 unit_workers=${HPCLAUNCH_UNIT_WORKERS:-2}
 reports=$(mktemp -d)
+# How busy the CPUs were in each phase (from /proc/stat's first line: busy jiffies over
+# all jiffies), to tell a phase that waits on Slurm from one that waits for CPUs.
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9; exit}' /proc/stat; }
+busy_since() {  # busy_since "BUSY TOTAL" -> percent busy since then
+    local now
+    now=$(cpu_ticks)
+    awk -v a="$1" -v b="$now" 'BEGIN{split(a,x," "); split(b,y," ");
+        d=y[2]-x[2]; printf "%d", (d > 0 ? 100*(y[1]-x[1])/d : 0)}'
+}
 pytest_started=$SECONDS
+ticks=$(cpu_ticks)
 codes=()
 python -m pytest -q -n "$workers" -m "testbed and not serial" \
     --junitxml="$reports/side-by-side.xml" "$@" && codes+=(0) || codes+=($?)
 side_s=$((SECONDS - pytest_started))
+side_busy=$(busy_since "$ticks")
+ticks=$(cpu_ticks)
 python -m pytest -q -n "$unit_workers" -m "not testbed and not serial" \
     --junitxml="$reports/unit.xml" "$@" >"$reports/unit.log" 2>&1 &
 unit_pid=$!
@@ -64,6 +76,7 @@ wait "$unit_pid" && codes+=(0) || codes+=($?)
 echo "test: the unit tests, run beside the serial ones:" >&2
 cat "$reports/unit.log"
 beside_s=$((SECONDS - pytest_started - side_s))
+beside_busy=$(busy_since "$ticks")
 python -m pytest -q -m "serial and not testbed" \
     --junitxml="$reports/serial-unit.xml" "$@" && codes+=(0) || codes+=($?)
 # 5 is pytest's "nothing selected" (arguments naming only some phases' tests): not a
@@ -81,7 +94,8 @@ python scripts/slowest.py -n 10 "$reports"/*.xml
 python scripts/slowest.py --at-least 60 "$reports"/*.xml
 rm -rf "$reports"
 echo "test: set-up, testbed, ruff and mypy ${set_up} s; pytest: testbed side by side" \
-    "${side_s} s (${workers} workers), serial beside the unit tests ${beside_s} s," \
+    "${side_s} s (${workers} workers, CPUs ${side_busy}% busy), serial beside the unit" \
+    "tests ${beside_s} s (CPUs ${beside_busy}% busy)," \
     "serial unit tests $((SECONDS - pytest_started - side_s - beside_s)) s;" \
     "total $((SECONDS - started)) s; exit status ${status}" >&2
 exit "$status"
