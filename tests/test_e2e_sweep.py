@@ -397,16 +397,21 @@ def test_one_refresh_serves_runs_and_points_alike(hpc: Hpc) -> None:
 
 def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc) -> None:
     """Issue 26 (Performance: a held 1,000-point sweep to its id): the host writes a grid
-    point's folder and run.json, nothing more (the sweep's point.sh and params.sh serve
-    every point); the array task makes its job.sh, logs/ and checkpoints/, private, when
-    it starts. Pending points' logs and status cope with them not there yet."""
+    point's folder, nothing more (the sweep's point.sh and params.sh serve every point,
+    and its run record is made from sweep.json until it first changes); the array task
+    makes its job.sh, logs/ and checkpoints/, private, when it starts. Pending points'
+    logs and status cope with them not there yet."""
     out = hpc.folder("out")
     line = _sweep(hpc, "--grid", "lr=0.5,x y", "--sbatch-arg=--hold", "--",
                   "python3", POINT, str(out), "--lr={lr}")  # fmt: skip
     sweep_dir, sweep_id = Path(line["sweep_dir"]), line["sweep_id"]
     try:
         for index in (0, 1):
-            assert os.listdir(sweep_dir / "points" / str(index)) == ["run.json"]
+            assert os.listdir(sweep_dir / "points" / str(index)) == []
+            shown = json.loads(hpc.run("show", f"{sweep_id}:{index}", "--json").stdout)["record"]
+            assert shown["run_id"] == f"{sweep_id}:{index}", shown
+            assert shown["run_dir"] == str(sweep_dir / "points" / str(index))
+            assert shown["job_id"] == f"{line['job_ids'][0]}_{index}", shown
         status = _status(hpc, sweep_id)
         assert [p["state"] for p in status["points"]] == ["PENDING"] * 2
         for command in ("logs", "show", "status"):

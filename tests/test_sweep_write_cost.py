@@ -95,22 +95,29 @@ def test_point_records_are_made_once_not_per_point(
 def test_point_records_say_what_a_record_made_per_point_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every point's run.json holds what folder.point_record makes for that point (its
-    own id, folders, parameters and command), but the time of writing."""
-    import json
-
+    """Every point's record, as any reader reads it (records/runrecord.read_raw), holds
+    what folder.point_record makes for that point (its own id, folders, parameters and
+    command), but the time of writing; no point's run.json is written at submission (the
+    record is made from sweep.json), and the first change writes it, the rest kept."""
     from hpclaunch.sweeps import folder
 
     sp = _planned_sweep(tmp_path, monkeypatch, 7)
     facts = sp.backend.site_facts()
     for point in sp.points:
         path = sp.paths.run_dir / "points" / str(point.index) / "run.json"
-        stored = json.loads(path.read_text())
+        assert not path.exists()
+        stored = runrecord.read_raw(path.parent)
         made = folder.point_record(sp, point, sp.backend.name, None, **facts).to_dict()
         stored.pop("submitted_at"), made.pop("submitted_at")
         assert stored == made
         assert stored["params"] == dict(point.params) and stored["point"] == point.index
         assert stored["run_dir"] == str(path.parent)
+    first = sp.paths.run_dir / "points" / "3"
+    before = runrecord.read_raw(first)
+    runrecord.update(first, state="RUNNING")
+    assert (first / "run.json").is_file()
+    assert runrecord.read_raw(first) == {**before, "state": "RUNNING"}
+    assert runrecord.read_raw(sp.paths.run_dir / "points" / "4")["state"] == "PENDING"
 
 
 def test_sweep_json_is_written_by_the_c_encoder_and_reads_back(

@@ -23,6 +23,7 @@ from hpclaunch.config.jobspec import MASK, is_secret
 from hpclaunch.config.secretnames import masked, names_in
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import EVENTS, INPUT_BOUND
+from hpclaunch.records import pointrecords
 from hpclaunch.records.attempts import Attempt, fold
 from hpclaunch.records.locking import exclusive
 from hpclaunch.records.runpaths import RECORD
@@ -163,12 +164,13 @@ class DamagedRecord(HpclaunchError):
 
 
 def read_raw(run_dir: Path) -> dict[str, Any]:
-    """run.json as stored; {} when the run folder has none yet."""
+    """run.json as stored; a sweep point's made from sweep.json until its run.json is
+    first written (records/pointrecords.py); {} when the run folder has none yet."""
     path = run_dir / RECORD
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        return {}
+    except FileNotFoundError:  # a sweep point's, until first changed: from sweep.json
+        return pointrecords.from_sweep(run_dir) or {}
     except (OSError, ValueError) as exc:
         raise DamagedRecord(
             f"{path}: unreadable run record ({type(exc).__name__}). Remove the run folder "

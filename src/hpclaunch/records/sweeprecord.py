@@ -7,7 +7,9 @@
     code/             the one code snapshot every point runs
     logs/             what Slurm writes before a point has its folder (%A_%a.out)
     points/<i>/       a complete run folder: run.json, job.sh, params.env, logs/,
-                      checkpoints/, result.json, events.jsonl, attempts/<n>/ (earlier tries)
+                      checkpoints/, result.json, events.jsonl, attempts/<n>/ (earlier tries);
+                      run.json only once the point's record first changes: until then
+                      it is made from sweep.json (records/pointrecords.py)
 
 Only the host writes sweep.json and the points' run.json (under the folder's lock, as
 records/runrecord.py does); the job appends point_start/point_end to a point's events.jsonl and,
@@ -25,11 +27,11 @@ from typing import Any, Optional
 from hpclaunch.basics import filemodes
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import EVENTS, RESULT_JSON
-from hpclaunch.records import runrecord
+from hpclaunch.records import pointrecords, runrecord
 from hpclaunch.records.runpaths import CANCELLED_FILE
 
-SWEEP_JSON = "sweep.json"
-POINTS = "points"
+SWEEP_JSON = pointrecords.SWEEP_JSON
+POINTS = pointrecords.POINTS
 PARAMS_ENV = "params.env"  # an Optuna point's, sourced by the array script before job.sh
 PARAMS_SH = "params.sh"  # line i+1: point i's exports (grid, W&B), read by its array task
 POINT_SH = "point.sh"  # every point's job.sh, a token where its number goes

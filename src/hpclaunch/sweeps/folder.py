@@ -5,7 +5,6 @@ a folder per point with its run.json. Files in folders made moments ago are writ
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -138,39 +137,32 @@ def point_record(
     )
 
 
-def write_point_records(sp: SweepPlan, data: dict[str, Any], job_ids: Sequence[str]) -> None:
-    """Every point's run.json, with its array task's id ("123_4") once queued, and what
-    the backend keeps of the site (which sacct answers; who runs local points)."""
+def point_records(
+    sp: SweepPlan, backend: str, job_ids: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What sweep.json keeps so that every point's run record can be made from it
+    (records/pointrecords.py) instead of 1,000 run.json files written at submission: the
+    point table's rows with each point's array task ("123_4") and command, and the record
+    all points share, TOKEN where a point's number goes (its POINT_RECORD)."""
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
-    if not sp.points:
-        return
-    facts = sp.backend.site_facts()
-    first = sp.points[0]
-    entry = point_record(sp, first, data["backend"], task_of.get(first.index), **facts)
-    runrecord.write_new(entry, fresh_folder=True)
-    # The other points' records differ from the first's only in these keys: one record
-    # made through records.new_record and laid over per point (a RunRecord and its
-    # asdict per point were two thirds of a 1,000-point submission).
-    base = entry.to_dict()
     secrets = sp.masked_secrets()
     program = list(sp.planned.spec.program)
-    template = script.point_paths(sp.paths, sp.token)
-    run_id, run_dir = template.run_id, str(template.run_dir)
-    checkpoints = str(template.checkpoint_dir)
-    for point in sp.points[1:]:
-        index = str(point.index)
-        job = task_of.get(point.index)
-        folder = run_dir.replace(sp.token, index)
-        base.update(
-            run_id=run_id.replace(sp.token, index),
-            run_dir=folder,
-            checkpoint_dir=checkpoints.replace(sp.token, index),
-            point=point.index,
-            job_id=job,
-            job_ids=[job] if job else [],
-            command=[str(word) for word in masked([*program, *point.args], secrets)],
-            params=dict(point.params),
-            submitted_at=time.time(),
+    rows = []
+    for point in sp.points:
+        rows.append(
+            {
+                "index": point.index,
+                "params": dict(point.params),
+                "args": list(point.args),
+                "source": point.source,
+                "job": task_of.get(point.index),
+                "command": [str(word) for word in masked([*program, *point.args], secrets)],
+            }
         )
-        text = json.dumps(base, sort_keys=True) + "\n"
-        sweeprecord.write_new(f"{folder}/{runpaths.RECORD}", text)
+    spec, paths = sp.planned.spec, script.point_paths(sp.paths, sp.token)
+    common = runrecord.new_record(
+        spec, paths, backend, sweep_id=sp.paths.run_id, point=None, job_id=None,
+        job_ids=[], attempts=1, state=State.PENDING.value, exit_code=None, command=[],
+        params={}, **sp.backend.site_facts(),
+    )  # fmt: skip
+    return rows, {"token": sp.token, "base": common.to_dict()}

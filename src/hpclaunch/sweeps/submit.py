@@ -21,7 +21,7 @@ from hpclaunch.backends.base import ArrayPart as ArrayJob
 from hpclaunch.basics import filemodes, users
 from hpclaunch.config.secretnames import mask_text as masked
 from hpclaunch.errors import HpclaunchError, UserError
-from hpclaunch.records import index, runpaths, sweeprecord
+from hpclaunch.records import index, pointrecords, runpaths, sweeprecord
 from hpclaunch.script import render
 from hpclaunch.sweeps import arrays, folder, script
 from hpclaunch.sweeps.limits import queued_jobs, site_limits
@@ -275,9 +275,13 @@ def _record_accepted(
     job_ids: list[str],
 ) -> dict[str, Any]:
     spec = sp.planned.spec
+    # The points' records: their rows and the record they share, in sweep.json (one
+    # rewrite, not a run.json a point: records/pointrecords.py makes each when read).
+    rows, common = folder.point_records(sp, data["backend"], job_ids)
+    changes: dict[str, Any] = {"points": rows, pointrecords.POINT_RECORD: common}
     if job_ids:
-        data = sweeprecord.update(paths.run_dir, arrays=array_entries(sp.parts, job_ids, attempt=1))
-    folder.write_point_records(sp, data, job_ids)
+        changes["arrays"] = array_entries(sp.parts, job_ids, attempt=1)
+    data = sweeprecord.update(paths.run_dir, **changes)
     index.add(
         {
             "run_id": paths.run_id,
