@@ -161,7 +161,9 @@ def test_thousands_of_rank_files_are_cheap(logs: Path) -> None:
     t0 = time.perf_counter()
     for _ in range(5):
         assert f.poll() == 0
-    assert (time.perf_counter() - t0) / 5 < 0.25  # one listing + one stat per file
+    # One listing + one stat per file: milliseconds; the bound only catches reading every
+    # file again (seconds for 4,000), with room for a loaded CI machine.
+    assert (time.perf_counter() - t0) / 5 < 1
     append(logs / "rank-1234.out", "more\n")
     assert f.poll() == 1
     assert out.getvalue().endswith("[? 1234] more\n")

@@ -334,7 +334,9 @@ def test_building_a_thousand_points_is_fast() -> None:
     found = build_points(grids, None, None)
     check_placeholders(["--a={a}", "--b={b}", "{rank}"], found)
     assert len(found) == 1000
-    assert time.perf_counter() - start < 0.1  # a few ms; loose for a loaded machine
+    # A few ms here; the bound only catches per-point work gone quadratic (seconds), as a
+    # loaded CI machine took 0.28 s once: figures live in bench/sweep.py, not in tests.
+    assert time.perf_counter() - start < 2
 
 
 def test_config_and_grid_conflicts(tmp_path: Path) -> None:
