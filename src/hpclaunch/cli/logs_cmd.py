@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional, TextIO, Union
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
-from hpclaunch.observe.logs import AttemptFollower, LogFollower
+from hpclaunch.cli.common import RUN_OR_LAST, all_projects_option, environ, find_run_dir
+from hpclaunch.observe.logs import AttemptFollower, LogFollower, safe_write
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord
 
 
-@click.command("logs", epilog=RUN_ARG_HELP)
-@click.argument("run")
+@click.command("logs", epilog=RUN_OR_LAST)
+@click.argument("run", default="last")
 @click.option("--rank", type=int, default=None, help="Only this rank's output.")
 @click.option(
     "-f",
@@ -35,14 +36,25 @@ if TYPE_CHECKING:
     help="A requeued run's attempt N (0, 1, ...): its ranks' output; default the latest.",
 )
 @click.option("--no-tag", is_flag=True, help="Print lines without the [node rank] prefix.")
+@click.option(
+    "-n",
+    "--tail",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only the last N lines of the output so far (then, with --follow, every new one).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the output so far.")
+@all_projects_option
 def logs_cmd(
     run: str,
     rank: Optional[int],
     follow: bool,
     attempt: Optional[int],
     no_tag: bool,
+    tail: Optional[int],
     as_json: bool,
+    all_projects: bool,
 ) -> int:
     """Print a run's output, each line tagged [node rank]; stderr lines go to stderr.
     A run with --requeue shows its latest attempt (--attempt N for another)."""
@@ -51,7 +63,7 @@ def logs_cmd(
     from hpclaunch.records import runrecord
     from hpclaunch.records.runpaths import attempt_numbers, rank_logs
 
-    run_dir = find_run_dir(run)
+    run_dir = find_run_dir(run, all_projects)
     record = runrecord.load(run_dir)
     if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):
         top = f"0 to {record.world_size - 1}" if record.world_size else "at least 0"
@@ -67,14 +79,17 @@ def logs_cmd(
             raise UserError("--attempt", "with --follow", "", "Follow without --attempt")
     if as_json:
         text = Run(run_dir).logs(rank, attempt)
+        if tail is not None:
+            text = "".join(text.splitlines(keepends=True)[-tail:] if tail else [])
         click.echo(json.dumps({"run_id": record.run_id, "rank": rank, "logs": text}))
         return 0
+    out, err = _Held(sys.stdout), _Held(sys.stderr)
     follower: Union[LogFollower, AttemptFollower]
     if attempt is not None:
         follower = LogFollower(
             rank_logs(run_dir, attempt),
-            sys.stdout,
-            sys.stderr,
+            out,
+            err,
             rank=rank,
             include_batch=False,
             tag=not no_tag,
@@ -82,13 +97,17 @@ def logs_cmd(
     else:
         follower = AttemptFollower(
             run_dir / "logs",
-            sys.stdout,
-            sys.stderr,
+            out,
+            err,
             rank=rank,
             include_batch=rank is None,
             tag=not no_tag,
         )
     follower.poll()
+    if tail is None:
+        _Held.release_tail([out, err], None)
+    else:  # what is there now: its last lines, in the order written; then all that is new
+        _Held.release_tail([out, err], tail)
     ended = _follow(follower, run_dir, record.cluster) if follow else None
     follower.drain()
     if ended is None:
@@ -117,3 +136,47 @@ def _follow(
         ended = follow_to_end(run_dir, follower, backoff=backoff)
     time.sleep(0.3)
     return ended
+
+
+class _Held(io.StringIO):
+    """A stream whose lines are held until release (all of them) or release_tail (the
+    last N of several streams, in the order written); then it writes through."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self._held: Optional[list[tuple[int, _Held, str]]] = []
+
+    def write(self, text: str) -> int:
+        if self._held is None:
+            safe_write(self._stream, text)
+            return len(text)
+        self._held.extend((_Held.order(), self, line) for line in text.splitlines(True))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._held is None:
+            self._stream.flush()
+
+    def isatty(self) -> bool:  # the tags' colours are decided by the real stream
+        return self._stream.isatty()
+
+    @staticmethod
+    def release_tail(streams: list[_Held], count: Optional[int]) -> None:
+        lines = sorted(held for stream in streams for held in stream._held or [])
+        if count is not None:
+            lines = lines[len(lines) - count :] if count else []
+        for stream in streams:
+            stream._held = None
+        for _, stream, line in lines:
+            safe_write(stream._stream, line)
+        for stream in streams:
+            stream._stream.flush()
+
+    _written = 0
+
+    @staticmethod
+    def order() -> int:
+        """A number that says which line was written first, across streams."""
+        _Held._written += 1
+        return _Held._written
