@@ -188,3 +188,34 @@ def test_states_are_in_colour_on_a_terminal_only(tmp_path: Path, no_color: bool)
             assert (green in shown) == (not no_color), shown
     piped = _ok(_hpclaunch(tmp_path, tmp_path, "runs"))
     assert "\x1b[" not in piped and "FAILED" in piped
+
+
+def test_over_remote_last_is_the_shipped_projects(tmp_path: Path) -> None:
+    """The laptop names the project's mirror on the cluster in every forwarded command;
+    there, runs started with it and `last` both use that folder, wherever the command
+    runs in it (the mirror holds no .git)."""
+    from hpclaunch.records import refs
+    from hpclaunch.remote.forward import project_mirror
+    from hpclaunch.remote.ship import PROJECTS, mirror_name
+
+    laptop = tmp_path / "laptop"
+    (laptop / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(laptop)], check=True, timeout=60)
+    sent = project_mirror(laptop / "sub", None)
+    assert sent == {index.PROJECT_VARIABLE: f"~/{PROJECTS}/{mirror_name(laptop)}"}
+    # No git work tree: nothing names a project, and `last` there is anyone's.
+    assert project_mirror(tmp_path, None) == {index.PROJECT_VARIABLE: index.ANY_PROJECT}
+    home = tmp_path / "home"
+    cluster = {**local_env(tmp_path), "HOME": str(home), **sent}
+    mirror = home / PROJECTS / mirror_name(laptop)
+    other = _recorded(tmp_path, 1, "COMPLETED")  # an older run of another project
+    index.add({"run_id": "20260101-000009-000-0009", "run_dir": str(other)}, cluster, mirror)
+    newest = tmp_path / "runs" / "newest"
+    (newest / "sub").mkdir(parents=True)
+    (newest / "run.json").write_text(json.dumps({"run_id": "20260101-000010-000-0010"}))
+    index.add({"run_id": "20260101-000010-000-0010", "run_dir": str(newest)}, local_env(tmp_path))
+    assert index.project_of(tmp_path, cluster) == str(mirror)
+    assert refs.run_dir("last", cluster) == other
+    assert refs.run_dir("last", cluster, all_projects=True) == newest
+    anyones = {**cluster, index.PROJECT_VARIABLE: index.ANY_PROJECT}
+    assert refs.run_dir("last", anyones) == newest

@@ -24,6 +24,7 @@ Warn = Callable[[str], None]
 PROJECT = "project"  # an index line's key: the project the run was started from
 #: Where a laptop's hpclaunch says, over --remote, which shipped project a command is for.
 PROJECT_VARIABLE = "HPCLAUNCH_PROJECT"
+ANY_PROJECT = "*"  # its value for a laptop folder with no project: `last` is anyone's
 
 
 def path(environ: Mapping[str, str]) -> Path:
@@ -40,8 +41,11 @@ def project_of(cwd: Path, environ: Mapping[str, str]) -> str:
     project's folder over --remote ($HPCLAUNCH_PROJECT), else the git work tree's top
     holding cwd, else cwd itself."""
     shipped = environ.get(PROJECT_VARIABLE)
-    if shipped:
-        return str(Path(shipped).expanduser().absolute())
+    if shipped == ANY_PROJECT:
+        return ANY_PROJECT
+    if shipped:  # "~/..." under this environment's home (the request's, over --remote)
+        home_relative = shipped.startswith("~/")
+        return str(_home(environ) / shipped[2:] if home_relative else Path(shipped).absolute())
     here = cwd.absolute()
     for folder in (here, *here.parents):
         if (folder / ".git").exists():

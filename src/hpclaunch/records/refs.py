@@ -167,9 +167,9 @@ def _last(
         raise UserError(
             field, f"no {field.lower()}s recorded yet ('last')", "", "Start one with hpclaunch run"
         )
-    if all_projects:
-        return entries[0]
     here = index.project_of(Path.cwd(), environ)
+    if all_projects or here == index.ANY_PROJECT:
+        return entries[0]
     for entry in entries:
         if index.entry_project(entry, environ) == here:
             return entry
