@@ -78,8 +78,11 @@ def test_runs_state_searches_every_run_and_says_when_the_list_is_cut(tmp_path: P
     assert "python train.py --n=24" in lines[1]
     assert "5 older runs not listed: -n 25" in listed.stderr
     assert "older runs" not in _hpclaunch(tmp_path, tmp_path, "runs", "-n", "25").stderr
+    named = _recorded(tmp_path, 30, "COMPLETED", job_name="baseline")
+    assert "baseline" in _ok(_hpclaunch(tmp_path, tmp_path, "runs", "-n", "1"))
+    assert named.name in _ok(_hpclaunch(tmp_path, tmp_path, "runs", "-n", "1"))
     cut = _hpclaunch(tmp_path, tmp_path, "runs", "--state", "COMPLETED", "-n", "4")
-    assert len(_ok(cut).splitlines()) == 5 and "20 older runs not listed: -n 24" in cut.stderr
+    assert len(_ok(cut).splitlines()) == 5 and "21 older runs not listed: -n 25" in cut.stderr
 
 
 def test_runs_of_an_experiment_with_none_says_so(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ def _sweep_row(data: dict[str, Any], counts: dict[str, int], code: Optional[int]
         "state": " ".join(f"{n} {s}" for s, n in sorted(counts.items())),
         "exit_code": code,
         "exp": data.get("exp"),
-        "name": _name((data.get("options") or {}).get("job_name"), data.get("command")),
+        "name": _name("", data.get("command")),
         "run_dir": str(Path(data["sweep_dir"])),
         "sweep": True,
         "points": len(data["points"]),
@@ -197,15 +197,20 @@ def _row(rec: Any) -> dict[str, Any]:
         "state": rec.state,
         "exit_code": rec.exit_code,
         "exp": rec.exp,
-        "name": _name(rec.options.get("job_name"), rec.command),
+        "name": _name(rec.job_name, rec.command),
         "run_dir": rec.run_dir,
     }
 
 
-def _name(job_name: Any, command: Any) -> str:
-    """The NAME column: the --job-name given, else the command as typed."""
-    words = [str(job_name)] if job_name else command if isinstance(command, list) else []
-    return " ".join(" ".join(str(word).split()) for word in words)  # one line, however typed
+def _name(job_name: str, command: Any) -> str:
+    """The NAME column: a --job-name given (one that is not the name hpclaunch derives
+    from the command), else the command as typed, on one line."""
+    from hpclaunch.planning.validate import default_job_name
+
+    words = [str(word) for word in command] if isinstance(command, list) else []
+    if job_name and (not words or job_name != default_job_name(tuple(words))):
+        words = [job_name]
+    return " ".join(" ".join(word.split()) for word in words)
 
 
 @click.command("status", epilog=RUN_OR_LAST)
