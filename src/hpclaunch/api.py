@@ -183,13 +183,16 @@ def check_state(state: str) -> str:
     return state.upper()
 
 
-def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
+def get(ref: str, *, environ: Optional[Mapping[str, str]] = None, all_projects: bool = True) -> Run:
     """A run by id, unique id prefix, Slurm job id, run folder, or "last" (the newest run
     or sweep: of a sweep, its most recently started point); a sweep's point by
-    "SWEEP:INDEX"."""
+    "SWEEP:INDEX". "last" is anyone's newest, as a library call has no project of its
+    own (run(cwd=...) starts runs anywhere); all_projects=False: the CLI's `last`, the
+    newest of the project holding the current folder."""
     from hpclaunch.records.refs import run_dir
 
-    return Run(run_dir(ref, environment() if environ is None else environ))
+    env = environment() if environ is None else environ
+    return Run(run_dir(ref, env, all_projects=all_projects))
 
 
 def _program(program: Union[str, Sequence[str]]) -> tuple[str, ...]:

@@ -177,7 +177,7 @@ def _last(
         field,
         f"no {what} started in this project ({here})",
         "last is this project's newest",
-        "Give its id (see hpclaunch runs), or add --all-projects for anyone's newest",
+        "Give its id (see hpclaunch runs); status, logs, show and cancel take --all-projects",
     )
 
 
