@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from builders import local_env
-from hpclaunch.basics.units import JOB_TIME_LEAST, parse_time
 from hpclaunch.errors import UserError
 from hpclaunch.sweeps.gridnames import env_only_note
 from hpclaunch.sweeps.points import Point, parse_grid
@@ -68,22 +67,21 @@ def test_a_mistyped_sweep_subcommand_is_refused_with_a_suggestion(tmp_path: Path
     assert not (tmp_path / "runs").exists()  # nothing was taken as a program to sweep
 
 
-def test_seconds_are_refused_as_a_time_limit_like_zero() -> None:
-    with pytest.raises(UserError) as caught:
-        parse_time("0:05", least=JOB_TIME_LEAST)
-    line = caught.value.render()
-    assert line.startswith("--time: '0:05' is 5 seconds") and "at least 1 minute" in line
-    assert "-t 1" in line  # the fix
-    assert parse_time("1", least=JOB_TIME_LEAST) == parse_time("0:60", least=JOB_TIME_LEAST)
-    assert parse_time("0:05", "--span") == 5  # other spans of time keep their seconds
+LUMI = ["--cluster", "lumi", "-p", "small-g", "-A", "project_465000000", "--dry-run"]
 
 
-def test_a_run_with_seconds_as_its_limit_is_refused_before_anything_is_written(
-    tmp_path: Path,
-) -> None:
-    line = _one_error_line(_hpclaunch(tmp_path, "run", "-t", "0:05", "--", "true"))
-    assert "--time: '0:05' is 5 seconds" in line
+@pytest.mark.parametrize("seconds", ["0:05", "0:59", "00:00:30"])
+def test_seconds_are_refused_as_a_slurm_time_limit_like_zero(tmp_path: Path, seconds: str) -> None:
+    """Slurm rounds 0:05 up to a minute, and -t 0 means no limit there: one line naming
+    the field, the value, the limit and the fix, nothing written (a local run keeps its
+    seconds: test_local_hardening times out a run of -t 0:02)."""
+    line = _one_error_line(_hpclaunch(tmp_path, "run", *LUMI, "-t", seconds, "--", "true"))
+    assert line.startswith(f"hpclaunch: error: --time: 00:00:{int(seconds[-2:]):02d} is ")
+    assert "(at least 1 minute: Slurm rounds seconds up to whole minutes)" in line
+    assert "Give whole minutes, e.g. -t 1" in line
     assert not (tmp_path / "runs").exists()
+    minute = _hpclaunch(tmp_path, "run", *LUMI, "-t", "0:60", "--", "true")
+    assert minute.returncode == 0 and "#SBATCH --time=00:01:00" in minute.stdout, minute.stderr
 
 
 def test_grid_values_lose_the_blanks_around_them() -> None:

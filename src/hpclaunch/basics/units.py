@@ -6,17 +6,14 @@ import re
 
 from hpclaunch.errors import UserError, show
 
-JOB_TIME_LEAST = 60  # seconds: a job's time limit is whole minutes to Slurm
 _TIME_FIX = "Use minutes (30), MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, as Slurm does"
 
 
-def parse_time(text: str, field: str = "--time", least: int = 1) -> int:
+def parse_time(text: str, field: str = "--time") -> int:
     """Seconds for a Slurm time string; `5` is five minutes, like sbatch.
 
     Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch(1) "-t"). 'infinite' and
     'unlimited' are refused: a job always needs a limit a scheduler can plan with.
-    Under `least` seconds is refused: a job's limit (JOB_TIME_LEAST) is at least a
-    minute (Slurm rounds seconds up to minutes, and `-t 0` means no limit there).
     """
     value = text.strip()
     days = 0
@@ -45,13 +42,6 @@ def parse_time(text: str, field: str = "--time", least: int = 1) -> int:
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total <= 0:
         raise UserError(field, f"{show(text)} is zero", "a job needs at least 1 minute", _TIME_FIX)
-    if total < least:
-        raise UserError(
-            field,
-            f"{show(text)} is {total} seconds",
-            "at least 1 minute: Slurm rounds seconds up to whole minutes",
-            "Give whole minutes, e.g. -t 1 or -t 0:01:00",
-        )
     return total
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hpclaunch.basics.units import JOB_TIME_LEAST, parse_memory, parse_size, parse_time
+from hpclaunch.basics.units import parse_memory, parse_size, parse_time
 from hpclaunch.config import projectfile
 from hpclaunch.config.options import BY_NAME, RunOptions
 from hpclaunch.config.projectfile import PROJECT_FILE
@@ -135,8 +135,8 @@ def _convert(name: str, value: Any, where: str) -> Any:
         if number != number or number in (float("inf"), float("-inf")):
             raise UserError(field, f"{show(value)} is not a number", "", f"Give e.g. {opt.example}")
         return number
-    if opt.kind == "time":  # a job's limit: 0:05 would be a minute to Slurm
-        return parse_time(str(value), field, least=JOB_TIME_LEAST)
+    if opt.kind == "time":
+        return parse_time(str(value), field)
     if name == "snapshot-limit":  # bytes: a limit may be under a megabyte (1K)
         return parse_size(str(value), field)
     if opt.kind == "mem":
