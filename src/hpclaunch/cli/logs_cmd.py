@@ -7,6 +7,7 @@ import io
 import json
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TextIO, Union
 
@@ -83,7 +84,9 @@ def logs_cmd(
             text = "".join(text.splitlines(keepends=True)[-tail:] if tail else [])
         click.echo(json.dumps({"run_id": record.run_id, "rank": rank, "logs": text}))
         return 0
-    out, err = _Held(sys.stdout), _Held(sys.stderr)
+    kept: deque[tuple[_Tail, str]] = deque(maxlen=tail)
+    tails = [_Tail(sys.stdout, kept), _Tail(sys.stderr, kept)] if tail is not None else []
+    out, err = (tails[0], tails[1]) if tails else (sys.stdout, sys.stderr)
     follower: Union[LogFollower, AttemptFollower]
     if attempt is not None:
         follower = LogFollower(
@@ -104,10 +107,8 @@ def logs_cmd(
             tag=not no_tag,
         )
     follower.poll()
-    if tail is None:
-        _Held.release_tail([out, err], None)
-    else:  # what is there now: its last lines, in the order written; then all that is new
-        _Held.release_tail([out, err], tail)
+    if tails:  # what is there now: its last lines, in the order written; then all that is new
+        _Tail.release(tails)
     ended = _follow(follower, run_dir, record.cluster) if follow else None
     follower.drain()
     if ended is None:
@@ -138,45 +139,36 @@ def _follow(
     return ended
 
 
-class _Held(io.StringIO):
-    """A stream whose lines are held until release (all of them) or release_tail (the
-    last N of several streams, in the order written); then it writes through."""
+class _Tail(io.StringIO):
+    """stdout or stderr of `logs --tail N` until release: the lines written go to a deque
+    both streams share, so the last N of them stay, in the order written (memory for N
+    lines, whatever the log's size); release prints them, then writes go through."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, kept: deque[tuple[_Tail, str]]) -> None:
         super().__init__()
         self._stream = stream
-        self._held: Optional[list[tuple[int, _Held, str]]] = []
+        self._kept: Optional[deque[tuple[_Tail, str]]] = kept
 
     def write(self, text: str) -> int:
-        if self._held is None:
+        if self._kept is None:
             safe_write(self._stream, text)
-            return len(text)
-        self._held.extend((_Held.order(), self, line) for line in text.splitlines(True))
+        else:
+            self._kept.extend((self, line) for line in text.splitlines(True))
         return len(text)
 
     def flush(self) -> None:
-        if self._held is None:
+        if self._kept is None:
             self._stream.flush()
 
     def isatty(self) -> bool:  # the tags' colours are decided by the real stream
         return self._stream.isatty()
 
     @staticmethod
-    def release_tail(streams: list[_Held], count: Optional[int]) -> None:
-        lines = sorted(held for stream in streams for held in stream._held or [])
-        if count is not None:
-            lines = lines[len(lines) - count :] if count else []
+    def release(streams: list[_Tail]) -> None:
+        kept = streams[0]._kept or deque()
         for stream in streams:
-            stream._held = None
-        for _, stream, line in lines:
+            stream._kept = None
+        for stream, line in kept:
             safe_write(stream._stream, line)
         for stream in streams:
             stream._stream.flush()
-
-    _written = 0
-
-    @staticmethod
-    def order() -> int:
-        """A number that says which line was written first, across streams."""
-        _Held._written += 1
-        return _Held._written
