@@ -222,3 +222,26 @@ def test_over_remote_last_is_the_shipped_projects(tmp_path: Path) -> None:
     assert refs.run_dir("last", cluster, all_projects=True) == newest
     anyones = {**cluster, index.PROJECT_VARIABLE: index.ANY_PROJECT}
     assert refs.run_dir("last", anyones) == newest
+
+
+def test_the_apis_remote_run_names_its_project_too(tmp_path: Path) -> None:
+    """hpclaunch.run(remote=...) sends the project's mirror as the CLI does, so that
+    `hpclaunch --remote HOST status` from the project finds that run as `last`."""
+    from hpclaunch.remote.forward import project_mirror
+    from hpclaunch.remote.handle import call
+    from hpclaunch.remote.ssh import Host
+
+    sent: list[dict[str, Any]] = []
+
+    class Conn:
+        host = Host.parse("cluster")
+
+        def run(self, argv: list[str], stdin: bytes, timeout: float = 0) -> Any:
+            sent.append(json.loads(stdin))
+            return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    subprocess.run(["git", "init", "-q", str(laptop)], check=True, timeout=60)
+    call(Conn(), ["run", "--", "true"], {}, laptop_cwd=laptop, cwd="x")  # type: ignore[arg-type]
+    assert [(one["env"], one["cwd"]) for one in sent] == [(project_mirror(laptop, None), "x")]
