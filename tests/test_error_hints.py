@@ -61,6 +61,11 @@ def test_an_unknown_option_with_nothing_close_offers_no_guess(tmp_path: Path) ->
     assert "Did you mean" not in line and "See hpclaunch runs --help" in line
 
 
+def test_a_mistyped_command_reads_as_one_sentence_per_hint(tmp_path: Path) -> None:
+    line = _one_error_line(_hpclaunch(tmp_path, "rnus"))
+    assert "No such command 'rnus'. Did you mean 'runs'? See hpclaunch --help" in line
+
+
 def test_a_mistyped_sweep_subcommand_is_refused_with_a_suggestion(tmp_path: Path) -> None:
     line = _one_error_line(_hpclaunch(tmp_path, "sweep", "stats", "last"))
     assert "no subcommand 'stats'" in line and "Did you mean hpclaunch sweep status?" in line
