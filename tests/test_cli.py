@@ -170,7 +170,7 @@ def test_help_explains_every_option_with_an_example(tmp_path: Path, env: dict[st
 
 
 def test_usage_errors_use_the_one_line_format(tmp_path: Path, env: dict[str, str]) -> None:
-    for args in (["run", "--nodes"], ["nosuchcommand"], ["logs"], ["run", "--launcher", "x"]):
+    for args in (["run", "--nodes"], ["nosuchcommand"], ["cancel"], ["run", "--launcher", "x"]):
         proc = hpclaunch(args, tmp_path, env)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.startswith("hpclaunch: error: ") and proc.stderr.count("\n") == 1, (

@@ -264,6 +264,7 @@ def local_run(tmp_path: Path) -> Iterator[dict[str, str]]:
 def _hpclaunch(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hpclaunch", *args],
+        cwd=Path(env["XDG_DATA_HOME"]).parent,  # where the run started: `last` is its project's
         env=env,
         capture_output=True,
         text=True,
@@ -296,6 +297,7 @@ def test_missing_pyspy_is_one_hint(
     local_run: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stacks, "pyspy_paths", lambda environ: [])
+    monkeypatch.chdir(Path(local_run["XDG_DATA_HOME"]).parent)  # `last`: the run's project
     env = {**local_run, "PATH": "/nonexistent"}
     bare = CliRunner().invoke(cli, ["stack", "last"], env=env, standalone_mode=False)
     assert bare.return_value == 1, bare.output

@@ -123,7 +123,8 @@ def test_a_missing_argument_names_itself_and_the_command(tmp_path: Path) -> None
             ["sweep", "status"],
             "hpclaunch: error: SWEEP: missing. See hpclaunch sweep status --help",
         ),
-        (["status"], "hpclaunch: error: RUN: missing. See hpclaunch status --help"),
+        # (status without RUN means last since issue 29: cancel still needs one)
+        (["cancel"], "hpclaunch: error: RUN: missing. See hpclaunch cancel --help"),
     ):
         proc = _hpclaunch(tmp_path, *argv)
         assert proc.returncode == 2 and proc.stderr.strip() == line, proc.stderr

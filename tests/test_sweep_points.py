@@ -68,7 +68,8 @@ def test_rank_placeholders_are_the_bootstraps() -> None:
 
 def test_parse_grid_keeps_values_as_typed() -> None:
     assert parse_grid("lr=0.1,0.01") == ("lr", ("0.1", "0.01"))
-    assert parse_grid("opt=adam, sgd") == ("opt", ("adam", " sgd"))
+    # issue 29: the blank after a comma is no part of the value (it was " sgd")
+    assert parse_grid("opt=adam, sgd") == ("opt", ("adam", "sgd"))
     assert parse_grid("x=1e-3,1E-3,001") == ("x", ("1e-3", "1E-3", "001"))
     assert parse_grid("flag=a=b") == ("flag", ("a=b",))
     assert parse_grid("_u8=ü") == ("_u8", ("ü",))
@@ -505,11 +506,14 @@ def test_txt_lines_written_with_shlex_join_round_trip(lines: list[list[str]]) ->
     st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True).filter(
         lambda n: n.lower() not in RANK_PLACEHOLDERS
     ),
-    st.lists(
-        st.text(st.characters(blacklist_characters=",\0"), min_size=1), min_size=1, unique=True
+    st.lists(  # values as parse_grid keeps them: the blanks around each are dropped
+        st.text(st.characters(blacklist_characters=",\0"), min_size=1).map(str.strip).filter(bool),
+        min_size=1,
+        unique=True,
     ),
 )
 def test_grid_values_round_trip(name: str, values: list[str]) -> None:
     assert parse_grid(f"{name}={','.join(values)}") == (name, tuple(values))
+    assert parse_grid(f"{name}= {' , '.join(values)} ") == (name, tuple(values))
     found = build_points([f"{name}={','.join(values)}"], None, None)
     assert [p.env()[sp.PARAM_ENV_PREFIX + name.upper()] for p in found] == values

@@ -154,8 +154,8 @@ def recorded(
     environ: Optional[Mapping[str, str]] = None,
     warn: Optional[index.Warn] = None,
 ) -> list[runrecord.RunRecord]:
-    """The records of the newest `limit` runs (of `exp`), brought up to date with one
-    status call per backend, then those in `state`. A damaged record is skipped (said
+    """The records of the newest `limit` runs (of `exp`; in `state`, among every recorded
+    run), brought up to date with one status call per backend. A damaged record is skipped (said
     through `warn`), never the end of the listing."""
     wanted = check_state(state) if state else None
     env = environment() if environ is None else environ
@@ -163,13 +163,13 @@ def recorded(
         e for e in index.live(env, warn) if not e.get("sweep") and (not exp or e.get("exp") == exp)
     ]
     found = []
-    for entry in entries[:limit]:
+    for entry in entries if wanted else entries[:limit]:  # a state: among every run
         try:
             found.append(runrecord.load(Path(entry["run_dir"])))
         except runrecord.DamagedRecord as exc:
             if warn is not None:
                 warn(str(exc))
-    return [r for r in runstatus.refresh(found) if wanted is None or r.state == wanted]
+    return [r for r in runstatus.refresh(found) if wanted is None or r.state == wanted][:limit]
 
 
 def check_state(state: str) -> str:
@@ -183,21 +183,30 @@ def check_state(state: str) -> str:
     return state.upper()
 
 
-def get(ref: str, *, environ: Optional[Mapping[str, str]] = None) -> Run:
+def get(ref: str, *, environ: Optional[Mapping[str, str]] = None, all_projects: bool = True) -> Run:
     """A run by id, unique id prefix, Slurm job id, run folder, or "last" (the newest run
     or sweep: of a sweep, its most recently started point); a sweep's point by
-    "SWEEP:INDEX"."""
+    "SWEEP:INDEX". "last" is anyone's newest, as a library call has no project of its
+    own (run(cwd=...) starts runs anywhere); all_projects=False: the CLI's `last`, the
+    newest of the project holding the current folder."""
     from hpclaunch.records.refs import run_dir
 
-    return Run(run_dir(ref, environment() if environ is None else environ))
+    env = environment() if environ is None else environ
+    return Run(run_dir(ref, env, all_projects=all_projects))
 
 
 def _program(program: Union[str, Sequence[str]]) -> tuple[str, ...]:
-    if isinstance(program, str):
-        return tuple(shlex.split(program))
-    if not all(isinstance(word, str) for word in program):
-        raise UserError("program", f"{show(list(program))} holds a non-string", "", "")
-    return tuple(program)
+    words = shlex.split(program) if isinstance(program, str) else list(program)
+    if not words:  # in the API's words: the CLI's "after --" means nothing to a caller
+        raise UserError(
+            "program",
+            f"{show(program)} is empty",
+            "",
+            "Name the program and its arguments, e.g. hpclaunch.run(['python', 'train.py'])",
+        )
+    if not all(isinstance(word, str) for word in words):
+        raise UserError("program", f"{show(words)} holds a non-string", "", "")
+    return tuple(words)
 
 
 _TYPES: Mapping[str, tuple[type, ...]] = {

@@ -209,7 +209,7 @@ def _record_accepted(
             "next run"
         )
     try:
-        index.add(entry, req.environ)
+        index.add(entry, req.environ, req.cwd)
     except OSError as exc:
         notes.append(
             f"job {job_id} runs (folder {paths.run_dir}), but the run index "
@@ -244,6 +244,7 @@ def _record_interrupted(
         {"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": None,
          "exp": spec.exp, "cluster": spec.cluster, "submitted_at": time.time()},
         req.environ,
+        req.cwd,
     )  # fmt: skip
 
 
@@ -266,6 +267,7 @@ def _record_setup_failed(
             {"run_id": paths.run_id, "run_dir": str(paths.run_dir), "job_id": None,
              "exp": spec.exp, "cluster": spec.cluster, "submitted_at": time.time()},
             req.environ,
+            req.cwd,
         )  # fmt: skip
 
 

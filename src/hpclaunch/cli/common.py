@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Optional
 
 import click
 
@@ -10,6 +12,12 @@ RUN_ARG_HELP = (
     "RUN is a run id, a unique prefix of one, a Slurm job id, a run folder, or `last`; a "
     "point of a sweep is SWEEP:INDEX (or its Slurm ARRAY_TASK id). `last` is the newest run "
     "or sweep started: of a sweep, its most recently started point (cancel: the whole sweep)."
+)
+RUN_OR_LAST = (
+    "RUN is a run id, a unique prefix of one, a Slurm job id, a run folder, or `last` (the "
+    "default); a point of a sweep is SWEEP:INDEX (or its Slurm ARRAY_TASK id). `last` is "
+    "this project's newest run or sweep (--all-projects: anyone's): of a sweep, its most "
+    "recently started point."
 )
 
 
@@ -24,11 +32,19 @@ def warn(line: str) -> None:
     click.echo(f"hpclaunch: warning: {line}", err=True)
 
 
-def find_run_dir(ref: str) -> Path:
+def find_run_dir(ref: str, all_projects: bool = False) -> Path:
     """RUN -> its run folder (refs.run_dir's rules)."""
     from hpclaunch.records.refs import run_dir
 
-    return run_dir(ref, environ(), warn)
+    return run_dir(ref, environ(), warn, all_projects)
+
+
+#: `last` is this project's newest run; the commands that default to it take this.
+all_projects_option = click.option(
+    "--all-projects",
+    is_flag=True,
+    help="`last` is the newest run of any project, not of this one.",
+)
 
 
 def find_sweep_dir(ref: str) -> Path:
@@ -36,3 +52,30 @@ def find_sweep_dir(ref: str) -> Path:
     from hpclaunch.records.refs import sweep_dir
 
     return sweep_dir(ref, environ())
+
+
+def state_colour(word: str) -> Optional[str]:
+    """A state's colour: COMPLETED green, CANCELLED yellow, any other end (FAILED,
+    TIMEOUT, OUT_OF_MEMORY, ...) red; None for a state that may still change."""
+    from hpclaunch.basics import states
+
+    names = {s.value for s in states.State} - {states.State.UNKNOWN.value}
+    if word not in names or states.is_open(word):
+        return None
+    if word == states.State.COMPLETED.value:
+        return "green"
+    return "yellow" if word == states.State.CANCELLED.value else "red"
+
+
+def coloured_states(text: str) -> str:
+    """Every state word of text in its colour (a sweep's "2 COMPLETED 1 FAILED" word by
+    word). click.echo drops the colours where its output is no terminal; NO_COLOR
+    (no-color.org) set: none at all."""
+    if environ().get("NO_COLOR"):
+        return text
+
+    def paint(match: re.Match[str]) -> str:
+        colour = state_colour(match.group(0))
+        return click.style(match.group(0), fg=colour) if colour else match.group(0)
+
+    return re.sub(r"[A-Z_]+", paint, text)

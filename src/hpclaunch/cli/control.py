@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir, warn
+from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_option, environ, find_run_dir, warn
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 @click.command("cancel", epilog=RUN_ARG_HELP)
 @click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
-def cancel_cmd(run: str, as_json: bool) -> int:
+@all_projects_option
+def cancel_cmd(run: str, as_json: bool, all_projects: bool) -> int:
     """Cancel a run: scancel its Slurm job; for a local run, end its ranks (the
     hpclaunch process that supervises them records how the run ended). A sweep (its id,
     or `last` when a sweep is the newest) has every open point cancelled, a point
@@ -28,7 +29,7 @@ def cancel_cmd(run: str, as_json: bool) -> int:
     from hpclaunch.handle import Run
     from hpclaunch.records.refs import run_or_sweep, sweep_of
 
-    found = run_or_sweep(run, environ(), warn)
+    found = run_or_sweep(run, environ(), warn, all_projects)
     if found.is_sweep:
         return _cancel_points(found.folder, None, as_json)
     record = runstatus.refresh_one(found.folder)

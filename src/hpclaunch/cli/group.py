@@ -71,26 +71,41 @@ cli.add_command(remote_group)
 def _usage_line(exc: click.UsageError) -> str:
     """click's usage errors in hpclaunch's one-line format."""
     if isinstance(exc, click.NoSuchOption):
-        return UserError(
-            exc.option_name,
-            "unknown option",
-            "",
-            "See hpclaunch run --help; put the program after --",
-        ).render()
+        return _unknown_option(exc)
     if isinstance(exc, click.MissingParameter) and exc.param is not None:
         # Before BadParameter: click >= 8.2 makes MissingParameter one of them.
         name = str(exc.param.name).upper()
-        return UserError(name, "missing", "", f"See hpclaunch {_cmd(exc)} --help").render()
+        return UserError(name, "missing", "", f"See {_help(exc)}").render()
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         name = exc.param.opts[0] if exc.param.opts else str(exc.param.name)
-        return UserError(name, exc.message, "", f"See hpclaunch {_cmd(exc)} --help").render()
-    message = _one_line(exc.format_message())
-    return f"usage: {message}. See hpclaunch --help"
+        return UserError(name, exc.message, "", f"See {_help(exc)}").render()
+    message = _one_line(exc.format_message()).rstrip(".")
+    end = "" if message.endswith("?") else "."  # click's "Did you mean 'runs'?"
+    return f"usage: {message}{end} See {_help(exc)}"
+
+
+def _unknown_option(exc: click.NoSuchOption) -> str:
+    """The closest option of the command typed (click's difflib matches), that command's
+    help, and where a program goes for the commands that take one."""
+    close = f"Did you mean {exc.possibilities[0]}? " if exc.possibilities else ""
+    takes_program = exc.ctx is not None and any(p.name == "program" for p in exc.ctx.command.params)
+    after = "; put the program after --" if takes_program else ""
+    fix = f"{close}See {_help(exc)}{after}"
+    return UserError(exc.option_name, "unknown option", "", fix).render()
+
+
+def _help(exc: click.UsageError) -> str:
+    """The help of the command typed: `hpclaunch sweep status --help`."""
+    return " ".join(word for word in ("hpclaunch", _cmd(exc), "--help") if word)
 
 
 def _cmd(exc: click.UsageError) -> str:
-    """The command as typed after `hpclaunch` ("sweep status"), for the help hint."""
+    """The command as typed after `hpclaunch` ("sweep status"), for the help hint; the
+    hidden `sweep submit` is typed `sweep`."""
     if not exc.ctx or not exc.ctx.command:
         return ""
-    path = exc.ctx.command_path.split(" ", 1)
-    return path[1] if len(path) > 1 else exc.ctx.command.name or ""
+    ctx = exc.ctx
+    if ctx.command.hidden and ctx.parent is not None:
+        ctx = ctx.parent
+    path = ctx.command_path.split(" ", 1)
+    return path[1] if len(path) > 1 else ""

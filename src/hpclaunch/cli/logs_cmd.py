@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
 import time
+from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional, TextIO, Union
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
-from hpclaunch.observe.logs import AttemptFollower, LogFollower
+from hpclaunch.cli.common import RUN_OR_LAST, all_projects_option, environ, find_run_dir
+from hpclaunch.observe.logs import AttemptFollower, LogFollower, safe_write
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord
 
 
-@click.command("logs", epilog=RUN_ARG_HELP)
-@click.argument("run")
+@click.command("logs", epilog=RUN_OR_LAST)
+@click.argument("run", default="last")
 @click.option("--rank", type=int, default=None, help="Only this rank's output.")
 @click.option(
     "-f",
@@ -35,14 +37,25 @@ if TYPE_CHECKING:
     help="A requeued run's attempt N (0, 1, ...): its ranks' output; default the latest.",
 )
 @click.option("--no-tag", is_flag=True, help="Print lines without the [node rank] prefix.")
+@click.option(
+    "-n",
+    "--tail",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only the last N lines of the output so far (then, with --follow, every new one).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the output so far.")
+@all_projects_option
 def logs_cmd(
     run: str,
     rank: Optional[int],
     follow: bool,
     attempt: Optional[int],
     no_tag: bool,
+    tail: Optional[int],
     as_json: bool,
+    all_projects: bool,
 ) -> int:
     """Print a run's output, each line tagged [node rank]; stderr lines go to stderr.
     A run with --requeue shows its latest attempt (--attempt N for another)."""
@@ -51,7 +64,7 @@ def logs_cmd(
     from hpclaunch.records import runrecord
     from hpclaunch.records.runpaths import attempt_numbers, rank_logs
 
-    run_dir = find_run_dir(run)
+    run_dir = find_run_dir(run, all_projects)
     record = runrecord.load(run_dir)
     if rank is not None and (rank < 0 or (record.world_size and rank >= record.world_size)):
         top = f"0 to {record.world_size - 1}" if record.world_size else "at least 0"
@@ -67,14 +80,19 @@ def logs_cmd(
             raise UserError("--attempt", "with --follow", "", "Follow without --attempt")
     if as_json:
         text = Run(run_dir).logs(rank, attempt)
+        if tail is not None:
+            text = "".join(text.splitlines(keepends=True)[-tail:] if tail else [])
         click.echo(json.dumps({"run_id": record.run_id, "rank": rank, "logs": text}))
         return 0
+    kept: deque[tuple[_Tail, str]] = deque(maxlen=tail)
+    tails = [_Tail(sys.stdout, kept), _Tail(sys.stderr, kept)] if tail is not None else []
+    out, err = (tails[0], tails[1]) if tails else (sys.stdout, sys.stderr)
     follower: Union[LogFollower, AttemptFollower]
     if attempt is not None:
         follower = LogFollower(
             rank_logs(run_dir, attempt),
-            sys.stdout,
-            sys.stderr,
+            out,
+            err,
             rank=rank,
             include_batch=False,
             tag=not no_tag,
@@ -82,13 +100,15 @@ def logs_cmd(
     else:
         follower = AttemptFollower(
             run_dir / "logs",
-            sys.stdout,
-            sys.stderr,
+            out,
+            err,
             rank=rank,
             include_batch=rank is None,
             tag=not no_tag,
         )
     follower.poll()
+    if tails:  # what is there now: its last lines, in the order written; then all that is new
+        _Tail.release(tails)
     ended = _follow(follower, run_dir, record.cluster) if follow else None
     follower.drain()
     if ended is None:
@@ -117,3 +137,38 @@ def _follow(
         ended = follow_to_end(run_dir, follower, backoff=backoff)
     time.sleep(0.3)
     return ended
+
+
+class _Tail(io.StringIO):
+    """stdout or stderr of `logs --tail N` until release: the lines written go to a deque
+    both streams share, so the last N of them stay, in the order written (memory for N
+    lines, whatever the log's size); release prints them, then writes go through."""
+
+    def __init__(self, stream: TextIO, kept: deque[tuple[_Tail, str]]) -> None:
+        super().__init__()
+        self._stream = stream
+        self._kept: Optional[deque[tuple[_Tail, str]]] = kept
+
+    def write(self, text: str) -> int:
+        if self._kept is None:
+            safe_write(self._stream, text)
+        else:
+            self._kept.extend((self, line) for line in text.splitlines(True))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._kept is None:
+            self._stream.flush()
+
+    def isatty(self) -> bool:  # the tags' colours are decided by the real stream
+        return self._stream.isatty()
+
+    @staticmethod
+    def release(streams: list[_Tail]) -> None:
+        kept = streams[0]._kept or deque()
+        for stream in streams:
+            stream._kept = None
+        for stream, line in kept:
+            safe_write(stream._stream, line)
+        for stream in streams:
+            stream._stream.flush()

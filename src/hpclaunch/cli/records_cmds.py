@@ -8,10 +8,18 @@ from typing import Any, Optional
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir, warn
+from hpclaunch.cli.common import (
+    RUN_OR_LAST,
+    all_projects_option,
+    coloured_states,
+    environ,
+    find_run_dir,
+    warn,
+)
 
-_COLUMNS = ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "run_dir")
-_HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
+_COLUMNS = ("run_id", "job_id", "cluster", "state", "exit_code", "exp", "name", "run_dir")
+_HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "NAME", "DIRECTORY")
+_NAME_WIDTH = 30  # the NAME column: a job name or the command, cut to this
 
 
 @click.command("runs")
@@ -19,56 +27,88 @@ _HEADER = ("RUN", "JOB", "CLUSTER", "STATE", "EXIT", "EXP", "DIRECTORY")
 @click.option(
     "--state",
     default=None,
-    help="Only runs in this state (e.g. RUNNING, FAILED), among the newest --limit.",
+    help="Only runs in this state (e.g. RUNNING, FAILED), searched among every recorded run.",
 )
 @click.option("-n", "--limit", default=20, show_default=True, help="How many runs to show.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def runs_cmd(exp: Optional[str], state: Optional[str], limit: int, as_json: bool) -> int:
     """List runs and sweeps, newest first, from any directory (one squeue and at most one
-    sacct call for all of them)."""
-    rows = _listing(environ(), exp, state, limit)
-    rows.sort(key=lambda r: str(r["run_id"]), reverse=True)  # ids sort by time
-    rows = rows[:limit]
+    sacct call for all of them); says how many older ones the list leaves out."""
+    rows, older = _listing(environ(), exp, state, limit)
+    if older:
+        click.echo(f"hpclaunch: {older} older runs not listed: -n {limit + older}", err=True)
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
         return 0
     if not rows:
-        click.echo("no runs yet: start one with hpclaunch run", err=True)
+        click.echo(_nothing_listed(exp, state), err=True)
         return 0
-    table = [_HEADER] + [
-        tuple("" if row[k] is None else str(row[k]) for k in _COLUMNS) for row in rows
-    ]
+    table = [_HEADER] + [tuple(_cell(row, k) for k in _COLUMNS) for row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER) - 1)]
-    for line in table:
-        click.echo("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]))
+    state_at = _COLUMNS.index("state")
+    for number, line in enumerate(table):
+        cells = [c.ljust(w) for c, w in zip(line, widths)]
+        if number:  # the header stays plain
+            cells[state_at] = coloured_states(cells[state_at])
+        click.echo("  ".join([*cells, line[-1]]))
     return 0
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    text = "" if value is None else str(value)
+    return text[: _NAME_WIDTH - 3] + "..." if key == "name" and len(text) > _NAME_WIDTH else text
+
+
+def _nothing_listed(exp: Optional[str], state: Optional[str]) -> str:
+    """Why the list is empty: no runs at all, none in that experiment, none in that state."""
+    if exp and state:
+        return f"no {state.upper()} runs in experiment {exp!r}: see hpclaunch runs --exp {exp}"
+    if exp:
+        return f"no runs in experiment {exp!r}: see hpclaunch runs for every experiment"
+    if state:
+        return f"no {state.upper()} runs: see hpclaunch runs"
+    return "no runs yet: start one with hpclaunch run"
 
 
 def _listing(
     env: dict[str, str], exp: Optional[str], state: Optional[str], limit: int
-) -> list[dict[str, Any]]:
-    """The newest `limit` runs and `limit` sweeps (of `exp`) as rows: the runs and the
-    open sweeps' points brought up to date together (track.refresh_with_runs: one squeue,
-    at most one sacct). A sweep is one line: its array job ids and its points' counts per
-    state. An ended sweep's line comes from the tally kept in its sweep.json when it was
-    first seen ended, so that its points' records are not read again (10 ended sweeps of
-    1,000 points are 10,000 files). A damaged record is skipped (said), never the end."""
+) -> tuple[list[dict[str, Any]], int]:
+    """The newest `limit` runs and sweeps (of `exp`; of every recorded one in `state`) as
+    rows, newest first, and how many more matched: the runs and the open sweeps' points
+    brought up to date together (track.refresh_with_runs: one squeue, at most one sacct).
+    A sweep is one line: its array job ids and its points' counts per state. An ended
+    sweep's line comes from the tally kept in its sweep.json when it was first seen
+    ended, so that its points' records are not read again (10 ended sweeps of 1,000
+    points are 10,000 files). A damaged record is skipped (said), never the end."""
     from hpclaunch.api import check_state
-    from hpclaunch.backends import sweepstate
-    from hpclaunch.records import index, runrecord, sweeprecord
-    from hpclaunch.sweeps import ops
+    from hpclaunch.records import index
 
     wanted = check_state(state) if state else None
     entries = [e for e in index.live(env, warn) if not exp or e.get("exp") == exp]
+    # Without --state the newest `limit` lines are the rows; with it, every run is read
+    # (an ended run's record, no Slurm call) and the state picks among them.
+    chosen = entries if wanted else entries[:limit]
+    rows = _rows(chosen, wanted)
+    rows.sort(key=lambda r: str(r["run_id"]), reverse=True)  # ids sort by time
+    older = (len(rows) if wanted else len(entries)) - limit
+    return rows[:limit], max(older, 0)
+
+
+def _rows(entries: list[dict[str, Any]], wanted: Optional[str]) -> list[dict[str, Any]]:
+    from hpclaunch.backends import sweepstate
+    from hpclaunch.records import runrecord, sweeprecord
+    from hpclaunch.sweeps import ops
+
     plain: list[runrecord.RunRecord] = []
-    for entry in [e for e in entries if not e.get("sweep")][:limit]:
+    for entry in [e for e in entries if not e.get("sweep")]:
         try:
             plain.append(runrecord.load(Path(entry["run_dir"])))
         except runrecord.DamagedRecord as exc:
             warn(str(exc))
     rows, still_open = [], []
-    for folder in _sweep_folders([e for e in entries if e.get("sweep")][:limit]):
+    for folder in _sweep_folders([e for e in entries if e.get("sweep")]):
         data = sweeprecord.load(folder)
         tally = _ended_tally(data)
         if tally is None:
@@ -82,7 +122,7 @@ def _listing(
         if code is not None:
             sweep.data = _keep_tally(sweep.sweep_dir, sweep.data, counts, code)
         rows.append(_sweep_row(sweep.data, counts, code))
-    rows = [r for r in rows if not state or state.upper() in r["counts"]]
+    rows = [r for r in rows if not wanted or wanted in r["counts"]]
     return [*(_row(r) for r in found if wanted is None or r.state == wanted), *rows]
 
 
@@ -141,6 +181,7 @@ def _sweep_row(data: dict[str, Any], counts: dict[str, int], code: Optional[int]
         "state": " ".join(f"{n} {s}" for s, n in sorted(counts.items())),
         "exit_code": code,
         "exp": data.get("exp"),
+        "name": _name("", data.get("command")),
         "run_dir": str(Path(data["sweep_dir"])),
         "sweep": True,
         "points": len(data["points"]),
@@ -156,21 +197,34 @@ def _row(rec: Any) -> dict[str, Any]:
         "state": rec.state,
         "exit_code": rec.exit_code,
         "exp": rec.exp,
+        "name": _name(rec.job_name, rec.command),
         "run_dir": rec.run_dir,
     }
 
 
-@click.command("status", epilog=RUN_ARG_HELP)
-@click.argument("run")
+def _name(job_name: str, command: Any) -> str:
+    """The NAME column: a --job-name given (one that is not the name hpclaunch derives
+    from the command), else the command as typed, on one line."""
+    from hpclaunch.planning.validate import default_job_name
+
+    words = [str(word) for word in command] if isinstance(command, list) else []
+    if job_name and (not words or job_name != default_job_name(tuple(words))):
+        words = [job_name]
+    return " ".join(" ".join(word.split()) for word in words)
+
+
+@click.command("status", epilog=RUN_OR_LAST)
+@click.argument("run", default="last")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON.")
-def status_cmd(run: str, as_json: bool) -> int:
+@all_projects_option
+def status_cmd(run: str, as_json: bool, all_projects: bool) -> int:
     """Show a run's state, job id, exit code and where it lives."""
     from hpclaunch.backends import runstatus
     from hpclaunch.basics import states
     from hpclaunch.cli.reporting import summary
     from hpclaunch.records.attempts import summary as attempt_lines
 
-    run_dir = find_run_dir(run)
+    run_dir = find_run_dir(run, all_projects)
     record = runstatus.refresh_one(run_dir)
     if as_json:
         data = record.to_dict()
@@ -192,7 +246,7 @@ def status_cmd(run: str, as_json: bool) -> int:
         ("attempts", len(record.events.attempts) or None),
     ):
         if value not in (None, ""):
-            click.echo(f"{key:10} {value}")
+            click.echo(f"{key:10} {coloured_states(str(value)) if key == 'state' else value}")
     for line in attempt_lines(record.events.attempts):
         click.echo(f"{'':10} {line}")
     for warning in record.events.warnings:  # the GPU watch's: input-bound
@@ -202,15 +256,16 @@ def status_cmd(run: str, as_json: bool) -> int:
     return 0
 
 
-@click.command("show", epilog=RUN_ARG_HELP)
-@click.argument("run")
+@click.command("show", epilog=RUN_OR_LAST)
+@click.argument("run", default="last")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: record and files.")
-def show_cmd(run: str, as_json: bool) -> int:
+@all_projects_option
+def show_cmd(run: str, as_json: bool, all_projects: bool) -> int:
     """Print a run's whole record: run.json, spec.json, the batch script and the diff."""
     from hpclaunch.backends import runstatus
     from hpclaunch.config.secretnames import mask_text
 
-    run_dir = find_run_dir(run)
+    run_dir = find_run_dir(run, all_projects)
     record = runstatus.refresh_one(run_dir).to_dict()
     # job.sh holds the program's arguments as typed: a secret's value among them is shown
     # as $NAME, as the record has it (the value from this environment, where it is set).

@@ -39,7 +39,26 @@ class _SweepGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and (args[0] in self.commands or args[0] in ("-h", "--help")):
             return super().parse_args(ctx, args)
+        if args:
+            self._refuse_mistyped_subcommand(args[0])
         return super().parse_args(ctx, ["submit", *args])
+
+    def _refuse_mistyped_subcommand(self, word: str) -> None:
+        """`sweep stats` is a mistyped `sweep status`, not a program to sweep: a program
+        comes after --, and a word this close to a subcommand's name is refused."""
+        from difflib import get_close_matches
+
+        from hpclaunch.errors import UserError, show
+
+        names = [name for name, cmd in self.commands.items() if not cmd.hidden]
+        close = get_close_matches(word, names, n=1)
+        if close and not word.startswith("-"):
+            raise UserError(
+                "sweep",
+                f"no subcommand {show(word)}",
+                f"one of {', '.join(sorted(names))}",
+                f"Did you mean hpclaunch sweep {close[0]}? A program to sweep goes after --",
+            )
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The submitting form's help (every run and sweep option), then the subcommands."""

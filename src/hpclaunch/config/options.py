@@ -117,7 +117,8 @@ class RunOptions:
     )
     time: Optional[int] = _row(
         "time",
-        "Time limit: minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (-t 5 is five minutes).",
+        "Time limit: minutes, MM:SS, HH:MM:SS or D-HH:MM:SS (-t 5 is five minutes; on Slurm "
+        "at least 1 minute).",
         "-t 1:00:00",
         short="-t",
         metavar="TIME",

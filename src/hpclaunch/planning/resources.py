@@ -285,6 +285,15 @@ def _memory(req: ResourceRequest, gpus: int) -> tuple[Optional[int], Optional[in
 def _time(req: ResourceRequest) -> Optional[int]:
     time_s = req.options.time
     part = req.part
+    if time_s and time_s < JOB_TIME_LEAST and not req.local:
+        # Slurm rounds seconds up to whole minutes (and -t 0, refused too, is no limit
+        # there): a job of 0:05 would get a minute. Locally seconds are kept as given.
+        raise UserError(
+            "--time",
+            f"{format_time(time_s)} is {time_s} seconds",
+            "at least 1 minute: Slurm rounds seconds up to whole minutes",
+            "Give whole minutes, e.g. -t 1 or -t 0:01:00",
+        )
     if part and part.max_time and time_s and time_s > part.max_time:
         raise UserError(
             "--time",
@@ -293,6 +302,9 @@ def _time(req: ResourceRequest) -> Optional[int]:
             f"Ask for {format_time(part.max_time)} or less, or pick another partition",
         )
     return time_s
+
+
+JOB_TIME_LEAST = 60  # seconds: a Slurm job's time limit is whole minutes
 
 
 # -- what the dry-run says about defaults ---------------------------------------------

@@ -21,6 +21,10 @@ from typing import Any, Callable, Optional
 from hpclaunch.basics import filemodes
 
 Warn = Callable[[str], None]
+PROJECT = "project"  # an index line's key: the project the run was started from
+#: Where a laptop's hpclaunch says, over --remote, which shipped project a command is for.
+PROJECT_VARIABLE = "HPCLAUNCH_PROJECT"
+ANY_PROJECT = "*"  # its value for a laptop folder with no project: `last` is anyone's
 
 
 def path(environ: Mapping[str, str]) -> Path:
@@ -32,7 +36,43 @@ def _home(environ: Mapping[str, str]) -> Path:
     return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
 
 
-def add(entry: dict[str, Any], environ: Mapping[str, str]) -> None:
+def project_of(cwd: Path, environ: Mapping[str, str]) -> str:
+    """The project a run started here belongs to (`last` is its newest run): the shipped
+    project's folder over --remote ($HPCLAUNCH_PROJECT), else the git work tree's top
+    holding cwd, else cwd itself."""
+    shipped = environ.get(PROJECT_VARIABLE)
+    if shipped == ANY_PROJECT:
+        return ANY_PROJECT
+    if shipped:  # "~/..." under this environment's home (the request's, over --remote)
+        home_relative = shipped.startswith("~/")
+        return str(_home(environ) / shipped[2:] if home_relative else Path(shipped).absolute())
+    here = cwd.absolute()
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            return str(folder)
+    return str(here)
+
+
+def entry_project(entry: dict[str, Any], environ: Mapping[str, str]) -> Optional[str]:
+    """An index line's project; a line written before projects were recorded has it
+    from its record's working folder (run.json or sweep.json), None when that is gone."""
+    if isinstance(entry.get(PROJECT), str):
+        return str(entry[PROJECT])
+    folder = Path(entry["run_dir"])
+    for name in ("run.json", "sweep.json"):
+        try:
+            cwd = json.loads((folder / name).read_text(encoding="utf-8")).get("cwd")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(cwd, str) and cwd:
+            return project_of(Path(cwd), {})
+    return None
+
+
+def add(entry: dict[str, Any], environ: Mapping[str, str], cwd: Optional[Path] = None) -> None:
+    """Append a run's line, its project recorded (from cwd, else here) unless given."""
+    if PROJECT not in entry:
+        entry = {**entry, PROJECT: project_of(cwd or Path.cwd(), environ)}
     target = path(environ)
     filemodes.make_dirs(target.parent, "private")  # the user's own list of runs: never shared
     line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")

@@ -5,11 +5,15 @@ the one reader of RUN, SWEEP and SWEEP:I for every command and the API.
   Slurm array task (`ARRAY_TASK`: that sweep point), a run folder, or `last`.
 - SWEEP: a sweep id, a unique prefix, an array job id, a sweep folder, or `last`.
 - SWEEP:I: point I of that sweep (a run folder like any other).
-- `last`: the newest run or sweep started (the index's newest line). Where one run is
-  needed (logs, status, show, ...) a sweep gives its most recently started point;
-  `cancel` and `--after` take the whole sweep; SWEEP commands the newest sweep.
+- `last`: this project's newest run or sweep started (the index's newest line of the
+  project: the git work tree holding the current folder, else that folder; over
+  --remote, the shipped project's), or anyone's with all_projects (--all-projects).
+  Where one run is needed (logs, status, show, ...) a sweep gives its most recently
+  started point; `cancel` and `--after` take the whole sweep; SWEEP commands the newest
+  sweep.
 
-A path is told from an id by its `/`: ids never hold one.
+A path is told from an id by its `/` (ids never hold one), or is `.`, `..` or a run or
+sweep folder in the current one.
 """
 
 from __future__ import annotations
@@ -37,20 +41,33 @@ class Found:
     is_sweep: bool
 
 
-def run_dir(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> Path:
+def run_dir(
+    ref: str,
+    environ: Mapping[str, str],
+    warn: Optional[Warn] = None,
+    all_projects: bool = False,
+) -> Path:
     """RUN -> its run folder; `last` naming a sweep gives its most recently started point."""
-    found = run_or_sweep(ref, environ, warn) if ref == "last" else _run(ref, environ, warn)
+    if ref == "last":
+        found = run_or_sweep(ref, environ, warn, all_projects)
+    else:
+        found = _run(ref, environ, warn)
     return newest_point(found.folder) if found.is_sweep else found.folder
 
 
-def run_or_sweep(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> Found:
+def run_or_sweep(
+    ref: str,
+    environ: Mapping[str, str],
+    warn: Optional[Warn] = None,
+    all_projects: bool = False,
+) -> Found:
     """RUN or SWEEP (for `cancel`, `--after`): `last` is the newest of either; else a run
     where one matches (a run's rules first), then a sweep (a sweep's rules)."""
     if _is_path(ref):
         return _folder(ref, "RUN")
     every = index.live(environ, warn)
-    if ref == "last" and every:
-        return _found(every[0])
+    if ref == "last":
+        return _found(_last(every, environ, all_projects, "RUN"))
     exact = [e for e in every if e["run_id"] == ref]
     if exact:
         return _found(exact[0])
@@ -65,9 +82,9 @@ def run_or_sweep(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = No
     return Found(sweep_dir(ref, environ), True)
 
 
-def sweep_dir(ref: str, environ: Mapping[str, str]) -> Path:
-    """SWEEP = a sweep id, a unique prefix, an array job id, a folder, or `last` (the newest
-    sweep)."""
+def sweep_dir(ref: str, environ: Mapping[str, str], all_projects: bool = False) -> Path:
+    """SWEEP = a sweep id, a unique prefix, an array job id, a folder, or `last` (this
+    project's newest sweep)."""
     if _is_path(ref):
         found = _folder(ref, "SWEEP")
         if not found.is_sweep:
@@ -81,7 +98,7 @@ def sweep_dir(ref: str, environ: Mapping[str, str]) -> Path:
             "SWEEP", f"no sweeps recorded yet ({show(ref)})", "", "Start one with hpclaunch sweep"
         )
     if ref == "last":
-        return Path(entries[0]["run_dir"])
+        return Path(_last(entries, environ, all_projects, "SWEEP")["run_dir"])
     for match in (
         [e for e in entries if e["run_id"] == ref],
         [e for e in entries if ref in _array_ids(e)],
@@ -134,8 +151,34 @@ def sweep_of(folder: Path) -> Optional[tuple[Path, int]]:
 
 def run_entry(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> Entry:
     """RUN's index line among plain runs: a run id, a unique prefix, a job id, or `last`
-    (the newest run)."""
-    return _run_entry(ref, index.live(environ, warn))
+    (this project's newest run)."""
+    every = index.live(environ, warn)
+    if ref == "last":
+        return _last([e for e in every if not e.get("sweep")], environ, False, "RUN")
+    return _run_entry(ref, every)
+
+
+def _last(
+    entries: list[Entry], environ: Mapping[str, str], all_projects: bool, field: str
+) -> Entry:
+    """The newest of entries (newest first) started in this project, or anyone's."""
+    what = "run or sweep" if field == "RUN" else "sweep"
+    if not entries:  # the words of _run_entry's and sweep_dir's refusals
+        raise UserError(
+            field, f"no {field.lower()}s recorded yet ('last')", "", "Start one with hpclaunch run"
+        )
+    here = index.project_of(Path.cwd(), environ)
+    if all_projects or here == index.ANY_PROJECT:
+        return entries[0]
+    for entry in entries:
+        if index.entry_project(entry, environ) == here:
+            return entry
+    raise UserError(
+        field,
+        f"no {what} started in this project ({here})",
+        "last is this project's newest",
+        "Give its id (see hpclaunch runs); status, logs, show and cancel take --all-projects",
+    )
 
 
 def _run_entry(ref: str, every: list[Entry]) -> Entry:
@@ -214,8 +257,14 @@ def _array_task(array: str, task: int, sweeps: list[Entry]) -> Optional[Path]:
 
 def _is_path(ref: str) -> bool:
     """A folder's path, told from an id by its `/` (ids never hold one); SWEEP:I whose
-    SWEEP is a path is a point unless the whole is a folder."""
-    return "/" in ref and (":" not in ref or Path(ref).expanduser().is_dir())
+    SWEEP is a path is a point unless the whole is a folder. Without a `/`: `.`, `..`,
+    `~`, or a run or sweep folder here (inside a run folder, `hpclaunch logs .`)."""
+    if "/" in ref:
+        return ":" not in ref or Path(ref).expanduser().is_dir()
+    if ref in (".", "..", "~"):
+        return True
+    folder = Path(ref)
+    return (folder / "run.json").is_file() or sweep_record.is_sweep(folder)
 
 
 def _folder(ref: str, field: str) -> Found:

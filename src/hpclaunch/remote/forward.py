@@ -114,6 +114,21 @@ def sent_environment(environ: Mapping[str, str], names: Iterable[str] = ()) -> d
     }
 
 
+def project_mirror(cwd: Path, ship: Optional[str]) -> dict[str, str]:
+    """The shipped project a command is for, as the cluster holds it (`last` there is
+    its newest run): {HPCLAUNCH_PROJECT: its mirror} where this folder is in a git work
+    tree (or --ship names one); elsewhere ANY_PROJECT (a folder --ship shipped has no
+    name without --ship: its runs are found by `last` of any project)."""
+    from hpclaunch.records.index import ANY_PROJECT, PROJECT_VARIABLE
+    from hpclaunch.remote.ship import PROJECTS, mirror_name, ship_root
+
+    try:
+        root, _ = ship_root(cwd, None if ship is None else Path(ship))
+    except UserError:
+        return {PROJECT_VARIABLE: ANY_PROJECT}
+    return {PROJECT_VARIABLE: f"~/{PROJECTS}/{mirror_name(root)}"}
+
+
 def submits(argv: Sequence[str]) -> bool:
     """run, or sweep in its submitting form: the laptop's code goes first."""
     if not argv:
@@ -278,11 +293,12 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
             ship_root(cwd, None if laptop.ship is None else Path(laptop.ship))
             limit = parse_size(settings.ship_limit, "[remote] ship_limit")
     conn = Connection(Host.parse(host), environ).open()
-    if wants_terminal(argv):
-        text = json.dumps(request(conn, argv))
+    if wants_terminal(argv):  # no secret crosses this way, but the project's name may
+        text = json.dumps(request(conn, argv, env=project_mirror(cwd, laptop.ship)))
         code = conn.stream([*SERVE, base64.b64encode(text.encode()).decode()], tty=True)
         return not_set_up(conn) if code == NOT_SET_UP else code
-    extra: dict[str, Any] = {"env": sent_environment(environ, names)}
+    sent = {**sent_environment(environ, names), **project_mirror(cwd, laptop.ship)}
+    extra: dict[str, Any] = {"env": sent}
     if limit is not None:
         shipped = ship_code(conn, cwd, program_of(argv), laptop.ship, limit)
         print(shipping_line(conn, shipped), file=sys.stderr)

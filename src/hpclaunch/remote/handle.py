@@ -23,6 +23,7 @@ from hpclaunch.remote.forward import (
     SERVE,
     config_forward_env,
     profile_remote,
+    project_mirror,
     project_names,
     request,
     sent_environment,
@@ -57,12 +58,17 @@ def call(
     argv: Sequence[str],
     environ: Mapping[str, str],
     names: Sequence[str] = (),
+    laptop_cwd: Optional[Path] = None,
     **extra: Any,
 ) -> subprocess.CompletedProcess[bytes]:
     """One remote hpclaunch command, its output read here; of the laptop's secrets only
-    those the command uses cross (forward.used_names, plus `names`)."""
+    those the command uses cross (forward.used_names, plus `names`). laptop_cwd: the
+    project it is for is named there too (forward.project_mirror: `last` is its)."""
     used = used_names(argv, (*names, *config_forward_env(environ)))
-    header = request(conn, argv, env=sent_environment(environ, used), **extra)
+    sent = sent_environment(environ, used)
+    if laptop_cwd is not None:
+        sent.update(project_mirror(laptop_cwd, None))
+    header = request(conn, argv, env=sent, **extra)
     return conn.run(list(SERVE), stdin=json.dumps(header).encode() + b"\n")
 
 
@@ -159,7 +165,7 @@ def start(
     conn = Connection(Host.parse(host), environ).open()
     shipped = ship_code(conn, cwd, program, limit_bytes=limit)
     names = [*settings.forward_env, *project_names(argv, cwd, environ)]
-    done = call(conn, argv, environ, names, cwd=shipped.remote_cwd)
+    done = call(conn, argv, environ, names, laptop_cwd=cwd, cwd=shipped.remote_cwd)
     lines = _checked(done).strip().splitlines()
     if not lines:
         print(done.stderr.decode("utf-8", "replace"), file=sys.stderr)

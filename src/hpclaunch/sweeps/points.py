@@ -82,7 +82,8 @@ def params_json(point: Point) -> str:
 
 
 def parse_grid(spec: str) -> tuple[str, tuple[str, ...]]:
-    """``lr=0.1,0.01`` -> ("lr", ("0.1", "0.01")): the values exactly as typed."""
+    """``lr=0.1,0.01`` -> ("lr", ("0.1", "0.01")): the values as typed, but for the
+    blanks around each (``lr=0.1, 0.2`` is 0.1 and 0.2, not " 0.2")."""
     name, eq, text = spec.partition("=")
     fix = "Write it as --grid NAME=V1,V2,..."
     if not eq:
@@ -90,7 +91,7 @@ def parse_grid(spec: str) -> tuple[str, tuple[str, ...]]:
     _check_name(GRID, name, "")
     if not text:
         raise UserError(GRID, f"{spec!r} has no values", "NAME=V1,V2,...", fix)
-    values = tuple(text.split(","))
+    values = tuple(value.strip() for value in text.split(","))
     if "" in values:
         raise UserError(GRID, f"{spec!r} has an empty value", "", "Remove the extra comma")
     if len(set(values)) < len(values):

@@ -24,6 +24,7 @@ from hpclaunch.errors import HpclaunchError, UserError
 from hpclaunch.records import index, pointrecords, runpaths, sweeprecord
 from hpclaunch.script import render
 from hpclaunch.sweeps import arrays, folder, script
+from hpclaunch.sweeps.gridnames import env_only_note
 from hpclaunch.sweeps.limits import queued_jobs, site_limits
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 from hpclaunch.sweeps.points import Point, build_points, check_placeholders
@@ -102,7 +103,8 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         planned, prepared=replace(planned.prepared, in_allocation=False), backend=runner
     )
     wb = _wandb(req, opts, planned)
-    planned = replace(planned, notes=(*planned.notes, *wb.notes))
+    unused = env_only_note(req.program, points, opts.grids)
+    planned = replace(planned, notes=(*planned.notes, *wb.notes, *filter(None, [unused])))
     spec, paths = planned.spec, planned.paths
     if spec.chain > 1:
         raise UserError(
@@ -294,6 +296,7 @@ def _record_accepted(
             "points": len(sp.points),
         },
         req.environ,
+        req.cwd,
     )
     return data
 
