@@ -119,7 +119,12 @@ RERUN_OPTIONS = (
 )
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
 @click.option("--wait", is_flag=True, help="Stay attached and exit with the job's code.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object; attached, a second line when the run ends (as run does).",
+)
 def rerun_cmd(
     run: str, current_code: bool, dry_run: bool, wait: bool, as_json: bool, **changes: Any
 ) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,12 @@ if TYPE_CHECKING:
     help="A requeued run's attempt N (0, 1, ...): its ranks' output; default the latest.",
 )
 @click.option("--no-tag", is_flag=True, help="Print lines without the [node rank] prefix.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: the output so far.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The output so far, one JSON object per line: run_id, node, rank, text.",
+)
 def logs_cmd(
     run: str,
     rank: Optional[int],
@@ -65,9 +71,9 @@ def logs_cmd(
             )
         if follow:
             raise UserError("--attempt", "with --follow", "", "Follow without --attempt")
-    if as_json:
-        text = Run(run_dir).logs(rank, attempt)
-        click.echo(json.dumps({"run_id": record.run_id, "rank": rank, "logs": text}))
+    if as_json:  # a listing: one object per line of output (docs/json.md)
+        for line in Run(run_dir).logs(rank, attempt).splitlines():
+            click.echo(json.dumps({"run_id": record.run_id, **_tagged(line)}))
         return 0
     follower: Union[LogFollower, AttemptFollower]
     if attempt is not None:
@@ -117,3 +123,14 @@ def _follow(
         ended = follow_to_end(run_dir, follower, backoff=backoff)
     time.sleep(0.3)
     return ended
+
+
+_TAG = re.compile(r"\[(\S+) (\d+)\] ?(.*)", re.DOTALL)
+
+
+def _tagged(line: str) -> dict[str, object]:
+    """`[node rank] text` -> its parts; a line of the batch shell has no node or rank."""
+    found = _TAG.fullmatch(line)
+    if found is None:
+        return {"node": None, "rank": None, "text": line}
+    return {"node": found.group(1), "rank": int(found.group(2)), "text": found.group(3)}

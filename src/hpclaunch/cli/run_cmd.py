@@ -80,7 +80,8 @@ def with_options_named(*names: str) -> Callable[[Callable[..., Any]], Callable[.
     "as_json",
     is_flag=True,
     help="Print one JSON object (run id, job id, "
-    "run directory; with --dry-run the script and command).",
+    "run directory; with --dry-run the script and command); attached (--wait, or a local "
+    "run) a second line when the run ends: state, exit code (docs/json.md).",
 )
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
 def run_cmd(
