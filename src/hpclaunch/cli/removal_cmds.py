@@ -136,9 +136,8 @@ def _delete(doomed: list[Doomed], yes: bool, as_json: bool) -> int:
     from hpclaunch.errors import UserError
     from hpclaunch.records import removal
 
-    if not as_json:
-        for item in doomed:
-            click.echo(item.line())
+    for item in doomed:  # with --json on stderr: stdout carries the one object
+        click.echo(item.line(), err=as_json)
     if not doomed:
         if as_json:
             click.echo(json.dumps({"deleted": [], "kept": []}))

@@ -174,7 +174,7 @@ def wandb_template_cmd(program: tuple[str, ...], as_json: bool) -> int:
     "--points",
     "points_only",
     is_flag=True,
-    help="The points alone: with --json one object per point, one per line.",
+    help="With --json: a listing, one object per point and line (not one for the sweep).",
 )
 def status_cmd(
     sweep: str, metric: Optional[str], direction: Optional[str], as_json: bool, points_only: bool

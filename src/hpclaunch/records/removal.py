@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -156,12 +157,29 @@ def _unsafe(folder: Path) -> Optional[str]:
 
 
 def _remove_tree(folder: Path) -> Optional[str]:
+    """rmtree, which never follows the links inside (avoids_symlink_attacks). From
+    Python 3.11 it starts from the experiment folder opened without following a link and
+    checked to be the one _unsafe saw, so that one swapped for a link in between is not
+    followed either."""
     failures: list[str] = []
 
     def failed(_func: Any, path: str, exc_info: Any) -> None:
-        failures.append(f"{path}: {exc_info[1].strerror or exc_info[1]}")
+        failures.append(f"{path}: {getattr(exc_info[1], 'strerror', None) or exc_info[1]}")
 
-    shutil.rmtree(folder, onerror=failed)  # never follows links (avoids_symlink_attacks)
+    if sys.version_info < (3, 11):
+        shutil.rmtree(folder, onerror=failed)
+    else:
+        try:
+            parent = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            return f"its experiment folder cannot be opened ({exc.strerror})"
+        try:
+            seen, now = os.lstat(folder.parent), os.fstat(parent)
+            if (seen.st_dev, seen.st_ino) != (now.st_dev, now.st_ino):
+                return "its experiment folder changed while deleting"
+            shutil.rmtree(folder.name, dir_fd=parent, onerror=failed)
+        finally:
+            os.close(parent)
     if failures:
         return f"{len(failures)} entries could not be removed ({failures[0]})"
     return None
