@@ -194,3 +194,13 @@ def test_index_drop_keeps_every_other_line_and_damaged_ones(tmp_path: Path) -> N
     lines = index.path(env).read_bytes().splitlines()
     assert lines[-1] == b"{damaged" and len(lines) == 3
     assert [e["run_id"] for e in index.read(env).entries] == ["c", "a"]
+
+
+def test_over_remote_rm_and_gc_ask_on_the_laptops_terminal(monkeypatch: Any) -> None:
+    from hpclaunch.remote import forward
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert forward.wants_terminal(["rm", "RUN"]) and forward.wants_terminal(["gc"])
+    assert not forward.wants_terminal(["rm", "RUN", "--yes"])
+    assert not forward.wants_terminal(["gc", "--json"])  # JSON comes back through the pipe
