@@ -21,6 +21,7 @@ import click
 
 from builders import local_env
 from hpclaunch.cli.group import cli
+from test_stacks import PYSPY
 
 HPCLAUNCH = str(Path(sys.executable).parent / "hpclaunch")
 ONE, LINES, REFUSED = "one object", "one object per line", "refused: nothing on stdout"
@@ -45,7 +46,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
     "doctor": [(["doctor", "--json"], ONE)],
     "plot": [(["plot", "{run}", "--json"], ONE)],
     "top": [(["top", "{running}", "--json"], ONE)],
-    "stack": [(["stack", "{running}", "--json"], ONE)],
+    "stack": [(["stack", "{running}", "--json"], ONE if PYSPY.exists() else REFUSED)],
     "cancel": [(["cancel", "{running}", "--json"], ONE)],
     "attach": [(["attach", "{run}", "--json", "--", "true"], REFUSED)],
     "sweep submit": [(["sweep", "--json", "--grid", "k=1,2", "--", "python3", "-c", RESULT,
