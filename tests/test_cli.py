@@ -189,7 +189,7 @@ def test_record_masks_secret_env_and_show_prints_it(tmp_path: Path, env: dict[st
     assert proc.returncode == 0, proc.stderr
     shown = hpclaunch(["show", "last"], tmp_path, env)
     assert shown.returncode == 0, shown.stderr
-    record = json.loads(shown.stdout.split("\n# ")[0])
+    record = json.loads(shown.stdout.split("\n==> ")[0].split("\n", 1)[1])  # under its label
     assert "MY_TOKEN=***" in record["argv"] and "--env=A=visible" in record["argv"]
     assert record["command"] == ["true", "tok-arg"]
     assert record["hpclaunch_version"]

@@ -44,6 +44,12 @@ def clean_cmd(
     srun --ntasks-per-node=1 hpclaunch clean. Only folders you own are touched, never a
     running job's or run's; what cannot be decided is left alone and said.
 
+    Local leftovers: a local run removes its node-local folder itself when it ends
+    (completed, failed, cancelled or Ctrl-C). Only a local run whose hpclaunch process
+    was killed (SIGKILL, a crash, a reboot) leaves its folder behind, and nothing but
+    this command removes it. Run folders and records are not touched: delete those with
+    hpclaunch rm or hpclaunch gc.
+
     With --stage-cache: remove every pack of the stage cache but those a queued or
     running job uses (one squeue call) or a run started in the last minute."""
     from hpclaunch.basics.users import user_name

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import click
 
 from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_option, environ, find_run_dir, warn
+from hpclaunch.cli.run_cmd import with_options_named
 
 if TYPE_CHECKING:
     from hpclaunch.records.runrecord import RunRecord
@@ -102,8 +103,16 @@ def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> 
     return 0
 
 
+# The run options a rerun may change: where and how long it runs, and its environment.
+# The program and the code stay the recorded ones.
+RERUN_OPTIONS = (
+    "nodes", "tasks-per-node", "gpus-per-node", "time", "partition", "account", "env", "setup",
+)  # fmt: skip
+
+
 @click.command("rerun", epilog=RUN_ARG_HELP)
 @click.argument("run")
+@with_options_named(*RERUN_OPTIONS)
 @click.option(
     "--current-code",
     is_flag=True,
@@ -111,10 +120,22 @@ def _cancel_points(folder: Path, points: Optional[list[int]], as_json: bool) -> 
 )
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
 @click.option("--wait", is_flag=True, help="Stay attached and exit with the job's code.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: bool) -> int:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object; attached, a second line when the run ends (as run does).",
+)
+def rerun_cmd(
+    run: str, current_code: bool, dry_run: bool, wait: bool, as_json: bool, **changes: Any
+) -> int:
     """Submit a new run of the same thing: the same options, program and folder, and by
     default the original run's code snapshot (edits made since do not count).
+
+    The options below change the recorded ones (checked as `run` checks them): -N, -t,
+    -p, -A, --tasks-per-node and --gpus-per-node replace the recorded value; --env adds
+    to the recorded variables (the same NAME replaces its value); --setup lines run after
+    the recorded ones.
 
     Secret values were never recorded: they come from your environment again."""
     from hpclaunch.api import request
@@ -138,7 +159,7 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
             raise UserError(
                 "RUN", f"{run} used the secret {name}, never recorded", "", f"export {name}=..."
             )
-    options = secretnames.masked_again(options, values)
+    options = with_changes(secretnames.masked_again(options, values), changes)
     reuse = None
     snap = record.code.get("snapshot") or {}
     if not current_code:
@@ -160,6 +181,25 @@ def rerun_cmd(run: str, current_code: bool, dry_run: bool, wait: bool, as_json: 
     return run_and_report(
         req, dry_run=dry_run, wait=wait, as_json=as_json, out=sys.stdout, err=sys.stderr
     )
+
+
+def with_changes(recorded: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """The recorded options with a rerun's changes on top: a value given replaces the
+    recorded one; --env NAME[=VALUE] replaces the recorded NAME or adds it; --setup lines
+    come after the recorded ones."""
+    options = dict(recorded)
+    for key, value in changes.items():
+        if value is None or value == ():
+            continue
+        if key == "env":
+            names = {item.partition("=")[0] for item in value}
+            kept = [e for e in options.get("env", ()) if e.partition("=")[0] not in names]
+            options["env"] = (*kept, *value)
+        elif key == "setup":
+            options["setup"] = (*options.get("setup", ()), *value)
+        else:
+            options[key] = value
+    return options
 
 
 def _options_again(recorded: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:

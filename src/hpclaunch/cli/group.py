@@ -15,6 +15,7 @@ from hpclaunch.cli.logs_cmd import logs_cmd
 from hpclaunch.cli.plot_cmd import plot_cmd
 from hpclaunch.cli.records_cmds import runs_cmd, show_cmd, status_cmd
 from hpclaunch.cli.remote_cmd import remote_group
+from hpclaunch.cli.removal_cmds import gc_cmd, rm_cmd
 from hpclaunch.cli.run_cmd import run_cmd
 from hpclaunch.cli.stack_cmd import stack_cmd
 from hpclaunch.cli.sweep_cmd import sweep_group
@@ -59,6 +60,8 @@ cli.add_command(cancel_cmd)
 cli.add_command(env_group)
 cli.add_command(rerun_cmd)
 cli.add_command(clean_cmd)
+cli.add_command(rm_cmd)
+cli.add_command(gc_cmd)
 cli.add_command(sweep_group)
 cli.add_command(attach_cmd)
 cli.add_command(stack_cmd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 import time
 from collections import deque
@@ -45,7 +46,12 @@ if TYPE_CHECKING:
     metavar="N",
     help="Only the last N lines of the output so far (then, with --follow, every new one).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: the output so far.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="The output so far, one JSON object per line: run_id, node, rank, text.",
+)
 @all_projects_option
 def logs_cmd(
     run: str,
@@ -78,11 +84,12 @@ def logs_cmd(
             )
         if follow:
             raise UserError("--attempt", "with --follow", "", "Follow without --attempt")
-    if as_json:
-        text = Run(run_dir).logs(rank, attempt)
+    if as_json:  # a listing: one object per line of output (docs/json.md)
+        lines = Run(run_dir).logs(rank, attempt).splitlines()
         if tail is not None:
-            text = "".join(text.splitlines(keepends=True)[-tail:] if tail else [])
-        click.echo(json.dumps({"run_id": record.run_id, "rank": rank, "logs": text}))
+            lines = lines[-tail:] if tail else []
+        for line in lines:
+            click.echo(json.dumps({"run_id": record.run_id, **_tagged(line)}))
         return 0
     kept: deque[tuple[_Tail, str]] = deque(maxlen=tail)
     tails = [_Tail(sys.stdout, kept), _Tail(sys.stderr, kept)] if tail is not None else []
@@ -172,3 +179,14 @@ class _Tail(io.StringIO):
             safe_write(stream._stream, line)
         for stream in streams:
             stream._stream.flush()
+
+
+_TAG = re.compile(r"\[(\S+) (\d+)\] ?(.*)", re.DOTALL)
+
+
+def _tagged(line: str) -> dict[str, object]:
+    """`[node rank] text` -> its parts; a line of the batch shell has no node or rank."""
+    found = _TAG.fullmatch(line)
+    if found is None:
+        return {"node": None, "rank": None, "text": line}
+    return {"node": found.group(1), "rank": int(found.group(2)), "text": found.group(3)}

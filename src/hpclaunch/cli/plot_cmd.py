@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -28,8 +29,19 @@ from hpclaunch.cli.common import RUN_ARG_HELP, find_run_dir
     metavar="WxH",
     help="The PNG's size in pixels (default 800x500, 200 taller per further row of nodes).",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: the run, the PNG and CSV written (null where none), why no samples.",
+)
 def plot_cmd(
-    run: str, metric: str, output: Optional[str], data: Optional[str], size: Optional[str]
+    run: str,
+    metric: str,
+    output: Optional[str],
+    data: Optional[str],
+    size: Optional[str],
+    as_json: bool = False,
 ) -> int:
     """Plot a run's GPU busy %, memory or power over time as a PNG.
 
@@ -50,6 +62,8 @@ def plot_cmd(
 
     asked = gpu_plot.parse_size(size) if size is not None else None
     run_dir = find_run_dir(run)
+    run_id = runrecord.load(run_dir).run_id
+    shown: dict[str, Optional[str]] = {"run_id": run_id, "png": None, "data": None}
     reader = gpu_metrics.Reader(run_dir)
     reader.update()
     found = reader.series()
@@ -57,13 +71,20 @@ def plot_cmd(
         record = runstatus.refresh_one(run_dir)
         why = gpu_metrics.why_none(run_dir, record)
         click.echo(f"hpclaunch: plot: run {record.run_id} has no GPU samples: {why}", err=True)
+        if as_json:
+            click.echo(json.dumps({**shown, "no_samples": why}))
         return 1
     if data is not None:
         gpu_plot.write_data(reader, Path(data))
+        shown["data"] = data
     path = Path(output) if output else run_dir / METRICS / f"gpu-{metric}.png"
-    run_id = runrecord.load(run_dir).run_id
-    if not gpu_plot.png(run_id, found, metric, path, asked or gpu_plot.default_size(found)):
+    written = gpu_plot.png(run_id, found, metric, path, asked or gpu_plot.default_size(found))
+    if written:
+        shown["png"] = str(path)
+    else:
         click.echo(gpu_plot.HINT, err=True)
-        return 0 if data is not None else 1
-    click.echo(str(path))
-    return 0
+    if as_json:
+        click.echo(json.dumps({**shown, "no_samples": None}))
+    elif written:
+        click.echo(str(path))
+    return 0 if written or data is not None else 1

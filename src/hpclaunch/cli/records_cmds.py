@@ -279,8 +279,26 @@ def show_cmd(run: str, as_json: bool, all_projects: bool) -> int:
     if as_json:
         click.echo(json.dumps({"record": record, "files": files}, indent=2, sort_keys=True))
         return 0
-    click.echo(json.dumps(record, indent=2, sort_keys=True))
+    # For a person: every section named, times as local dates (--json keeps seconds).
+    click.echo(f"==> record: {run_dir / 'run.json'} (times in local time) <==")
+    click.echo(json.dumps(_dated(record), indent=2, sort_keys=True))
     for name, text in files.items():
-        click.echo(f"\n# {run_dir / name}")
+        click.echo(f"\n==> {_SECTIONS.get(name, name)}: {run_dir / name} <==")
         click.echo(text.rstrip("\n"))
     return 0
+
+
+_SECTIONS = {"spec.json": "spec", "job.sh": "batch script", "git.diff": "code changes"}
+
+
+def _dated(value: Any, key: str = "") -> Any:
+    """A record with its times (`*_at`: seconds since the epoch) as ISO local dates."""
+    from datetime import datetime
+
+    if isinstance(value, dict):
+        return {k: _dated(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_dated(v, key) for v in value]
+    if key.endswith("_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value).astimezone().isoformat(timespec="seconds")
+    return value

@@ -3,6 +3,9 @@ over SSH, and say what works there."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import click
 
 PYTHON_HELP = (
@@ -29,7 +32,10 @@ def remote_group() -> None:
     help="Also install an optional extra there (repeatable): stack (py-spy), plot "
     "(matplotlib), optuna, yaml.",
 )
-def setup_cmd(host: str, python: str, extras: tuple[str, ...]) -> int:
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object when installed; progress on stderr."
+)
+def setup_cmd(host: str, python: str, extras: tuple[str, ...], as_json: bool) -> int:
     """Install this hpclaunch on HOST into ~/.hpclaunch/venv, from wheels built and
     shipped from here (the login node needs no package index). Checks first: Python,
     Slurm's commands and controller, rsync; a refusal leaves nothing behind. Run it
@@ -39,19 +45,30 @@ def setup_cmd(host: str, python: str, extras: tuple[str, ...]) -> int:
     from hpclaunch.remote.setup import setup
 
     wanted = [name for item in extras for name in item.split(",") if name]
-    return setup(host, python, environ(), wanted)
+    if not as_json:
+        return setup(host, python, environ(), wanted)
+    code = setup(host, python, environ(), wanted, out=sys.stderr)
+    click.echo(json.dumps({"host": host, "installed": code == 0, "extras": wanted}))
+    return code
 
 
 @remote_group.command("check")
 @click.argument("host")
 @click.option("--python", default="python3", metavar="PATH", help=PYTHON_HELP)
-def check_cmd(host: str, python: str) -> int:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: every check's verdict.")
+def check_cmd(host: str, python: str, as_json: bool) -> int:
     """One table of what works on HOST: connection, multiplexing, Python, Slurm, rsync,
     hpclaunch (the same build as here?), a writable ~/.hpclaunch. Exit 1 on a FAIL."""
     from hpclaunch.cli.common import environ
     from hpclaunch.remote.setup import check_rows
 
     rows = check_rows(host, python, environ())
+    failed = any(verdict == "FAIL" for _, verdict, _ in rows)
+    if as_json:
+        checks = [{"check": what, "verdict": verdict, "detail": detail}
+                  for what, verdict, detail in rows]  # fmt: skip
+        click.echo(json.dumps({"host": host, "ok": not failed, "checks": checks}))
+        return 1 if failed else 0
     width = max(len(what) for what, _, _ in rows)
     for what, verdict, detail in rows:
         click.echo(f"{what:<{width}}  {verdict:<4}  {detail}")

@@ -45,6 +45,19 @@ def _with_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def with_options_named(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Some of `run`'s options, declared by the same rows (`rerun` takes these again)."""
+    chosen = [opt for opt in OPTIONS if opt.name in names]
+    assert len(chosen) == len(names), f"no such run options: {names}"
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(chosen):
+            func = _click_option(opt)(func)
+        return func
+
+    return decorate
+
+
 @click.command(
     "run",
     help=RUN_HELP,
@@ -67,7 +80,8 @@ def _with_options(func: Callable[..., Any]) -> Callable[..., Any]:
     "as_json",
     is_flag=True,
     help="Print one JSON object (run id, job id, "
-    "run directory; with --dry-run the script and command).",
+    "run directory; with --dry-run the script and command); attached (--wait, or a local "
+    "run) a second line when the run ends: state, exit code (docs/json.md).",
 )
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
 def run_cmd(

@@ -167,13 +167,15 @@ def submit_cmd(
 
 
 @sweep_group.command("wandb-template")
+@click.option("--json", "as_json", is_flag=True, help='One JSON object: {"yaml": TEXT}.')
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM")
-def wandb_template_cmd(program: tuple[str, ...]) -> int:
+def wandb_template_cmd(program: tuple[str, ...], as_json: bool) -> int:
     """Print a W&B sweep YAML whose command is `hpclaunch run -- ${interpreter} ${program}
     ${args}`, with the settings that matter on Slurm (create it with `wandb sweep`)."""
     from hpclaunch.sweeps.wandb import template
 
-    sys.stdout.write(template(program))
+    text = template(program)
+    sys.stdout.write(json.dumps({"yaml": text}) + "\n" if as_json else text)
     return 0
 
 
@@ -187,11 +189,28 @@ def wandb_template_cmd(program: tuple[str, ...]) -> int:
     help="Best = lowest (minimize, default) or highest value.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: sweep_id, points, best.")
-def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_json: bool) -> int:
+@click.option(
+    "--points",
+    "points_only",
+    is_flag=True,
+    help="With --json: a listing, one object per point and line (not one for the sweep).",
+)
+def status_cmd(
+    sweep: str, metric: Optional[str], direction: Optional[str], as_json: bool, points_only: bool
+) -> int:
     """The point table (index, parameters, state, exit code, metrics, attempts), the
     counts per state and, with --metric, the best point."""
     from hpclaunch.cli.common import environ
     from hpclaunch.cli.sweep_report import print_status
+
+    if points_only and as_json:  # a listing: one object per line (docs/json.md)
+        from hpclaunch.backends import sweepstate
+        from hpclaunch.cli.common import find_sweep_dir
+
+        found = sweepstate.refresh(find_sweep_dir(sweep))
+        for rec in found.points:
+            click.echo(json.dumps(sweepstate.point_row(found, rec)))
+        return 0
 
     return print_status(sweep, environ(), metric, direction, as_json)
 
@@ -206,7 +225,13 @@ def status_cmd(sweep: str, metric: Optional[str], direction: Optional[str], as_j
     help="Refresh every SECONDS (not below the cluster's min_poll_interval); default: "
     "backed off, at most 6 Slurm calls a minute once the points have pended a minute.",
 )
-def wait_cmd(sweep: str, interval: Optional[float]) -> int:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object when the sweep has ended (its counts, exit code); progress on stderr.",
+)
+def wait_cmd(sweep: str, interval: Optional[float], as_json: bool) -> int:
     """Follow SWEEP until every point ended: exit 0 when all completed, else the
     lowest-index failed point's code. Only the points still open are read again."""
     from hpclaunch.cli.common import environ, find_sweep_dir
@@ -224,25 +249,47 @@ def wait_cmd(sweep: str, interval: Optional[float]) -> int:
             err=True,
         )
     backoff = waiting.Backoff(floor_s=floor, every_s=interval)
-    return ops.wait(folder, sys.stdout, sys.stdout.isatty(), backoff=backoff)
+    if not as_json:
+        return ops.wait(folder, sys.stdout, sys.stdout.isatty(), backoff=backoff)
+    code = ops.wait(folder, sys.stderr, sys.stderr.isatty(), backoff=backoff)
+    _echo_sweep_end(folder, code)
+    return code
+
+
+def _echo_sweep_end(folder: Any, code: int) -> None:
+    """The one JSON object of an ended sweep: its id, counts per state, exit code."""
+    from hpclaunch.backends import sweepstate
+
+    found = sweepstate.load(folder)
+    click.echo(
+        json.dumps({"sweep_id": found.sweep_id, "counts": found.counts(), "exit_code": code})
+    )
 
 
 @sweep_group.command("retry")
 @click.argument("sweep")
 @click.option("--failed", is_flag=True, help="Every point that did not complete (the default).")
 @click.option("--points", metavar="3,7,10-12", help="Just these points.")
-def retry_cmd(sweep: str, failed: bool, points: Optional[str]) -> int:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: the points resubmitted, the new arrays (points run here: their "
+    "exit code, their output on stderr).",
+)
+def retry_cmd(sweep: str, failed: bool, points: Optional[str], as_json: bool) -> int:
     """Resubmit only some points, as one array of just them, into the same sweep
     (earlier attempts' logs are kept under the point's attempts/)."""
     from hpclaunch.cli.sweep_report import retry_and_report
 
-    return retry_and_report(sweep, failed, points)
+    return retry_and_report(sweep, failed, points, as_json)
 
 
 @sweep_group.command("cancel")
 @click.argument("sweep")
 @click.option("--points", metavar="3,7", help="Just these points (default: every open one).")
-def cancel_cmd(sweep: str, points: Optional[str]) -> int:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
+def cancel_cmd(sweep: str, points: Optional[str], as_json: bool) -> int:
     """Cancel every pending or running point of SWEEP, or just some (one scancel)."""
     from hpclaunch.cli.common import find_sweep_dir
     from hpclaunch.records import sweeprecord
@@ -252,6 +299,9 @@ def cancel_cmd(sweep: str, points: Optional[str]) -> int:
     total = len(sweeprecord.load(folder)["points"])
     chosen = ops.parse_points(points, total) if points else None
     done = ops.cancel(folder, chosen)
+    if as_json:
+        click.echo(json.dumps({"sweep_id": folder.name, "cancelled": done}))
+        return 0
     print(f"cancelled: {' '.join(done)}" if done else "nothing to cancel: no point is open")
     return 0
 
@@ -259,13 +309,20 @@ def cancel_cmd(sweep: str, points: Optional[str]) -> int:
 @sweep_group.command("throttle")
 @click.argument("sweep")
 @click.argument("parallel", metavar="P", type=int)
-def throttle_cmd(sweep: str, parallel: int) -> int:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the new limit per array.")
+def throttle_cmd(sweep: str, parallel: int, as_json: bool) -> int:
     """At most P points of SWEEP at once from now on (scontrol update ArrayTaskThrottle)."""
     from hpclaunch.cli.common import find_sweep_dir
     from hpclaunch.sweeps import ops
 
     folder = find_sweep_dir(sweep)
     done = ops.throttle(folder, parallel)
+    if as_json:
+        arrays = [{"job_id": array_id, "max_parallel": value} for array_id, value in done]
+        click.echo(
+            json.dumps({"sweep_id": folder.name, "max_parallel": parallel, "arrays": arrays})
+        )
+        return 0
     for array_id, value in done:
         print(f"array {array_id}: at most {value} at once")
     if not done:
@@ -292,6 +349,12 @@ def throttle_cmd(sweep: str, parallel: int) -> int:
     default=None,
     help="History: what best means (default: the sweep's, else minimize).",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: the plotted series and the PNG written (null without one).",
+)
 def plot_cmd(
     sweep: str,
     x: Optional[str],
@@ -304,6 +367,7 @@ def plot_cmd(
     history: bool,
     as_text: bool,
     direction: Optional[str],
+    as_json: bool,
 ) -> int:
     """A metric of SWEEP's completed points against the parameter --x: the mean and
     sample standard deviation (n-1) of the points that share an x (repeats over seed),
@@ -317,7 +381,7 @@ def plot_cmd(
     found = sweepstate.refresh(folder)
     rows = [sweepstate.point_row(found, r) for r in found.points]
     req = plot.PlotRequest(x, metric, by, output, data, size, logx, history, as_text, direction)
-    return plot.run(folder, found.data, rows, req)
+    return plot.run(folder, found.data, rows, req, as_json)
 
 
 __all__ = ["json", "sweep_group"]

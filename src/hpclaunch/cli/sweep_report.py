@@ -167,7 +167,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
+def retry_and_report(ref: str, failed: bool, points: Optional[str], as_json: bool = False) -> int:
     from hpclaunch.cli.common import environ
     from hpclaunch.records import sweeprecord
     from hpclaunch.records.refs import sweep_dir
@@ -178,11 +178,19 @@ def retry_and_report(ref: str, failed: bool, points: Optional[str]) -> int:
     data = sweeprecord.load(folder)
     chosen = ops.parse_points(points, len(data["points"])) if points and not failed else None
     done = ops.retry(folder, chosen, env)
+    shown = {"sweep_id": data["sweep_id"], "points": list(done.points), "job_ids": done.job_ids}
     if done.here is not None:  # the points run here, in the foreground, as at submission
         from hpclaunch.sweeps.local import run_points
 
-        print(f"sweep {data['sweep_id']}: points {' '.join(map(str, done.points))} again, here")
-        sys.stdout.flush()
-        return run_points(done.here, done.points, sys.stdout)
+        if not as_json:
+            print(f"sweep {data['sweep_id']}: points {' '.join(map(str, done.points))} again, here")
+            sys.stdout.flush()
+        code = run_points(done.here, done.points, sys.stderr if as_json else sys.stdout)
+        if as_json:
+            print(json.dumps({**shown, "exit_code": code}))
+        return code
+    if as_json:
+        print(json.dumps(shown))
+        return 0
     print(f"sweep {data['sweep_id']}: resubmitted as arrays {','.join(done.job_ids)}")
     return 0

@@ -1,8 +1,9 @@
 """The per-user run index: one JSON line per run, so that `runs`, `status`, `logs` and
 `cancel` find runs from any directory (refs.py reads what a user types against it).
 
-Appends are one write() on an O_APPEND descriptor, so concurrent runs never interleave
-or lose a line; one cut short by a full disk is taken back. A damaged or foreign line
+Appends are one write() on an O_APPEND descriptor, under the folder's lock
+(records/locking.py) that `drop` (rm, gc) rewrites the index under, so no run loses
+its line; one cut short by a full disk is taken back. A damaged or foreign line
 (cut short, invalid UTF-8, missing fields, another version's shape) is skipped with a
 warning; it never stops a listing.
 """
@@ -13,12 +14,13 @@ import contextlib
 import errno
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hpclaunch.basics import filemodes
+from hpclaunch.records import locking
 
 Warn = Callable[[str], None]
 PROJECT = "project"  # an index line's key: the project the run was started from
@@ -76,11 +78,12 @@ def add(entry: dict[str, Any], environ: Mapping[str, str], cwd: Optional[Path] =
     target = path(environ)
     filemodes.make_dirs(target.parent, "private")  # the user's own list of runs: never shared
     line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
-    fd = filemodes.open_new(target, os.O_WRONLY | os.O_APPEND, "private")
-    try:
-        _append(fd, line)
-    finally:
-        os.close(fd)
+    with locking.exclusive(target.parent):  # never between drop()'s read and its rename
+        fd = filemodes.open_new(target, os.O_WRONLY | os.O_APPEND, "private")
+        try:
+            _append(fd, line)
+        finally:
+            os.close(fd)
 
 
 def _append(fd: int, line: bytes) -> None:
@@ -150,3 +153,25 @@ def live(environ: Mapping[str, str], warn: Optional[Warn] = None) -> list[dict[s
         if len(listing.skipped) > 3:
             warn(f"... and {len(listing.skipped) - 3} more damaged index lines")
     return [e for e in listing.entries if Path(e["run_dir"]).is_dir()]
+
+
+def drop(run_ids: Collection[str], environ: Mapping[str, str]) -> int:
+    """Remove every line of these runs (`rm`, `gc`): the index rewritten atomically under
+    its folder's lock, which `add` takes too, so that no run started meanwhile loses its
+    line. Damaged lines are kept (invalid UTF-8 as U+FFFD: still skipped by `read`).
+    Returns how many lines were dropped."""
+    target = path(environ)
+    with locking.exclusive(target.parent):
+        try:
+            data = target.read_bytes()
+        except FileNotFoundError:
+            return 0
+        kept: list[bytes] = []
+        for raw in data.splitlines(keepends=True):
+            entry = _entry(raw) if raw.strip() else None
+            if entry is None or entry["run_id"] not in run_ids:
+                kept.append(raw if raw.endswith(b"\n") else raw + b"\n")
+        dropped = len(data.splitlines(keepends=True)) - len(kept)
+        if dropped:
+            filemodes.write_atomic(target, b"".join(kept).decode("utf-8", "replace"))
+    return dropped

@@ -145,6 +145,8 @@ def program_of(argv: Sequence[str]) -> list[str]:
 def wants_terminal(argv: Sequence[str]) -> bool:
     if not argv or not sys.stdin.isatty() or not sys.stdout.isatty():
         return False
+    if argv[0] in ("rm", "gc"):  # they ask before deleting, on the laptop's terminal
+        return not {"--yes", "-y", "--json"} & set(argv)
     return argv[0] == "attach" or (argv[0] == "top" and "--once" not in argv)
 
 

@@ -349,9 +349,14 @@ def _build(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: Plot
 
 
 def run(
-    folder: Path, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], req: PlotRequest
+    folder: Path,
+    data: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    req: PlotRequest,
+    as_json: bool = False,
 ) -> int:
-    """Everything after finding the sweep: refuse, compute, write CSV, table or PNG."""
+    """Everything after finding the sweep: refuse, compute, write CSV, table or PNG
+    (--json: one object with the series and the PNG's path, null when none)."""
     size = parse_size(req.size)
     if req.text and req.output:
         raise UserError("--text", "prints a table instead of a PNG", "", "Drop -o or --text")
@@ -359,11 +364,17 @@ def run(
     if req.data:
         write_data(plot, Path(req.data))
     if req.text:
-        sys.stdout.write(text(plot))
+        sys.stdout.write(_as_json(plot, None) if as_json else text(plot))
         return 0
     name = f"plot-{_safe(plot.metric)}-{'history' if plot.history else _safe(plot.x)}.png"
     path = Path(req.output) if req.output else folder / name
-    if not png(plot, path, size, req.logx):
+    written = png(plot, path, size, req.logx)
+    if as_json:
+        sys.stdout.write(_as_json(plot, path if written else None))
+        if not written:
+            print(HINT, file=sys.stderr)
+        return 1 if req.output and not written else 0
+    if not written:
         sys.stdout.write(text(plot))
         if req.output:  # a file was asked for and none is written: not a success
             print(f"hpclaunch: error: -o: {path} not written: a PNG needs matplotlib. "
@@ -373,3 +384,11 @@ def run(
         return 0
     print(path)
     return 0
+
+
+def _as_json(plot: Plot, png_path: Optional[Path]) -> str:
+    """`sweep plot --json`: the plotted numbers and where the PNG went, one line."""
+    import json
+    from dataclasses import asdict
+
+    return json.dumps({**asdict(plot), "png": str(png_path) if png_path else None}) + "\n"
