@@ -158,8 +158,12 @@ def test_logs_tail_prints_the_last_lines_so_far(tmp_path: Path) -> None:
     assert _ok(tail).splitlines() == ["[vm 0] line 8", "[vm 0] line 9"]
     assert tail.stderr.splitlines() == ["[vm 0] oops"]
     assert _ok(_hpclaunch(tmp_path, tmp_path, "logs", "-n", "0")) == ""
-    whole = json.loads(_ok(_hpclaunch(tmp_path, tmp_path, "logs", "--json", "-n", "2")))
-    assert whole["logs"].splitlines() == ["[vm 0] line 9", "[vm 0] oops"]
+    listed = _ok(_hpclaunch(tmp_path, tmp_path, "logs", "--json", "-n", "2")).splitlines()
+    rows = [json.loads(line) for line in listed]  # a listing: one object a line
+    assert [(r["node"], r["rank"], r["text"]) for r in rows] == [
+        ("vm", 0, "line 9"),
+        ("vm", 0, "oops"),
+    ]
 
 
 @pytest.mark.parametrize("no_color", [False, True])
