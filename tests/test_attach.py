@@ -300,7 +300,7 @@ def _indexed(tmp_path: Path, run_dir: Path) -> None:
     from hpclaunch.records import index
 
     entry = {"run_id": run_dir.name, "run_dir": str(run_dir), "job_id": "42"}
-    index.add(entry, {"XDG_DATA_HOME": str(tmp_path / "data")})
+    index.add(entry, {"XDG_DATA_HOME": str(tmp_path / "data")}, cwd=tmp_path)  # started here
 
 
 def test_cli_runs_srun_and_exits_with_its_code(tmp_path: Path) -> None:

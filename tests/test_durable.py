@@ -23,6 +23,7 @@ import pytest
 
 import testbed
 from hpclaunch.records import index, locking, runrecord
+from sweeptools import trial_rows
 
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
@@ -67,7 +68,7 @@ def test_the_optuna_journal_needs_no_flock(tmp_path: Path, monkeypatch: pytest.M
         _, params = trials.ask(tmp_path, "sw", space, point, f"9_{point}", lambda p: set(p))
         loss = (float(str(params["x"])) - 2) ** 2
         assert trials.tell(tmp_path, "sw", point, 0, {"loss": loss}, "loss") == "COMPLETE"
-    assert [r["state"] for r in trials.trial_rows(tmp_path, "sw")] == ["COMPLETE"] * 3
+    assert [r["state"] for r in trial_rows(tmp_path, "sw")] == ["COMPLETE"] * 3
 
 
 def test_a_sweep_folder_without_symlinks_uses_optunas_lock_file(

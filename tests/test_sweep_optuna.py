@@ -16,29 +16,10 @@ from hpclaunch.errors import UserError
 from hpclaunch.sweeps import trials
 from hpclaunch.sweeps.space import SpaceParam, read_space, require_optuna, to_distributions
 from hpclaunch.sweeps.trials import ask, create_study, fail_stale, tell
+from sweeptools import trial_rows
 
 STUDY = "sw1"
 X = (SpaceParam("x", "float", low=-5.0, high=5.0),)
-
-
-def trial_rows(sweep_dir: Path, study_name: str) -> list[dict[str, object]]:
-    """Every trial in the sweep's journal as {"number", "state", "params", "value",
-    "point"}, by number: what the tests read back (hpclaunch itself never lists them)."""
-    if not (sweep_dir / trials.JOURNAL).exists():
-        return []
-    import optuna
-
-    study = optuna.load_study(study_name=study_name, storage=trials.storage(sweep_dir))
-    return [
-        {
-            "number": t.number,
-            "state": t.state.name,
-            "params": dict(t.params),
-            "value": t.value,
-            "point": t.user_attrs.get(trials.POINT),
-        }
-        for t in study.get_trials(deepcopy=False)
-    ]
 
 
 # --- the SPACE_FILE ---------------------------------------------------------------------

@@ -277,13 +277,11 @@ def _record_accepted(
     job_ids: list[str],
 ) -> dict[str, Any]:
     spec = sp.planned.spec
-    # The points' records: their rows and the record they share, in sweep.json (one
-    # rewrite, not a run.json a point: records/pointrecords.py makes each when read).
+    # The points' rows and shared record, not a run.json each (records/pointrecords.py).
     rows, common = folder.point_records(sp, data["backend"], job_ids)
-    changes: dict[str, Any] = {"points": rows, pointrecords.POINT_RECORD: common}
-    if job_ids:
-        changes["arrays"] = array_entries(sp.parts, job_ids, attempt=1)
-    data = sweeprecord.update(paths.run_dir, **changes)
+    changes = {"points": rows, pointrecords.POINT_RECORD: common}
+    arrays = {"arrays": array_entries(sp.parts, job_ids, attempt=1)} if job_ids else {}
+    data = sweeprecord.update(paths.run_dir, **changes, **arrays)
     index.add(
         {
             "run_id": paths.run_id,
