@@ -39,6 +39,9 @@ shape = {"cluster": cluster, "nodes": 2, "tasks_per_node": 2, "no_snapshot": Tru
 seen: dict[str, object] = {}
 if what == "all_reduce":
     seen["results"] = list(hpclaunch.call(all_reduce, 0.5, options=shape))
+    last = hpclaunch.get("last")
+    seen["job_id"], seen["step"] = last.job_id, last.record.step
+    seen["command"] = last.record.command
 elif what == "raises":
     start = time.monotonic()
     try:
