@@ -21,7 +21,7 @@ import hpclaunch
 from conftest import PROGRAMS
 from hpclaunch import node
 from hpclaunch.calls import files
-from hpclaunch.calls.outcome import Results
+from hpclaunch.calls.outcome import Results, outcome
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import tests/
 CALL_USER = str(PROGRAMS / "call_user.py")
@@ -164,3 +164,39 @@ def test_the_job_python_needs_no_cloudpickle(tmp_path: Path) -> None:
         list(files.program(bare)), env=env, cwd=tmp_path, check=True, capture_output=True
     )
     assert cloudpickle.loads((tmp_path / "call" / "result-3.pkl").read_bytes()) == 3
+
+
+def test_a_job_python_of_another_minor_is_refused_before_submission(
+    local: dict[str, str], tmp_path: Path
+) -> None:
+    image = tmp_path / "image"
+    (image / "usr" / "bin").mkdir(parents=True)
+    (image / "usr" / "bin" / "python3").symlink_to("python3.7")
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.8.18\n")
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for options, line in (
+        ({"container": str(image)}, f"container: {image} has Python 3.7 ("),
+        ({"venv": "venv"}, "venv: venv has Python 3.8 ("),
+    ):
+        with pytest.raises(hpclaunch.UserError) as caught:
+            hpclaunch.call(_rank, options={**options, "environ": local})
+        assert str(caught.value).startswith(line), caught.value
+        assert f"with Python {mine}" in str(caught.value)
+    assert not Path("runs").exists()
+
+
+def test_a_rank_of_another_python_says_so(tmp_path: Path) -> None:
+    """What the host cannot see (an image file, a venv inside an image): the rank checks."""
+    for name, data in files.run_files(files.payload(_rank, (), {}, files.DEFAULT_LIMIT)):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    payload = tmp_path / "call" / "payload.pkl"
+    header, _, blob = payload.read_bytes().partition(b"\n")
+    payload.write_bytes(header.replace(b'"python": [3, ', b'"python": [2, ') + b"\n" + blob)
+    env = {"HPCLAUNCH_RUN_DIR": str(tmp_path), "RANK": "0"}
+    done = subprocess.run(list(files.program(sys.executable)), env=env, capture_output=True)
+    assert done.returncode == 1
+    with pytest.raises(RuntimeError, match=r"^the job's Python is 3\.\d+, the caller's 2\."):
+        outcome(tmp_path / "call", 1, files.DEFAULT_LIMIT, "ended")

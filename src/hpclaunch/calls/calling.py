@@ -17,11 +17,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from hpclaunch import api, launching
 from hpclaunch.basics import states
-from hpclaunch.calls import files
+from hpclaunch.calls import files, pythons
 from hpclaunch.calls.outcome import Results, outcome
 from hpclaunch.errors import UserError, show
 from hpclaunch.handle import Run
@@ -96,6 +97,7 @@ def submit(
             "pass the function's own keyword arguments beside options=, not in it",
         )
     typed = api._typed_options({k: v for k, v in given.items() if v is not None})
+    pythons.check(typed, Path(here.get("cwd") or Path.cwd()))
     data = files.payload(fn, args, kwargs, limit)
     req = api.request(
         files.program(_python(typed)), typed, cwd=here.get("cwd"), environ=here.get("environ")

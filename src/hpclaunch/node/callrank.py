@@ -53,7 +53,7 @@ def _error(exc: BaseException, pickler: Any, rank: int) -> bytes:
     """What the caller needs to raise `exc` again: itself when it pickles, else its
     type's name and message; always the node and the traceback as text here."""
     try:
-        pickled = pickler.dumps(exc) if pickler is not None else None
+        pickled = (pickler or pickle).dumps(exc)  # before cloudpickle loads: pickle's
     except Exception:  # an exception holding an unpicklable value: its text still goes
         pickled = None
     kind = type(exc)
