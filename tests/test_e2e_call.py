@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,3 +59,17 @@ def test_call_inside_salloc_is_a_step(hpc: Hpc) -> None:
     granted = re.search(r"Granted job allocation (\d+)", proc.stderr)
     assert granted and seen["job_id"] == granted.group(1)  # no job of its own
     assert seen["step"] is True
+
+
+def test_gloo_all_reduce_inside_the_charliecloud_image(hpc: Hpc, user_image: Path) -> None:
+    """The image has Python but no cloudpickle (the caller's copy is shipped) and no torch
+    (the host venv's, bound at its own path)."""
+    import torch
+
+    site = str(Path(torch.__file__).parents[1])
+    argv = ["python3", CALL_USER, "slurm", "image", str(user_image), site]
+    seen = _seen(hpc.cmd(argv, timeout=400))
+    results = seen["results"]
+    _check_all_reduce({"results": [r[:4] for r in results], "command": ["__main__.all_reduce"]})
+    for *_, shipped, lacks, image in results:
+        assert "/call/lib/cloudpickle/" in shipped and lacks and image

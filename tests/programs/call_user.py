@@ -23,6 +23,18 @@ def all_reduce(scale: float) -> tuple[int, int, str, float]:
     return seen
 
 
+def in_image(site: str) -> tuple[int, int, str, float, str, bool, bool]:
+    """all_reduce with the host's torch (bound at `site`), in an image without cloudpickle."""
+    import subprocess
+
+    import cloudpickle
+
+    sys.path.append(site)
+    lacks = subprocess.run([sys.executable, "-I", "-c", "import cloudpickle"], check=False)
+    image = os.path.exists("/hpclaunch-test-image")
+    return (*all_reduce(0.5), cloudpickle.__file__, lacks.returncode != 0, image)
+
+
 def fails_on_rank_3() -> int:
     if os.environ["RANK"] == "3":
         raise ValueError("rank 3 says no")
@@ -42,6 +54,11 @@ if what == "all_reduce":
     last = hpclaunch.get("last")
     seen["job_id"], seen["step"] = last.job_id, last.record.step
     seen["command"] = last.record.command
+elif what == "image":
+    image = {**shape, "container": sys.argv[3], "container_runtime": "charliecloud"}
+    seen["results"] = list(
+        hpclaunch.call(in_image, sys.argv[4], options={**image, "bind": [sys.argv[4]]})
+    )
 elif what == "raises":
     start = time.monotonic()
     try:
