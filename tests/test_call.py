@@ -194,9 +194,33 @@ def test_a_rank_of_another_python_says_so(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(data)
     payload = tmp_path / "call" / "payload.pkl"
     header, _, blob = payload.read_bytes().partition(b"\n")
-    payload.write_bytes(header.replace(b'"python": [3, ', b'"python": [2, ') + b"\n" + blob)
+    payload.write_bytes(header.replace(b"python=3.", b"python=2.") + b"\n" + blob)
     env = {"HPCLAUNCH_RUN_DIR": str(tmp_path), "RANK": "0"}
     done = subprocess.run(list(files.program(sys.executable)), env=env, capture_output=True)
     assert done.returncode == 1
     with pytest.raises(RuntimeError, match=r"^the job's Python is 3\.\d+, the caller's 2\."):
-        outcome(tmp_path / "call", 1, files.DEFAULT_LIMIT, "ended")
+        outcome(tmp_path / "call", 1, files.DEFAULT_LIMIT, lambda: "ended")
+
+
+def _rank_side(tmp_path: Path, fn: Any, *flags: str) -> str:
+    """Run one rank of a call of `fn` here with the interpreter's `flags`; its stderr."""
+    for name, data in files.run_files(files.payload(fn, (), {}, files.DEFAULT_LIMIT)):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    python, *rest = files.program(sys.executable)
+    env = {"HPCLAUNCH_RUN_DIR": str(tmp_path), "RANK": "0"}
+    done = subprocess.run([python, *flags, *rest], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "call" / "result-0.pkl").exists()
+    return done.stderr
+
+
+def test_a_rank_imports_only_what_the_call_needs(tmp_path: Path) -> None:
+    """The call's added cost is the rank's imports: a function of an importable module
+    needs no cloudpickle; one pickled by value loads cloudpickle's shipped bytecode
+    (compiled once by the caller), never its sources."""
+    by_reference = _rank_side(tmp_path / "ref", os.getcwd, "-X", "importtime")
+    assert "cloudpickle" not in by_reference and "runpy" not in by_reference
+    by_value = _rank_side(tmp_path / "value", _rank, "-v")
+    shipped = tmp_path / "value" / "call" / "lib" / "cloudpickle"
+    assert f"code object from '{shipped}/__pycache__/cloudpickle.cpython-" in by_value

@@ -47,6 +47,9 @@ class LaunchRequest:
     # Files the ranks read, written into the run folder before the job starts (a call's
     # pickled function, calls/files.py): (path relative to the run folder, bytes).
     files: tuple[tuple[str, bytes], ...] = ()
+    # Keys run.json records over the request's own (a call: `command` is the function's
+    # qualified name, `call` its real program).
+    recorded: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,7 @@ def _write_run_files(
         spec,
         paths,
         backend.name,  # a step of an allocation records "slurm" (step.py)
-        **runrecord.as_recorded(req, spec.masked_secrets()),
+        **{**runrecord.as_recorded(req, spec.masked_secrets()), **dict(req.recorded)},
         job_id=None,
         state=State.CREATED.value,
         exit_code=None,

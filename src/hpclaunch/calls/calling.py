@@ -26,7 +26,6 @@ from hpclaunch.calls import files, pythons
 from hpclaunch.calls.outcome import Results, outcome
 from hpclaunch.errors import UserError, show
 from hpclaunch.handle import Run
-from hpclaunch.records import runrecord
 
 T = TypeVar("T")
 _HERE_ONLY = ("cwd", "environ")  # api.run's own keywords a call takes too (not remote=)
@@ -52,10 +51,13 @@ class Call(Generic[T]):
         rank's exception raised again. TimeoutError after `timeout` s (the run goes on)."""
         if self._results is None:
             code = self.run.wait(timeout)
-            ended = (
-                f"run {self.run.id} ended {self.run.state}, exit code {code}; "
-                f"`hpclaunch logs {self.run.id}` shows its output"
-            )
+
+            def ended() -> str:
+                return (
+                    f"run {self.run.id} ended {self.run.state}, exit code {code}; "
+                    f"`hpclaunch logs {self.run.id}` shows its output"
+                )
+
             self._results = outcome(
                 self.run.run_dir / files.CALL_DIR, self._world, self._limit, ended
             )
@@ -102,13 +104,11 @@ def submit(
     req = api.request(
         files.program(_python(typed)), typed, cwd=here.get("cwd"), environ=here.get("environ")
     )
-    req = replace(req, files=files.run_files(data))
-    started = launching.start(req, launching.plan_run(req))
     name = files.qualified_name(fn)
     # Listed by the function's name (runs, show); the real program stays beside it.
-    runrecord.update(
-        started.paths.run_dir, command=[name], call={"fn": name, "program": list(req.program)}
-    )
+    shown = (("command", [name]), ("call", {"fn": name, "program": list(req.program)}))
+    req = replace(req, files=files.run_files(data), recorded=shown)
+    started = launching.start(req, launching.plan_run(req))
     world = started.spec.world_size if started.spec else 1
     return Call(Run(started.paths.run_dir, started), world, limit)
 

@@ -10,8 +10,10 @@ a different version there never misreads it. node/callrank.py is the ranks' prog
 
 from __future__ import annotations
 
+import functools
 import importlib
-import json
+import importlib.util
+import marshal
 import pickle
 import sys
 from pathlib import Path
@@ -35,9 +37,10 @@ LIMIT_KEY = "call_limit"  # the key of `options` that is no run option: the payl
 
 # The ranks' program: a few bytes of Python that run the shipped callrank.py of the
 # rank's own run folder (its path is known in the job only: $HPCLAUNCH_RUN_DIR).
+# exec, not runpy: runpy's imports would cost every rank milliseconds.
 TRAMPOLINE = (
-    "import os,runpy;runpy.run_path(os.path.join(os.environ['HPCLAUNCH_RUN_DIR'],"
-    f"{CALL_DIR!r},{CALL_RANK!r}),run_name='__main__')"
+    f"import os;p=os.path.join(os.environ['HPCLAUNCH_RUN_DIR'],{CALL_DIR!r},{CALL_RANK!r});"
+    "exec(compile(open(p,'rb').read(),p,'exec'),{'__name__':'__main__','__file__':p})"
 )
 
 
@@ -82,8 +85,8 @@ def payload(
             f"limit {human(limit)}",
             f"pass big data as files (stage=...), or raise options={{{LIMIT_KEY!r}: '...'}}",
         )
-    header = json.dumps({"python": list(sys.version_info[:2]), "fn": qualified_name(fn)})
-    return header.encode("utf-8") + b"\n" + blob
+    header = "hpclaunch-call python=%d.%d\n" % sys.version_info[:2]  # noqa: UP031 - two ints
+    return header.encode("ascii") + blob
 
 
 def qualified_name(fn: Callable[..., Any]) -> str:
@@ -98,10 +101,27 @@ def run_files(data: bytes) -> tuple[tuple[str, bytes], ...]:
         (f"{CALL_DIR}/{PAYLOAD}", data),
         (f"{CALL_DIR}/{CALL_RANK}", node.path(CALL_RANK).read_bytes()),
     ]
+    return (*files, *_shipped_cloudpickle())
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_cloudpickle() -> tuple[tuple[str, bytes], ...]:
+    """The caller's cloudpickle: its sources and their bytecode, compiled once per
+    process as unchecked hash-based .pyc (PEP 552), which the ranks' Python (the same
+    major.minor) loads without compiling the sources again or checking their mtimes."""
     package = Path(str(cloudpickle().__file__)).parent
+    found: list[tuple[str, bytes]] = []
     for source in sorted(package.glob("*.py")):
-        files.append((f"{CALL_DIR}/{LIB}/cloudpickle/{source.name}", source.read_bytes()))
-    return tuple(files)
+        data = source.read_bytes()
+        folder = f"{CALL_DIR}/{LIB}/cloudpickle"
+        found.append((f"{folder}/{source.name}", data))
+        code = compile(data, f"{folder}/{source.name}", "exec", dont_inherit=True)
+        pyc = importlib.util.cache_from_source(source.name)  # __pycache__/NAME.cpython-3X.pyc
+        header = importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")  # hash, unchecked
+        found.append(
+            (f"{folder}/{pyc}", header + importlib.util.source_hash(data) + marshal.dumps(code))
+        )
+    return tuple(found)
 
 
 def program(python: str) -> tuple[str, ...]:

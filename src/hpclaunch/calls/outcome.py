@@ -8,7 +8,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, Optional, TypeVar, Union, overload
+from typing import Any, Callable, Generic, Optional, TypeVar, Union, overload
 
 from hpclaunch.calls import files
 from hpclaunch.errors import HpclaunchError
@@ -89,16 +89,16 @@ def _load(path: Path) -> Any:
         return files.cloudpickle().load(fh)
 
 
-def outcome(folder: Path, world: int, limit: int, ended: str) -> Results[Any]:
-    """The results, or the exception of the rank that failed first; `ended` says how the
-    run ended, for a rank that left neither."""
-    first = first_error(folder)
-    if first is not None:
-        raise rebuilt(first, ended)
+def outcome(folder: Path, world: int, limit: int, ended: Callable[[], str]) -> Results[Any]:
+    """The results, or the exception of the rank that failed first; `ended()` says how
+    the run ended (asked only for an error: it reads the record)."""
     missing = [r for r in range(world) if not (folder / (files.RESULT % r)).exists()]
+    first = first_error(folder) if missing else None
+    if first is not None:
+        raise rebuilt(first, ended())
     if missing:
         ranks = ", ".join(map(str, missing))
-        raise RemoteError(f"rank {ranks} gave no result: {ended}")
+        raise RemoteError(f"rank {ranks} gave no result: {ended()}")
     return Results(folder, world, limit)
 
 

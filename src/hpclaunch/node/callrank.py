@@ -3,11 +3,13 @@
 Shipped into the run folder as call/callrank.py and started by the bootstrap as the
 rank's program (`python -I -c <trampoline>`, the trampoline finding this file through
 $HPCLAUNCH_RUN_DIR). Standard library, plus the cloudpickle copied beside it
-(call/lib/) by the submitting side: the very copy that pickled the payload, so the two
-always agree, and the call works where the job's Python has no cloudpickle. Python >= 3.8.
+(call/lib/, with its bytecode) by the submitting side: the very copy that pickled the
+payload, so the two always agree, and the call works where the job's Python has no
+cloudpickle. Python >= 3.8. It imports what it needs only when it needs it: the
+added cost of a call is mostly this process's imports.
 
 Files (in <run>/call/, the names equal to hpclaunch.calls.files'):
-  payload.pkl       the pickled (fn, args, kwargs), preceded by a header line (JSON)
+  payload.pkl       `hpclaunch-call python=X.Y`, a newline, the pickled (fn, args, kwargs)
   result-R.pkl      rank R's return value (cloudpickle), written aside then renamed
   error-R.pkl       rank R's exception: a pickled dict (type, message, traceback, node,
                     the exception itself pickled when it pickles); the rank exits 1
@@ -15,14 +17,9 @@ Files (in <run>/call/, the names equal to hpclaunch.calls.files'):
 
 from __future__ import annotations  # annotations stay strings: `typing` is never imported
 
-import importlib
-import json
 import os
 import pickle
-import socket
 import sys
-import time
-import traceback
 
 TYPE_CHECKING = False  # mypy treats this name as true; at run time nothing below is imported
 if TYPE_CHECKING:
@@ -46,14 +43,27 @@ def _write(path: str, data: bytes) -> None:
 
 
 def _node() -> str:
+    import socket  # only for an error: a rank that succeeds imports no more than it needs
+
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def _error(exc: BaseException, pickler: Any, rank: int) -> bytes:
+def _dumps(value: Any) -> bytes:
+    """pickle's C pickler (no import); cloudpickle for what only it pickles (a lambda)."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return __import__("cloudpickle").dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def _error(exc: BaseException, rank: int) -> bytes:
     """What the caller needs to raise `exc` again: itself when it pickles, else its
     type's name and message; always the node and the traceback as text here."""
+    import time
+    import traceback
+
     try:
-        pickled = (pickler or pickle).dumps(exc)  # before cloudpickle loads: pickle's
+        pickled: Optional[bytes] = _dumps(exc)
     except Exception:  # an exception holding an unpicklable value: its text still goes
         pickled = None
     kind = type(exc)
@@ -70,10 +80,15 @@ def _error(exc: BaseException, pickler: Any, rank: int) -> bytes:
     )
 
 
-def _header(blob: bytes) -> tuple[dict[str, Any], bytes]:
-    line, _, rest = blob.partition(b"\n")
-    header: dict[str, Any] = json.loads(line.decode("utf-8"))
-    return header, rest
+def _check_python(header: bytes) -> None:
+    """The header line `hpclaunch-call python=3.11`: the caller's major.minor."""
+    want = header.decode("ascii", "replace").partition("python=")[2].strip()
+    mine = "%d.%d" % sys.version_info[:2]  # noqa: UP031 - a tuple's two ints
+    if want != mine:
+        raise RuntimeError(
+            f"the job's Python is {mine}, the caller's {want}: a pickled function "
+            f"needs the same major.minor (give venv= or container= with Python {want})"
+        )
 
 
 def main() -> int:
@@ -84,24 +99,18 @@ def main() -> int:
     # reference is imported from the user's modules there, as `python train.py` would.
     sys.path.insert(0, os.getcwd())
     sys.path.insert(0, os.path.join(folder, LIB))  # the pickler's own cloudpickle
-    pickler: Optional[Any] = None
     try:
         with open(os.path.join(folder, PAYLOAD), "rb") as fh:
-            header, blob = _header(fh.read())
-        want = tuple(header["python"])
-        if tuple(sys.version_info[:2]) != want:
-            mine = "%d.%d" % sys.version_info[:2]  # noqa: UP031 - a tuple's two ints
-            caller = "%d.%d" % want  # noqa: UP031
-            raise RuntimeError(
-                f"the job's Python is {mine}, the caller's {caller}: a pickled function "
-                f"needs the same major.minor (give venv= or container= with Python {caller})"
-            )
-        pickler = importlib.import_module("cloudpickle")
-        fn, args, kwargs = pickler.loads(blob)
-        value = fn(*args, **kwargs)
-        data = pickler.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            header, _, blob = fh.read().partition(b"\n")
+        _check_python(header)
+        # pickle imports cloudpickle (call/lib) itself where the payload needs it: a
+        # function pickled by value does, one of an importable module does not.
+        fn, args, kwargs = pickle.loads(blob)
+        data = _dumps(fn(*args, **kwargs))
     except BaseException as exc:  # every failure goes back to the caller
-        _write(os.path.join(folder, ERROR % rank), _error(exc, pickler, rank))
+        _write(os.path.join(folder, ERROR % rank), _error(exc, rank))
+        import traceback
+
         traceback.print_exc()
         return 1
     _write(os.path.join(folder, RESULT % rank), data)
