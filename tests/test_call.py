@@ -224,3 +224,45 @@ def test_a_rank_imports_only_what_the_call_needs(tmp_path: Path) -> None:
     by_value = _rank_side(tmp_path / "value", _rank, "-v")
     shipped = tmp_path / "value" / "call" / "lib" / "cloudpickle"
     assert f"code object from '{shipped}/__pycache__/cloudpickle.cpython-" in by_value
+
+
+class _Unpicklable(Exception):
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__("holds a lock")
+        self.lock = threading.Lock()
+
+
+def _raises_unpicklable() -> None:
+    raise _Unpicklable()
+
+
+def test_an_exception_that_does_not_pickle_is_a_remote_error(local: dict[str, str]) -> None:
+    with pytest.raises(hpclaunch.RemoteError) as caught:
+        hpclaunch.call(_raises_unpicklable, options={"environ": local})
+    exc = caught.value
+    assert str(exc) == f"{__name__}._Unpicklable: holds a lock"
+    assert exc.remote_type == f"{__name__}._Unpicklable" and exc.rank == 0 and exc.node
+    assert "_raises_unpicklable" in exc.remote_traceback
+    assert exc.__notes__[0].startswith("raised on rank 0, node ")
+
+
+def test_without_cloudpickle_call_says_how_to_get_it(
+    local: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = files.importlib.import_module
+
+    def no_cloudpickle(name: str, package: str | None = None) -> Any:
+        if name == "cloudpickle":
+            raise ImportError(name)
+        return real(name, package)
+
+    monkeypatch.setattr(files.importlib, "import_module", no_cloudpickle)
+    with pytest.raises(hpclaunch.UserError) as caught:
+        hpclaunch.call(_rank, options={"environ": local})
+    assert str(caught.value) == (
+        "call: cloudpickle is not installed here (hpclaunch.call pickles the function "
+        "with it). pip install 'hpclaunch[call]' (or pip install cloudpickle)"
+    )
+    assert not Path("runs").exists()
