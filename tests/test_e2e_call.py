@@ -73,3 +73,11 @@ def test_gloo_all_reduce_inside_the_charliecloud_image(hpc: Hpc, user_image: Pat
     _check_all_reduce({"results": [r[:4] for r in results], "command": ["__main__.all_reduce"]})
     for *_, shipped, lacks, image in results:
         assert "/call/lib/cloudpickle/" in shipped and lacks and image
+
+
+def test_three_submits_and_run_option_keywords_on_the_testbed(hpc: Hpc) -> None:
+    seen = _seen(hpc.cmd(["python3", CALL_USER, "slurm", "three"], timeout=400))
+    assert len(set(seen["ids"])) == 3
+    assert seen["results"] == [[f"{i}/t/0", f"{i}/t/1"] for i in range(3)]
+    assert seen["done"] == [True, True, True]
+    assert _seen(hpc.cmd(["python3", CALL_USER, "slurm", "kwargs"]))["results"] == ["5/x/0"]
