@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("handle", "remote"),  # a run's handle here; the OpenSSH seam and the laptop's side
     ("doctor",),  # checks and the doctor's job (launched and watched like any run)
     ("api",),  # the typed API
+    ("calls",),  # hpclaunch.call/submit: a function on every rank, over the API's run path
     ("hpclaunch",),  # the package face (lazy exports)
     ("cli",),  # thin click commands over all of it
     ("__main__",),  # python -m hpclaunch

@@ -7,6 +7,7 @@ The public API (imported lazily, so that `hpclaunch run` starts fast; docs/api.m
     code = run.wait()          # or run.follow() to stream the ranks' output
     print(run.state, run.result(), run.logs(rank=0))
     hpclaunch.get("last"), hpclaunch.runs(exp="default", state="FAILED")
+    sums = hpclaunch.call(fn, x, options={"nodes": 2})   # fn(x) on every rank, in rank order
 
 Every keyword of `run` is an `hpclaunch run` option (None: not given, so hpclaunch.toml
 and the cluster profile apply). A bad request raises `UserError` (one line) before
@@ -24,6 +25,11 @@ _EXPORTS = {
     "run": "api",
     "runs": "api",
     "get": "api",
+    "call": "calls.calling",
+    "submit": "calls.calling",
+    "Call": "calls.calling",
+    "Results": "calls.outcome",
+    "RemoteError": "calls.outcome",
     "Run": "handle",
     "RemoteRun": "remote.handle",
     "RunRecord": "records.runrecord",
@@ -37,25 +43,32 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Call",
     "HpclaunchError",
     "JobSpec",
     "Profile",
+    "RemoteError",
     "RemoteRun",
+    "Results",
     "Run",
     "RunRecord",
     "SlurmError",
     "State",
     "UserError",
     "__version__",
+    "call",
     "get",
     "load_profile",
     "run",
     "runs",
+    "submit",
 ]
 
 if TYPE_CHECKING:
     from hpclaunch.api import get, run, runs
     from hpclaunch.basics.states import State
+    from hpclaunch.calls.calling import Call, call, submit
+    from hpclaunch.calls.outcome import RemoteError, Results
     from hpclaunch.config.jobspec import JobSpec
     from hpclaunch.config.profiles import Profile, load_profile
     from hpclaunch.errors import HpclaunchError, SlurmError, UserError

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,12 @@ class LaunchRequest:
     environ: Mapping[str, str]  # the requester's environment: the only one used
     reuse_code: Optional[Path] = None  # rerun: start in this earlier snapshot
     argv: Sequence[str] = ()  # hpclaunch's own command line, for the record
+    # Files the ranks read, written into the run folder before the job starts (a call's
+    # pickled function, calls/files.py): (path relative to the run folder, bytes).
+    files: tuple[tuple[str, bytes], ...] = ()
+    # Keys run.json records over the request's own (a call: `command` is the function's
+    # qualified name, `call` its real program).
+    recorded: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,7 @@ def start(req: LaunchRequest, planned: Planned, backend: Optional[Backend] = Non
         with filemodes.writing(spec.share):  # no process starts in here but git and tar
             entry = codeplan.write_code(code, paths, runpaths.absolute(spec.run_root, req.cwd))
             _write_run_files(paths, spec, batch, backend, req, entry)
+            _write_extra_files(paths.run_dir, req.files, spec.share)
             if prepared.after:
                 runrecord.update(paths.run_dir, after=[a.to_record() for a in prepared.after])
             if spec.stage:
@@ -284,7 +292,7 @@ def _write_run_files(
         spec,
         paths,
         backend.name,  # a step of an allocation records "slurm" (step.py)
-        **runrecord.as_recorded(req, spec.masked_secrets()),
+        **{**runrecord.as_recorded(req, spec.masked_secrets()), **dict(req.recorded)},
         job_id=None,
         state=State.CREATED.value,
         exit_code=None,
@@ -293,6 +301,14 @@ def _write_run_files(
         git=project.git_state(req.cwd),
     )
     runrecord.write_new(created)
+
+
+def _write_extra_files(run_dir: Path, files: Sequence[tuple[str, bytes]], share: str) -> None:
+    for name, data in files:
+        path = run_dir / name
+        filemodes.make_dirs(path.parent, share)
+        with open(filemodes.open_new(path, os.O_WRONLY | os.O_TRUNC, share), "wb") as fh:
+            fh.write(data)
 
 
 def finish(

@@ -14,6 +14,8 @@ These files are shipped out of this package:
   on PATH that hands the sweep's command to the batch shell (Python >= 3.6).
 - ``doctor_probe.py``: `hpclaunch doctor`'s probe, copied beside the doctor's runs; once
   per node (the nodes' ``python3``) and as every rank's program (the image's).
+- ``callrank.py``: `hpclaunch.call`'s rank (Python >= 3.8), run from the run folder's
+  ``call/``: the standard library plus the caller's cloudpickle shipped beside it.
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 
