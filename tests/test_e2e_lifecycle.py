@@ -91,7 +91,7 @@ def test_submit_detach_cancel(hpc: Hpc) -> None:
     testbed.wait_idle(timeout=60)
     status = hpc.run("status", job_id, "--json")
     record = json.loads(status.stdout)
-    assert (record["state"], record["exit_code"]) == ("CANCELLED", 121), record
+    assert (record["state"], record["exit_code"]) == ("CANCELLED", 143), record
     listing = hpc.run("runs", "--json").stdout.splitlines()
     assert [json.loads(r)["state"] for r in listing] == ["CANCELLED", "CANCELLED"]
 

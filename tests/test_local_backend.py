@@ -24,6 +24,7 @@ except ImportError:  # not installed: use the checkout
 
 from hpclaunch.backends.localtasks import (
     LocalPlan,
+    LocalTasks,
     free_port,
     local_job_id,
     run_local,
@@ -313,3 +314,22 @@ def test_plan_validation(tmp_path: Path) -> None:
         LocalPlan((), 1, 1, {}, tmp_path, "t", 1, 1, tmp_path)
     with pytest.raises(ValueError):
         LocalPlan(("x",), 0, 1, {}, tmp_path, "t", 1, 1, tmp_path)
+
+
+def test_a_ctrl_c_between_spawn_and_supervise_ends_the_tasks(run: Run) -> None:
+    # The race CI saw (test_interrupted_run_ends_every_task hung past 60 s): a SIGINT
+    # after the tasks started but before anyone watched them raised KeyboardInterrupt
+    # there, and the tasks ran on. Attached, it is noted for supervise.
+    before = signal.getsignal(signal.SIGINT)
+    tasks = LocalTasks(run.plan(1, 2), attached=True)
+    tasks.spawn()
+    deadline = time.monotonic() + 20
+    while len(list(run.pids.glob("prog-*"))) < 2:  # the programs run, nobody watches yet
+        assert time.monotonic() < deadline, "tasks did not start"
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)  # lands before supervise: nothing raises here
+    err = io.StringIO()
+    assert tasks.supervise(io.StringIO(), err) == 130
+    assert "hpclaunch: interrupted: waiting up to 5 s for the ranks to exit; " in err.getvalue()
+    run.assert_nothing_left()
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back

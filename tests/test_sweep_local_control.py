@@ -87,10 +87,10 @@ def test_cancelling_a_local_sweep_stops_the_running_point_and_starts_no_other(
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert runner.returncode == 121, runner.stderr
+    assert runner.returncode == 143, runner.stderr
     status = _status(tmp_path)
     assert [p["state"] for p in status["points"]] == ["CANCELLED"] * 3
-    assert [p["exit_code"] for p in status["points"]] == [121] * 3
+    assert [p["exit_code"] for p in status["points"]] == [143] * 3
     assert _ran(sweep_dir, 1) == [] and _ran(sweep_dir, 2) == []  # never started
     again = _hpclaunch(tmp_path, "sweep", "cancel", "last")
     assert again.returncode == 0 and "nothing to cancel" in again.stdout
@@ -117,7 +117,7 @@ def test_a_local_sweep_throttled_one_point_cancelled_then_retried(tmp_path: Path
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert runner.returncode == 121, runner.stdout + runner.stderr
+    assert runner.returncode == 143, runner.stdout + runner.stderr
     status = _status(tmp_path)
     states = [p["state"] for p in status["points"]]
     assert states == ["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED", "CANCELLED"]
@@ -174,6 +174,6 @@ def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> Non
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert runner.returncode == 121, runner.stdout + runner.stderr
+    assert runner.returncode == 143, runner.stdout + runner.stderr
     states = [p["state"] for p in _status(tmp_path)["points"]]
     assert states == ["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED"]

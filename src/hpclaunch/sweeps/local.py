@@ -14,6 +14,7 @@ this process (the journal is the same file a Slurm sweep uses).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -78,8 +79,8 @@ def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
                     if code is not None:
                         codes[index] = code
                         _say(out, ls, index)
-        except BaseException:
-            _interrupted(ls, pending)
+        except BaseException as exc:
+            _interrupted(ls, pending, exc)
             raise
     for index in indices:  # cancelled before they started: their records say so
         if index not in codes:
@@ -98,12 +99,18 @@ def _parallel(ls: LocalSweep) -> int:
     return int(given) if isinstance(given, int) and given > 0 else 1
 
 
-def _interrupted(ls: LocalSweep, pending: Sequence[int]) -> None:
-    """Ctrl-C: the running points' jobs end (the backend's), those never started say so."""
+def _interrupted(ls: LocalSweep, pending: Sequence[int], exc: BaseException) -> None:
+    """Ctrl-C (or SIGTERM): the running points end as a run here would (the user's
+    interrupt, recorded so), those never started say so; any other error cancels them."""
     for job in ls.backend.running_jobs():
-        ls.backend.cancel(job)
+        if isinstance(exc, KeyboardInterrupt):
+            ls.backend.interrupt(job, getattr(exc, "signum", signal.SIGINT))
+        else:
+            ls.backend.cancel(job)
+    signum = getattr(exc, "signum", signal.SIGINT)
+    code = 128 + signum if isinstance(exc, KeyboardInterrupt) else None
     for index in pending:
-        _claim(ls.point_dir(index), "the local sweep was interrupted")
+        _claim(ls.point_dir(index), "the local sweep was interrupted", code)
 
 
 def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
@@ -114,17 +121,18 @@ def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
     out.flush()
 
 
-def _claim(folder: Path, cancelled_because: str = "") -> bool:
+def _claim(folder: Path, cancelled_because: str = "", code: Optional[int] = None) -> bool:
     """Take a pending point (RUNNING, under its record's lock): False when a cancel came
-    first. With `cancelled_because`: record it as never started instead."""
+    first. With `cancelled_because`: record it as never started instead (with `code`,
+    else a cancel's)."""
     cancelled = states.State.CANCELLED
 
     def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
         if data.get("state") not in (states.State.PENDING, states.State.CREATED):
             return None
         if cancelled_because:
-            code = states.exit_code_for(cancelled)
-            return {"state": cancelled.value, "exit_code": code, "reason": cancelled_because}
+            ended = code if code is not None else states.exit_code_for(cancelled)
+            return {"state": cancelled.value, "exit_code": ended, "reason": cancelled_because}
         return {"state": states.State.RUNNING.value, "started_at": time.time(), **_runner()}
 
     return runrecord.update_with(folder, decide) is not None and not cancelled_because
@@ -165,7 +173,9 @@ def _run_point(
     if runrecord.read_raw(paths.run_dir).get(CANCEL_REQUESTED):
         cancelled = states.State.CANCELLED
         code, state = states.exit_code_for(cancelled) or 1, cancelled.value
-    runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+    reason = ls.backend.end_reason(job_id)  # a Ctrl-C: the user's
+    more = {"reason": reason} if reason else {}
+    runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time(), **more)
     if ls.space:
         from hpclaunch.sweeps import trials
 
