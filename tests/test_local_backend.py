@@ -193,8 +193,8 @@ def test_all_tasks_succeed(run: Run) -> None:
     rows = [line.split("\t") for line in (run.logs / "ranks.tsv").read_text().splitlines()]
     task_pid = {int(row[0]): int(row[3]) for row in rows}
     assert sorted(task_pid) == [0, 1, 2, 3]
-    assert lines == sorted(
-        f"[{host} {r}] hello from {r} of 4 task pid {task_pid[r]}" for r in range(4)
+    assert lines == sorted(  # 2 nodes: each rank tagged with its simulated node
+        f"[{host}/node{r // 2} {r}] hello from {r} of 4 task pid {task_pid[r]}" for r in range(4)
     )
     assert sorted(p.name for p in run.logs.glob("*.exit")) == [f"rank-{r}.exit" for r in range(4)]
     run.assert_nothing_left()

@@ -10,6 +10,7 @@ import os
 import pty
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -299,3 +300,16 @@ def test_a_local_run_past_its_time_limit_is_a_timeout(tmp_path: Path) -> None:
     proc = _hpclaunch(tmp_path, "run", "-t", "0:00:02", "--", sys.executable, "-c", SLEEPER)
     status = _status(tmp_path)
     assert (proc.returncode, status["state"], status["exit_code"]) == (124, "TIMEOUT", 124)
+
+
+def test_two_local_nodes_tag_their_ranks_with_the_simulated_node(tmp_path: Path) -> None:
+    hello = "import os; print('hi', os.environ['NODE_RANK'], flush=True)"
+    proc = _hpclaunch(tmp_path, "run", "-N", "2", "--tasks-per-node", "2", "--",
+                      sys.executable, "-c", hello)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    host = socket.gethostname().split(".")[0]
+    tags = sorted(re.findall(r"^\[([^\]]+)\] hi (\d)$", proc.stdout, re.M))
+    assert tags == [(f"{host}/node0 0", "0"), (f"{host}/node0 1", "0"),
+                    (f"{host}/node1 2", "1"), (f"{host}/node1 3", "1")]  # fmt: skip
+    one = _hpclaunch(tmp_path, "run", "--", sys.executable, "-c", hello)
+    assert f"[{host} 0] hi 0" in one.stdout  # one node: the host's own name, as before

@@ -24,6 +24,7 @@ from typing import TextIO
 
 from hpclaunch.backends.localreaper import Reaper
 from hpclaunch.backends.localsignals import SignalBox, Stopped, waiting_line
+from hpclaunch.node import HPCLAUNCH_NODE_LABEL
 from hpclaunch.node.stage_guard import signals_held  # the same guard the staging tars start under
 from hpclaunch.observe.jobend import exit_code_of, first_failure
 from hpclaunch.observe.logs import LogFollower
@@ -156,6 +157,8 @@ def step_env(plan: LocalPlan, task: int, host: str | None = None) -> dict[str, s
             "SLURM_CLUSTER_NAME": "local",
         }
     )
+    if plan.nodes > 1:  # every node is this host: logs tag the simulated one (bootstrap)
+        env[HPCLAUNCH_NODE_LABEL] = f"{host}/node{node}"
     return env
 
 
@@ -325,9 +328,6 @@ class LocalTasks:
         _stop(self.procs, 0.0, None)
         self._close_reaper()
         self.release()
-
-    def running(self) -> bool:
-        return any(p.poll() is None for p in self.procs)
 
     @property
     def pgids(self) -> list[int]:
