@@ -164,10 +164,11 @@ def test_every_run_ends_with_a_summary_and_json_stays_json(tmp_path: Path) -> No
     assert objects[-1]["state"] == "COMPLETED" and "hi" in as_json.stderr
 
 
-def _on_a_terminal(tmp_path: Path, **env: str) -> str:
+def _on_a_terminal(tmp_path: Path, *argv: str, **env: str) -> str:
+    argv = argv or ("run", "--tasks-per-node", "2", "--", sys.executable, "-c", "print('hi')")
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [HPCLAUNCH, "run", "--tasks-per-node", "2", "--", sys.executable, "-c", "print('hi')"],
+        [HPCLAUNCH, *argv],
         cwd=tmp_path, env=bare_local_env(tmp_path, **env), stdout=follower, stderr=follower,
     )  # fmt: skip
     os.close(follower)
@@ -313,3 +314,43 @@ def test_two_local_nodes_tag_their_ranks_with_the_simulated_node(tmp_path: Path)
                     (f"{host}/node1 2", "1"), (f"{host}/node1 3", "1")]  # fmt: skip
     one = _hpclaunch(tmp_path, "run", "--", sys.executable, "-c", hello)
     assert f"[{host} 0] hi 0" in one.stdout  # one node: the host's own name, as before
+
+
+SCORED = (
+    "import json, os, sys\n"
+    "lr = float(sys.argv[1])\n"
+    "if lr > 0.25:\n"
+    "    sys.exit(3)\n"
+    "with open(os.environ['HPCLAUNCH_RESULT_FILE'], 'w') as f:\n"
+    "    json.dump({'loss': abs(lr - 0.1)}, f)\n"
+)  # point 2 (lr=0.3) fails; point 1 (lr=0.1) has the lowest loss
+
+
+def _scored_sweep(tmp_path: Path) -> tuple[str, ...]:
+    (tmp_path / "scored.py").write_text(SCORED)
+    return ("sweep", "--grid", "lr=0.05,0.1,0.3", "--metric", "loss", "--max-parallel", "2",
+            "--", sys.executable, "scored.py", "{lr}")  # fmt: skip
+
+
+def test_a_local_sweep_ends_with_a_summary_and_remembers_its_metric(tmp_path: Path) -> None:
+    proc = _hpclaunch(tmp_path, *_scored_sweep(tmp_path))
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # the failed point's code
+    sweep_id = proc.stdout.split()[1]
+    tail = proc.stdout.splitlines()[-3:]
+    assert tail == [
+        f"sweep {sweep_id}: 3 points: 2 COMPLETED, 1 FAILED",
+        "best (loss, minimize): point 1  lr=0.1  loss=0.0",
+        f"point 2 FAILED (exit 3): hpclaunch logs {sweep_id}:2",
+    ], proc.stdout
+    assert f"sweep {sweep_id}: 2/3 done, 0 running, 0 pending, 1 failed" in proc.stdout
+    status = _hpclaunch(tmp_path, "sweep", "status", "last", "--json")
+    found = json.loads(status.stdout)
+    assert found["metric"] == "loss" and found["best"]["index"] == 1, found
+    shown = _hpclaunch(tmp_path, "sweep", "status", "last").stdout
+    assert "best (loss, minimize): point 1" in shown
+
+
+def test_a_local_sweep_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    seen = _on_a_terminal(tmp_path, *_scored_sweep(tmp_path))
+    assert "━" in seen and "3/3" in seen, seen  # rich's bar, as sweep wait draws it
+    assert "best (loss, minimize): point 1" in seen

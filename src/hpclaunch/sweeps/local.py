@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any, Optional, TextIO
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localreaper import process_start
 from hpclaunch.backends.localsettle import CANCEL_REQUESTED
+from hpclaunch.backends.sweepstate import Sweep
 from hpclaunch.basics import states
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord, sweeprecord
@@ -33,6 +34,7 @@ from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import render
 from hpclaunch.sweeps import script
 from hpclaunch.sweeps.points import Point
+from hpclaunch.sweeps.waitview import Progress
 
 _POLL_S = 0.5  # how often the runner looks again for a throttle while points run
 
@@ -57,9 +59,13 @@ class LocalSweep:
         return sweeprecord.point_dir(self.sweep_dir, index)
 
 
-def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
+def run_points(
+    ls: LocalSweep, indices: Sequence[int], out: TextIO, progress: Optional[Progress] = None
+) -> int:
     """Run those points, at most sweep.json's --max-parallel at a time (read again before
-    each start); 0 when all completed, else the lowest-index failed point's code."""
+    each start); 0 when all completed, else the lowest-index failed point's code. With
+    `progress`, the sweep's bar (as `sweep wait` shows it) follows the points' records."""
+    say: Callable[[str], None] = progress.say if progress is not None else _writer(out)
     lock = threading.Lock()
     running: set[int] = set()
     codes: dict[int, int] = {}
@@ -78,7 +84,9 @@ def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
                     code = fut.result()
                     if code is not None:
                         codes[index] = code
-                        _say(out, ls, index)
+                        _say(say, ls, index)
+                if progress is not None:
+                    progress.show(snapshot(ls))
         except BaseException as exc:
             _interrupted(ls, pending, exc)
             raise
@@ -86,7 +94,9 @@ def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
         if index not in codes:
             rec = runrecord.load(ls.point_dir(index))
             codes[index] = rec.exit_code if rec.exit_code is not None else 1
-            _say(out, ls, index)
+            _say(say, ls, index)
+    if progress is not None:
+        progress.show(snapshot(ls))
     failed = sorted(i for i, c in codes.items() if c != 0)
     return codes[failed[0]] if failed else 0
 
@@ -113,12 +123,25 @@ def _interrupted(ls: LocalSweep, pending: Sequence[int], exc: BaseException) -> 
         _claim(ls.point_dir(index), "the local sweep was interrupted", code)
 
 
-def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
+def snapshot(ls: LocalSweep) -> Sweep:
+    """The sweep as its points' records say now (this process runs them: no refresh)."""
+    data = sweeprecord.load(ls.sweep_dir)
+    return Sweep(data, [runrecord.load(ls.point_dir(i)) for i in range(len(ls.points))])
+
+
+def _writer(out: TextIO) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        out.write(text + "\n")
+        out.flush()
+
+    return write
+
+
+def _say(say: Callable[[str], None], ls: LocalSweep, index: int) -> None:
     rec = runrecord.load(ls.point_dir(index))
     params = sweeprecord.params_of(rec.path, rec.extra.get("params") or {})
     text = " ".join(f"{k}={v}" for k, v in params.items())
-    out.write(f"point {index}: {rec.state} (exit {rec.exit_code}) {text}\n")
-    out.flush()
+    say(f"point {index}: {rec.state} (exit {rec.exit_code}) {text}")
 
 
 def _claim(folder: Path, cancelled_because: str = "", code: Optional[int] = None) -> bool:
