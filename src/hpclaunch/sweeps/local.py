@@ -89,6 +89,12 @@ def run_points(
                     progress.show(snapshot(ls))
         except BaseException as exc:
             _interrupted(ls, pending, exc)
+            if isinstance(exc, KeyboardInterrupt):
+                say(
+                    "hpclaunch: interrupted: waiting for the running points' ranks to exit; "
+                    "Ctrl-C again to end them now"
+                )
+                _let_them_end(ls, list(futures), getattr(exc, "signum", signal.SIGINT))
             raise
     for index in indices:  # cancelled before they started: their records say so
         if index not in codes:
@@ -135,6 +141,20 @@ def _writer(out: TextIO) -> Callable[[str], None]:
         out.flush()
 
     return write
+
+
+def _let_them_end(ls: LocalSweep, running: list[Future[Optional[int]]], signum: int) -> None:
+    """The interrupted points end in their threads (grace period, then their records);
+    each further Ctrl-C is passed on: the ranks are ended at once. Waited for on the
+    futures, never by Thread.join, which a KeyboardInterrupt leaves taking a live thread
+    for ended (the runner then exited before the points' ends were written)."""
+    while True:
+        try:
+            wait(running)
+            return
+        except KeyboardInterrupt:
+            for job in ls.backend.running_jobs():
+                ls.backend.interrupt(job, signum)
 
 
 def _say(say: Callable[[str], None], ls: LocalSweep, index: int) -> None:
