@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -333,3 +334,35 @@ def test_a_ctrl_c_between_spawn_and_supervise_ends_the_tasks(run: Run) -> None:
     assert "hpclaunch: interrupted: waiting up to 5 s for the ranks to exit; " in err.getvalue()
     run.assert_nothing_left()
     assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+
+
+@pytest.mark.parametrize(("sig", "code", "reason"), [
+    (signal.SIGINT, 130, "interrupted by the user (Ctrl-C)"),
+    (signal.SIGTERM, 143, "hpclaunch got SIGTERM"),
+])  # fmt: skip
+def test_a_step_ended_by_a_signal_is_recorded_as_its_cause(
+    tmp_path: Path, sig: int, code: int, reason: str
+) -> None:
+    # A step of an allocation (backends/step.py) follows the same table as a local run:
+    # Ctrl-C 130, SIGTERM to hpclaunch 143 (cli/main.py raises Interrupted for it).
+    from hpclaunch.backends.step import StepBackend
+    from hpclaunch.errors import Interrupted
+    from hpclaunch.records.runpaths import RunPaths
+
+    def to_interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    step = StepBackend()
+    step._procs["7.0"] = subprocess.Popen(["sleep", "30"])
+    paths = RunPaths("r", tmp_path, tmp_path / "checkpoints")
+    (tmp_path / "logs").mkdir()
+    old = signal.signal(signal.SIGTERM, to_interrupt)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), sig))
+    timer.start()
+    try:
+        ended = step.wait("7.0", paths, io.StringIO(), io.StringIO())
+    finally:
+        timer.join()
+        signal.signal(signal.SIGTERM, old)
+    assert ended == (code, "CANCELLED")
+    assert reason in step.end_reason("7.0")
