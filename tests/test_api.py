@@ -40,7 +40,7 @@ def _check(seen: dict[str, Any], world: int) -> None:
     assert "rank 1 of" in seen["rank1"] and "rank 0 of" not in seen["rank1"]
     assert seen["last"] == seen["id"]
     assert seen["id"] in seen["listed"]
-    assert seen["cancelled"] == [121, "CANCELLED"]
+    assert seen["cancelled"] == [143, "CANCELLED"]
     assert seen["wrong_type"].startswith("nodes: '2' is a str (expects an int)")
 
 

@@ -79,14 +79,14 @@ def test_cancel_last_takes_the_running_sweep_not_an_older_run(tmp_path: Path) ->
         cancel = _cli(tmp_path, "cancel", "last")
         assert cancel.returncode == 0, cancel.stderr
         assert f"cancelled sweep {sweep_dir.name}: 3 open point(s)" in cancel.stdout
-        assert sweep.wait(timeout=60) == 121  # every point cancelled: well before 120 s
+        assert sweep.wait(timeout=60) == 143  # every point cancelled: well before 120 s
     finally:
         sweep.kill()
     assert all(_gone(pid) for pid in pids)
     for number in range(3):  # point 2 was waiting for a free slot: it never started
         assert (_point(sweep_dir, number)["state"], _point(sweep_dir, number)["exit_code"]) == (
             "CANCELLED",
-            121,
+            143,
         )
     assert not (sweep_dir / "points" / "2" / "events.jsonl").exists()
     again = json.loads(_cli(tmp_path, "status", old["run_id"], "--json").stdout)
@@ -105,12 +105,12 @@ def test_cancel_a_point_of_a_local_sweep(tmp_path: Path) -> None:
         cancel = _cli(tmp_path, "cancel", f"{sweep_dir.name}:1", "--json")
         assert cancel.returncode == 0, cancel.stderr
         assert json.loads(cancel.stdout)["run_id"] == f"{sweep_dir.name}:1"
-        assert sweep.wait(timeout=60) == 121  # point 1 ended well before its 120 s
+        assert sweep.wait(timeout=60) == 143  # point 1 ended well before its 120 s
     finally:
         sweep.kill()
     assert all(_gone(pid) for pid in pids)  # both of its ranks
     assert (_point(sweep_dir, 0)["state"], _point(sweep_dir, 0)["exit_code"]) == ("COMPLETED", 0)
-    assert (_point(sweep_dir, 1)["state"], _point(sweep_dir, 1)["exit_code"]) == ("CANCELLED", 121)
+    assert (_point(sweep_dir, 1)["state"], _point(sweep_dir, 1)["exit_code"]) == ("CANCELLED", 143)
     shown = json.loads(_cli(tmp_path, "status", f"{sweep_dir.name}:1", "--json").stdout)
     assert shown["state"] == "CANCELLED"
     # `last` is the sweep: for a RUN command, its most recently started point.

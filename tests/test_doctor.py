@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from builders import bare_local_env
+from conftest import VENV_BIN
 from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import load_profile
@@ -164,3 +166,31 @@ def test_container_and_network_plugin_findings() -> None:
         checks["container"].status == FAIL and "ranks 1 ran outside" in checks["container"].detail
     )
     assert checks["network plugin"].status == FAIL and "librccl-net" in checks["network plugin"].fix
+
+
+def test_a_pass_has_no_fix_in_json() -> None:
+    assert Check("x", PASS, "fine", "Do something").to_dict()["fix"] == ""
+    assert Check("x", WARN, "meh", "Do something").to_dict()["fix"] == "Do something"
+    nodes = [{"node": "vm", "binds": {}, "local": "/tmp", "local_free_bytes": 5 << 30}]
+    space = {c.name: c for c in probejob.node_checks(nodes, 1, "")}["node-local space"]
+    assert (space.status, space.to_dict()["fix"]) == (PASS, "")
+
+
+def test_local_ranks_that_oversubscribe_the_cores_warn() -> None:
+    spec = _spec(nodes=2, tasks_per_node=2, cpus_per_task=2)  # 8 CPUs
+    over = doctor.local_cores(spec, cores=4)
+    assert over.status == WARN and "= 8 on 4 core(s) here: oversubscribed" in over.detail
+    assert over.fix and doctor.local_cores(spec, cores=8).status == PASS
+
+
+def test_the_local_doctor_shows_the_real_node_local_path(tmp_path: Path) -> None:
+    tmp = tmp_path / "my tmp"  # where Python's tempfile, and so every local run, makes it
+    tmp.mkdir()
+    # The profile's local_dir would name SLURM_TMPDIR first; a local run never uses it.
+    env = {**bare_local_env(tmp_path), "TMPDIR": str(tmp), "SLURM_TMPDIR": str(tmp_path)}
+    argv = [str(VENV_BIN / "hpclaunch"), "doctor", "--cluster", "local", "-N", "1", "--json"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    found = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert found["node-local space"]["detail"].endswith(f"at {tmp}/hpclaunch-local-JOB-pPID.*")
+    assert found["CPU cores"]["status"] in (PASS, WARN)
+    assert all(c["fix"] == "" for c in found.values() if c["status"] == PASS), found

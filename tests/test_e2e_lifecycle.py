@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_submit_detach_cancel(hpc: Hpc) -> None:
     testbed.wait_idle(timeout=60)
     status = hpc.run("status", job_id, "--json")
     record = json.loads(status.stdout)
-    assert (record["state"], record["exit_code"]) == ("CANCELLED", 121), record
+    assert (record["state"], record["exit_code"]) == ("CANCELLED", 143), record
     listing = hpc.run("runs", "--json").stdout.splitlines()
     assert [json.loads(r)["state"] for r in listing] == ["CANCELLED", "CANCELLED"]
 
@@ -100,3 +101,32 @@ def test_timeout_has_its_own_exit_code(hpc: Hpc) -> None:
     proc = hpc.run("run", "-p", "short", "-t", "1", "--wait", "--", "sleep", "300", timeout=240)
     assert proc.returncode == 124, proc.stderr[-2000:]
     assert "TIMEOUT" in proc.stderr
+
+
+def test_sigterm_detaches_with_143_and_scancel_records_143(hpc: Hpc) -> None:
+    # docs/internals.md "Exit codes of ended runs, by cause", the rows Slurm decides:
+    # SIGTERM to `run --wait` detaches (143, as Ctrl-C's 130); scancel ends it CANCELLED 143.
+    waiter = subprocess.Popen(
+        ["runuser", "-u", testbed.USER, "--", "hpclaunch", "run", "--wait", "--", "sleep", "120"],
+        cwd=hpc.cwd, env=hpc.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not [r for r in hpc.runs() if r.get("job_id")]:
+        assert time.monotonic() < deadline and waiter.poll() is None, "the job never started"
+        time.sleep(0.1)
+    time.sleep(0.5)  # from the index line to the wait: a few statements
+    # hpclaunch itself, not runuser (which would end its session on SIGTERM).
+    [child] = Path(f"/proc/{waiter.pid}/task/{waiter.pid}/children").read_text().split()
+    os.kill(int(child), signal.SIGTERM)
+    _, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 143 and "detached" in err, err
+    [run] = hpc.runs()
+    assert hpc.cmd(["scancel", str(run["job_id"])]).returncode == 0
+    deadline = time.monotonic() + 60
+    while True:
+        record = json.loads(hpc.run("status", run["run_id"], "--json").stdout)
+        if record["state"] == "CANCELLED" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert (record["state"], record["exit_code"]) == ("CANCELLED", 143), record

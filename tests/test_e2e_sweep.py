@@ -193,7 +193,7 @@ def test_failed_and_cancelled_points_retried_and_right_after_purge(hpc: Hpc) -> 
     assert waited.returncode == 3, waited.stdout + waited.stderr
     status = _status(hpc, sweep_id)
     assert [p["state"] for p in status["points"]] == ["COMPLETED", "FAILED", "CANCELLED"]
-    assert [p["exit_code"] for p in status["points"]] == [0, 3, 121]
+    assert [p["exit_code"] for p in status["points"]] == [0, 3, 143]
 
     retried = hpc.run("sweep", "retry", sweep_id, "--failed")
     assert retried.returncode == 0, retried.stderr

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ except ImportError:  # not installed: use the checkout
 
 from hpclaunch.backends.localtasks import (
     LocalPlan,
+    LocalTasks,
     free_port,
     local_job_id,
     run_local,
@@ -192,8 +194,8 @@ def test_all_tasks_succeed(run: Run) -> None:
     rows = [line.split("\t") for line in (run.logs / "ranks.tsv").read_text().splitlines()]
     task_pid = {int(row[0]): int(row[3]) for row in rows}
     assert sorted(task_pid) == [0, 1, 2, 3]
-    assert lines == sorted(
-        f"[{host} {r}] hello from {r} of 4 task pid {task_pid[r]}" for r in range(4)
+    assert lines == sorted(  # 2 nodes: each rank tagged with its simulated node
+        f"[{host}/node{r // 2} {r}] hello from {r} of 4 task pid {task_pid[r]}" for r in range(4)
     )
     assert sorted(p.name for p in run.logs.glob("*.exit")) == [f"rank-{r}.exit" for r in range(4)]
     run.assert_nothing_left()
@@ -313,3 +315,54 @@ def test_plan_validation(tmp_path: Path) -> None:
         LocalPlan((), 1, 1, {}, tmp_path, "t", 1, 1, tmp_path)
     with pytest.raises(ValueError):
         LocalPlan(("x",), 0, 1, {}, tmp_path, "t", 1, 1, tmp_path)
+
+
+def test_a_ctrl_c_between_spawn_and_supervise_ends_the_tasks(run: Run) -> None:
+    # The race CI saw (test_interrupted_run_ends_every_task hung past 60 s): a SIGINT
+    # after the tasks started but before anyone watched them raised KeyboardInterrupt
+    # there, and the tasks ran on. Attached, it is noted for supervise.
+    before = signal.getsignal(signal.SIGINT)
+    tasks = LocalTasks(run.plan(1, 2), attached=True)
+    tasks.spawn()
+    deadline = time.monotonic() + 20
+    while len(list(run.pids.glob("prog-*"))) < 2:  # the programs run, nobody watches yet
+        assert time.monotonic() < deadline, "tasks did not start"
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)  # lands before supervise: nothing raises here
+    err = io.StringIO()
+    assert tasks.supervise(io.StringIO(), err) == 130
+    assert "hpclaunch: interrupted: waiting up to 5 s for the ranks to exit; " in err.getvalue()
+    run.assert_nothing_left()
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+
+
+@pytest.mark.parametrize(("sig", "code", "reason"), [
+    (signal.SIGINT, 130, "interrupted by the user (Ctrl-C)"),
+    (signal.SIGTERM, 143, "hpclaunch got SIGTERM"),
+])  # fmt: skip
+def test_a_step_ended_by_a_signal_is_recorded_as_its_cause(
+    tmp_path: Path, sig: int, code: int, reason: str
+) -> None:
+    # A step of an allocation (backends/step.py) follows the same table as a local run:
+    # Ctrl-C 130, SIGTERM to hpclaunch 143 (cli/main.py raises Interrupted for it).
+    from hpclaunch.backends.step import StepBackend
+    from hpclaunch.errors import Interrupted
+    from hpclaunch.records.runpaths import RunPaths
+
+    def to_interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    step = StepBackend()
+    step._procs["7.0"] = subprocess.Popen(["sleep", "30"])
+    paths = RunPaths("r", tmp_path, tmp_path / "checkpoints")
+    (tmp_path / "logs").mkdir()
+    old = signal.signal(signal.SIGTERM, to_interrupt)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), sig))
+    timer.start()
+    try:
+        ended = step.wait("7.0", paths, io.StringIO(), io.StringIO())
+    finally:
+        timer.join()
+        signal.signal(signal.SIGTERM, old)
+    assert ended == (code, "CANCELLED")
+    assert reason in step.end_reason("7.0")

@@ -10,6 +10,7 @@ import os
 import pty
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,13 +102,13 @@ def test_sigkilled_launcher_leaves_nothing_running(tmp_path: Path) -> None:
     launcher.wait()
     _wait_for(lambda: not any(_alive(p) for p in pids), timeout=30)
     status = _status(tmp_path)
-    assert (status["state"], status["exit_code"]) == ("CANCELLED", 121), status
+    assert (status["state"], status["exit_code"]) == ("CANCELLED", 143), status
     assert "ended before the run" in status["reason"]
     found = hpclaunch.get("last", environ=bare_local_env(tmp_path))  # another process's run
-    assert found.wait(timeout=30) == 121
+    assert found.wait(timeout=30) == 143
     follow = _hpclaunch(tmp_path, "logs", "last", "--follow", timeout=60)
-    # logs --follow ends with the run's own exit code (issue 28 item 6), here 121
-    assert follow.returncode == 121 and "up" in follow.stdout
+    # logs --follow ends with the run's own exit code (issue 28 item 6), here 143
+    assert follow.returncode == 143 and "up" in follow.stdout
     cleaned = _hpclaunch(tmp_path, "clean", "--json")
     assert cleaned.returncode == 0, cleaned.stderr
     assert json.loads(cleaned.stdout)["removed"] == [str(local_dir)]
@@ -163,10 +164,11 @@ def test_every_run_ends_with_a_summary_and_json_stays_json(tmp_path: Path) -> No
     assert objects[-1]["state"] == "COMPLETED" and "hi" in as_json.stderr
 
 
-def _on_a_terminal(tmp_path: Path, **env: str) -> str:
+def _on_a_terminal(tmp_path: Path, *argv: str, **env: str) -> str:
+    argv = argv or ("run", "--tasks-per-node", "2", "--", sys.executable, "-c", "print('hi')")
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [HPCLAUNCH, "run", "--tasks-per-node", "2", "--", sys.executable, "-c", "print('hi')"],
+        [HPCLAUNCH, *argv],
         cwd=tmp_path, env=bare_local_env(tmp_path, **env), stdout=follower, stderr=follower,
     )  # fmt: skip
     os.close(follower)
@@ -231,3 +233,124 @@ def test_an_interrupted_start_leaves_only_a_record(tmp_path: Path, moment: str, 
     assert [p.name for p in run_dir.iterdir()] == ["run.json"]
     status = _status(tmp_path)
     assert status["state"] == "CANCELLED" and "interrupted by" in status["reason"], status
+
+
+# The exit codes of ended runs (docs/internals.md, README): a row per cause, locally.
+KEEPS_ON = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(300)\n"
+)  # a rank that takes its time to exit: SIGTERM only makes it say so
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "reason"),
+    [
+        (signal.SIGINT, 130, "interrupted by the user (Ctrl-C)"),
+        (signal.SIGTERM, 143, "hpclaunch got SIGTERM"),
+        (signal.SIGHUP, 129, "hpclaunch got SIGHUP"),
+    ],
+)
+def test_a_signal_to_a_local_run_is_recorded_as_its_cause(
+    tmp_path: Path, sig: int, code: int, reason: str
+) -> None:
+    launcher = _start(tmp_path, "--tasks-per-node", "2", "--", sys.executable, "-c", SLEEPER)
+    _wait_for(lambda: _ranks_up(tmp_path, 2))
+    pids = _rank_pids(_run_dir(tmp_path))
+    os.kill(launcher.pid, sig)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == code, err
+    assert "waiting up to 5 s for the ranks to exit; Ctrl-C again to end them now" in err
+    assert not any(_alive(p) for p in pids)
+    status = _status(tmp_path)
+    assert (status["state"], status["exit_code"]) == ("CANCELLED", code), status
+    assert reason in status["reason"] and "ended before the run" not in status["reason"]
+
+
+def test_a_second_ctrl_c_ends_the_ranks_at_once(tmp_path: Path) -> None:
+    launcher = _start(tmp_path, "--tasks-per-node", "2", "--", sys.executable, "-c", KEEPS_ON)
+    _wait_for(lambda: _ranks_up(tmp_path, 2))
+    run_dir = _run_dir(tmp_path)
+    pids = _rank_pids(run_dir)
+    os.kill(launcher.pid, signal.SIGINT)
+    logs = list((run_dir / "logs").glob("rank-*.out"))
+    _wait_for(lambda: all("term" in p.read_text() for p in logs))  # they carry on
+    second = time.monotonic()
+    os.kill(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert time.monotonic() - second < 4.0, err  # not the 5 s grace period
+    assert launcher.returncode == 130, err
+    assert not any(_alive(p) for p in pids)
+    status = _status(tmp_path)
+    assert (status["state"], status["exit_code"]) == ("CANCELLED", 130), status
+    assert "interrupted by the user (Ctrl-C)" in status["reason"]
+
+
+def test_a_cancelled_local_run_is_recorded_as_cancelled(tmp_path: Path) -> None:
+    launcher = _start(tmp_path, "--tasks-per-node", "2", "--", sys.executable, "-c", SLEEPER)
+    _wait_for(lambda: _ranks_up(tmp_path, 2))
+    assert _hpclaunch(tmp_path, "cancel", "last").returncode == 0
+    assert launcher.wait(timeout=60) == 143
+    status = _status(tmp_path)
+    assert (status["state"], status["exit_code"]) == ("CANCELLED", 143), status
+    assert status["reason"].startswith("cancelled"), status
+
+
+def test_a_local_run_past_its_time_limit_is_a_timeout(tmp_path: Path) -> None:
+    proc = _hpclaunch(tmp_path, "run", "-t", "0:00:02", "--", sys.executable, "-c", SLEEPER)
+    status = _status(tmp_path)
+    assert (proc.returncode, status["state"], status["exit_code"]) == (124, "TIMEOUT", 124)
+
+
+def test_two_local_nodes_tag_their_ranks_with_the_simulated_node(tmp_path: Path) -> None:
+    hello = "import os; print('hi', os.environ['NODE_RANK'], flush=True)"
+    proc = _hpclaunch(tmp_path, "run", "-N", "2", "--tasks-per-node", "2", "--",
+                      sys.executable, "-c", hello)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    host = socket.gethostname().split(".")[0]
+    tags = sorted(re.findall(r"^\[([^\]]+)\] hi (\d)$", proc.stdout, re.M))
+    assert tags == [(f"{host}/node0 0", "0"), (f"{host}/node0 1", "0"),
+                    (f"{host}/node1 2", "1"), (f"{host}/node1 3", "1")]  # fmt: skip
+    one = _hpclaunch(tmp_path, "run", "--", sys.executable, "-c", hello)
+    assert f"[{host} 0] hi 0" in one.stdout  # one node: the host's own name, as before
+
+
+SCORED = (
+    "import json, os, sys\n"
+    "lr = float(sys.argv[1])\n"
+    "if lr > 0.25:\n"
+    "    sys.exit(3)\n"
+    "with open(os.environ['HPCLAUNCH_RESULT_FILE'], 'w') as f:\n"
+    "    json.dump({'loss': abs(lr - 0.1)}, f)\n"
+)  # point 2 (lr=0.3) fails; point 1 (lr=0.1) has the lowest loss
+
+
+def _scored_sweep(tmp_path: Path) -> tuple[str, ...]:
+    (tmp_path / "scored.py").write_text(SCORED)
+    return ("sweep", "--grid", "lr=0.05,0.1,0.3", "--metric", "loss", "--max-parallel", "2",
+            "--", sys.executable, "scored.py", "{lr}")  # fmt: skip
+
+
+def test_a_local_sweep_ends_with_a_summary_and_remembers_its_metric(tmp_path: Path) -> None:
+    proc = _hpclaunch(tmp_path, *_scored_sweep(tmp_path))
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # the failed point's code
+    sweep_id = proc.stdout.split()[1]
+    tail = proc.stdout.splitlines()[-3:]
+    assert tail == [
+        f"sweep {sweep_id}: 3 points: 2 COMPLETED, 1 FAILED",
+        "best (loss, minimize): point 1  lr=0.1  loss=0.0",
+        f"point 2 FAILED (exit 3): hpclaunch logs {sweep_id}:2",
+    ], proc.stdout
+    assert f"sweep {sweep_id}: 2/3 done, 0 running, 0 pending, 1 failed" in proc.stdout
+    status = _hpclaunch(tmp_path, "sweep", "status", "last", "--json")
+    found = json.loads(status.stdout)
+    assert found["metric"] == "loss" and found["best"]["index"] == 1, found
+    shown = _hpclaunch(tmp_path, "sweep", "status", "last").stdout
+    assert "best (loss, minimize): point 1" in shown
+
+
+def test_a_local_sweep_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    seen = _on_a_terminal(tmp_path, *_scored_sweep(tmp_path))
+    assert "━" in seen and "3/3" in seen, seen  # rich's bar, as sweep wait draws it
+    assert "best (loss, minimize): point 1" in seen

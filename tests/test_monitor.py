@@ -200,8 +200,8 @@ def test_first_failure_ordering_and_signals(logs: Path) -> None:
         ("FAILED", None, [], 120),
         ("FAILED", "0:0", [], 120),
         ("FAILED", "1:0", [(0, -11)], 139),
-        ("CANCELLED by 1000", "0:15", [(0, -15)], 121),
-        ("CANCELLED+", None, [], 121),
+        ("CANCELLED by 1000", "0:15", [(0, -15)], 143),
+        ("CANCELLED+", None, [], 143),
         ("NODE_FAIL", None, [], 122),
         ("OUT_OF_MEMORY", "0:125", [(0, -9)], 123),
         ("TIMEOUT", "0:0", [(0, -15)], 124),
@@ -364,7 +364,7 @@ def test_final_writes_arrive_after_the_end(logs: Path) -> None:
 def test_cancelled_while_pending_waits_at_most_two_seconds(logs: Path) -> None:
     script = Script([(0, PENDING), (5, JobStatus("CANCELLED by 1000", "None", "0:0"))])
     code, state, out, err = script.run(logs, is_tty=False)
-    assert (code, state, out) == (121, "CANCELLED", "")
+    assert (code, state, out) == (143, "CANCELLED", "")
     assert err.startswith("pending (Priority) ... 0s\n")
     assert script.t - script.calls[-1] <= 2.5
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +19,8 @@ import pytest
 from hpclaunch.basics import states
 from hpclaunch.basics.states import (
     ACTIVE,
+    EXIT_CANCELLED,
+    EXIT_INTERRUPTED,
     SLURM_STATES,
     STREAMING,
     TERMINAL,
@@ -171,7 +174,7 @@ def test_table_rows_are_unique_and_consistent() -> None:
 def test_exit_codes_of_run_wait() -> None:
     # docs/internals.md: "Exit codes of `hpclaunch run --wait`".
     assert {s: exit_code_for(s) for s in TERMINAL if exit_code_for(s) is not None} == {
-        State.CANCELLED: 121,
+        State.CANCELLED: 143,
         State.NODE_FAIL: 122,
         State.OUT_OF_MEMORY: 123,
         State.TIMEOUT: 124,
@@ -184,7 +187,7 @@ def test_exit_codes_of_run_wait() -> None:
     assert (states.EXIT_UNKNOWN, states.EXIT_OTHER_FAILURE) == (120, 125)
     for s in (State.COMPLETED, State.FAILED, State.RUNNING, State.CREATED, State.UNKNOWN):
         assert exit_code_for(s) is None
-    assert exit_code_for("CANCELLED by 1000") == 121 and exit_code_for("to") == 124
+    assert exit_code_for("CANCELLED by 1000") == 143 and exit_code_for("to") == 124
 
 
 def test_local_backend_states_are_in_the_table() -> None:
@@ -270,3 +273,21 @@ def test_is_open_is_active_or_created() -> None:
         assert is_open(s.value.lower()) == is_open(s)
     assert is_open("CREATED") and is_open("PD") and is_open("CANCELLED,COMPLETING")
     assert not is_open("UNKNOWN") and not is_open("") and not is_open("CANCELLED by 0")
+
+
+def test_the_documented_exit_codes_by_cause_are_the_recorded_ones() -> None:
+    # docs/internals.md "Exit codes of ended runs, by cause": each row's state and code
+    # are what the code records (local rows: tests/test_local_hardening.py).
+    text = (Path(__file__).parents[1] / "docs" / "internals.md").read_text()
+    table = text.split("### Exit codes of ended runs, by cause")[1].split("\n\n")[2]
+    rows = [line.split("|")[1:4] for line in table.splitlines()[2:]]
+    found = {cause.strip(): (state.strip(), code.strip()) for cause, state, code in rows}
+    assert found["`hpclaunch cancel`, `sweep cancel`, scancel"] == ("CANCELLED", "143")
+    assert found["Ctrl-C (SIGINT) to a local run in the foreground"] == ("CANCELLED", "130")
+    assert found["the time limit"] == ("TIMEOUT", "124")
+    assert found["a node failed"] == ("NODE_FAIL", "122")
+    for cause in ("`hpclaunch cancel`, `sweep cancel`, scancel", "the time limit", "a node failed"):
+        state, code = found[cause]  # Slurm's state decides these: the same code locally
+        assert exit_code_for(state) == int(code)
+    assert exit_code_for("CANCELLED") == EXIT_CANCELLED == 128 + signal.SIGTERM
+    assert EXIT_INTERRUPTED == 128 + signal.SIGINT

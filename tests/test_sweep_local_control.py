@@ -5,6 +5,7 @@ it from the records (no Slurm here: real processes, real signals)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -87,10 +88,10 @@ def test_cancelling_a_local_sweep_stops_the_running_point_and_starts_no_other(
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert runner.returncode == 121, runner.stderr
+    assert runner.returncode == 143, runner.stderr
     status = _status(tmp_path)
     assert [p["state"] for p in status["points"]] == ["CANCELLED"] * 3
-    assert [p["exit_code"] for p in status["points"]] == [121] * 3
+    assert [p["exit_code"] for p in status["points"]] == [143] * 3
     assert _ran(sweep_dir, 1) == [] and _ran(sweep_dir, 2) == []  # never started
     again = _hpclaunch(tmp_path, "sweep", "cancel", "last")
     assert again.returncode == 0 and "nothing to cancel" in again.stdout
@@ -117,7 +118,7 @@ def test_a_local_sweep_throttled_one_point_cancelled_then_retried(tmp_path: Path
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert runner.returncode == 121, runner.stdout + runner.stderr
+    assert runner.returncode == 143, runner.stdout + runner.stderr
     status = _status(tmp_path)
     states = [p["state"] for p in status["points"]]
     assert states == ["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED", "CANCELLED"]
@@ -174,6 +175,47 @@ def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> Non
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert runner.returncode == 121, runner.stdout + runner.stderr
+    assert runner.returncode == 143, runner.stdout + runner.stderr
     states = [p["state"] for p in _status(tmp_path)["points"]]
     assert states == ["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED"]
+
+
+KEEPS_ON = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(300)\n"
+)  # a rank that takes its time to exit: SIGTERM only makes it say so
+
+
+def test_ctrl_c_in_a_local_sweep_is_the_users_and_a_second_ends_the_ranks(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "keeps_on.py").write_text(KEEPS_ON)
+    runner = _start(tmp_path, "--grid", "k=0,1,2", "--max-parallel", "2", "--",
+                    sys.executable, "keeps_on.py", "{k}")  # fmt: skip
+    try:
+        sweep_dir = _sweep_dir(tmp_path)
+        logs = [sweep_dir / "points" / str(p) / "logs" / "rank-0.out" for p in (0, 1)]
+        deadline = time.monotonic() + 60
+        while not all(p.exists() and "up" in p.read_text() for p in logs):  # handler set
+            assert time.monotonic() < deadline, "the points never started"
+            time.sleep(0.1)
+        runner.send_signal(signal.SIGINT)  # Ctrl-C: the grace period, the ranks carry on
+        while not all(p.exists() and "term" in p.read_text() for p in logs):
+            assert time.monotonic() < deadline, "the ranks never got SIGTERM"
+            time.sleep(0.1)
+        second = time.monotonic()
+        runner.send_signal(signal.SIGINT)  # again: ended at once, not after 5 s
+        out, err = runner.communicate(timeout=60)
+        assert time.monotonic() - second < 4.0, err
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 130, err
+    assert "Ctrl-C again to end them now" in out  # where the sweep shows its progress
+    points = _status(tmp_path)["points"]
+    assert [(p["state"], p["exit_code"]) for p in points] == [("CANCELLED", 130)] * 3
+    reasons = [runrecord.load(sweep_dir / "points" / str(p)).reason for p in range(3)]
+    assert all("interrupted by the user (Ctrl-C)" in r for r in reasons[:2]), reasons
+    assert reasons[2] == "the local sweep was interrupted" and _ran(sweep_dir, 2) == []

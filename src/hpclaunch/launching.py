@@ -27,6 +27,7 @@ from hpclaunch.basics.states import State
 from hpclaunch.config import secretnames
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import HpclaunchError, SetupFailed
+from hpclaunch.node.stage_guard import signals_held
 from hpclaunch.payload import codeplan, project
 from hpclaunch.payload.snapshot import human
 from hpclaunch.planning.preparing import Prepared, prepare_spec
@@ -50,6 +51,7 @@ class LaunchRequest:
     # Keys run.json records over the request's own (a call: `command` is the function's
     # qualified name, `call` its real program).
     recorded: tuple[tuple[str, Any], ...] = ()
+    attached: bool = False  # the caller waits for the run next (Launch.attached)
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ def start(req: LaunchRequest, planned: Planned, backend: Optional[Backend] = Non
                 runrecord.write_json(
                     paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths)
                 )
-        job_id = backend.start(Launch(spec, batch, paths, code.cwd, req.environ))
+        launch = Launch(spec, batch, paths, code.cwd, req.environ, attached=req.attached)
+        job_id = backend.start(launch)
     except OSError as exc:
         runpaths.remove(paths)
         raise HpclaunchError(f"cannot write the run directory {paths.run_dir}: {exc}") from None
@@ -338,7 +341,12 @@ def finish(
     setup = setup_failure(run_dir, runrecord.read_events(run_dir))
     if setup and state == State.FAILED.value:  # the batch script stopped in a --setup line
         ended["reason"] = setup
-    with contextlib.suppress(OSError, HpclaunchError):
+    reason = started.backend.end_reason(started.job_id)
+    if reason:  # a Ctrl-C: the user's, not a cancel
+        ended["reason"] = reason
+    # A Ctrl-C now arrives once the end is written (else a later refresh would take
+    # the unwritten end for hpclaunch's own death).
+    with signals_held(), contextlib.suppress(OSError, HpclaunchError):
         runrecord.update(run_dir, **ended)
     return code, state
 

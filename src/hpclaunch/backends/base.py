@@ -45,6 +45,9 @@ class Launch:
     paths: RunPaths
     cwd: Path  # where the tasks start: the code snapshot when there is one
     environ: Mapping[str, str]  # the requester's environment (never os.environ itself)
+    # The caller waits for it next (hpclaunch run): a foreground backend notes a Ctrl-C
+    # from the start on for its wait instead of raising it in between.
+    attached: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,15 @@ class Backend(ABC):
     def commands_run(self) -> list[str]:
         """The scheduler commands this backend ran so far (for counting)."""
         return []
+
+    def interrupt(self, job_id: str, signum: int = 2) -> None:
+        """End a job as signal `signum` (2: Ctrl-C) to its supervisor would (a local
+        sweep's runner was interrupted); a job the scheduler runs is cancelled."""
+        self.cancel(job_id)
+
+    def end_reason(self, job_id: str) -> str:
+        """Why a job `wait` saw end ended, where the backend knows it (a Ctrl-C); ""."""
+        return ""
 
     def cancel_many(self, job_ids: Sequence[str]) -> None:
         """End several jobs (one call where the scheduler allows)."""

@@ -25,16 +25,17 @@ from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localplan import local_dry_run, local_plan, local_values
 from hpclaunch.backends.localreaper import Reaper, process_start
 from hpclaunch.backends.localsettle import cancel_point, cancel_recorded, settled
+from hpclaunch.backends.localsignals import stop_reason
 from hpclaunch.backends.localtasks import LocalPlan, LocalTasks, local_job_id
 from hpclaunch.backends.requests import DryRun
-from hpclaunch.basics import shell
+from hpclaunch.basics import shell, states
 from hpclaunch.basics.states import State
 from hpclaunch.basics.users import with_user
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import HpclaunchError, SetupFailed
 from hpclaunch.node import stage_guard
 from hpclaunch.observe.jobend import JobStatus
-from hpclaunch.records.runpaths import RunPaths, log_tail
+from hpclaunch.records.runpaths import CANCELLED_FILE, RunPaths, log_tail
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script import gpu_watch_lines, render
 
@@ -81,6 +82,7 @@ class LocalBackend(Backend):
                 local_plan(launch, job_id, base, values, local_dir),
                 reaper=Reaper(str(paths.events), grace_s=5.0),
                 time_limit_s=spec.time_s,
+                attached=launch.attached,
             )
             stage_spec = _stage_in(spec, paths, local_dir)
             tasks.spawn()
@@ -158,6 +160,19 @@ class LocalBackend(Backend):
         if job is not None:
             job.tasks.cancel()
 
+    def interrupt(self, job_id: str, signum: int = signal.SIGINT) -> None:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.tasks.interrupt(signum)
+
+    def end_reason(self, job_id: str) -> str:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return ""
+        if job.tasks.cancelled:
+            return "cancelled; its ranks were ended"
+        return "" if job.tasks.stopped_by is None else stop_reason(job.tasks.stopped_by)
+
     def wait(
         self,
         job_id: str,
@@ -174,19 +189,25 @@ class LocalBackend(Backend):
             return job.code, job.state
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            code = job.tasks.supervise(out, err, deadline)
+            # Signals stay noted until the staging and the watch are done: a second
+            # Ctrl-C only hurries the end, it never leaves the run's end unwritten.
+            code = job.tasks.supervise(out, err, deadline, keep_held=True)
+            self._finish_staging(job)
+            _stop_watch(job)
         except TimeoutError:
             raise
         except BaseException:
             self._finish_staging(job)
             _stop_watch(job)
             raise
-        self._finish_staging(job)
-        _stop_watch(job)
+        finally:
+            job.tasks.release()
+        if job.tasks.stopped_by == signal.SIGTERM and (paths.run_dir / CANCELLED_FILE).exists():
+            job.tasks.cancelled = True  # the SIGTERM was `hpclaunch cancel`'s (handle.py)
         if job.tasks.timed_out:
             state = State.TIMEOUT.value
         elif job.tasks.cancelled:
-            code, state = 121, State.CANCELLED.value
+            code, state = states.EXIT_CANCELLED, State.CANCELLED.value
         elif job.tasks.stopped_by is not None:
             state = State.CANCELLED.value  # Ctrl-C (130) or a signal to hpclaunch (128+N)
         else:

@@ -17,13 +17,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TextIO
 
 from hpclaunch.backends.localreaper import Reaper
+from hpclaunch.backends.localsignals import SignalBox, Stopped, waiting_line
+from hpclaunch.node import HPCLAUNCH_NODE_LABEL
 from hpclaunch.node.stage_guard import signals_held  # the same guard the staging tars start under
 from hpclaunch.observe.jobend import exit_code_of, first_failure
 from hpclaunch.observe.logs import LogFollower
@@ -156,35 +157,9 @@ def step_env(plan: LocalPlan, task: int, host: str | None = None) -> dict[str, s
             "SLURM_CLUSTER_NAME": "local",
         }
     )
+    if plan.nodes > 1:  # every node is this host: logs tag the simulated one (bootstrap)
+        env[HPCLAUNCH_NODE_LABEL] = f"{host}/node{node}"
     return env
-
-
-class _Terminated(Exception):
-    """SIGTERM/SIGHUP reached hpclaunch: end the tasks instead of leaving them orphaned."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    # Tasks live in their own sessions (the terminal's Ctrl-C reaches only us), so if we
-    # die without cleaning up they run on; turn SIGTERM/SIGHUP into an exception meanwhile.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Terminated(signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            if h is not None:
-                signal.signal(s, h)
 
 
 def _signal_groups(groups: list[int], sig: int) -> None:
@@ -207,8 +182,14 @@ def _alive(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     return left
 
 
-def _stop(procs: list[subprocess.Popen[bytes]], grace: float, follower: LogFollower | None) -> None:
-    """SIGTERM every group, SIGKILL what is left after `grace`, reap every task.
+def _stop(
+    procs: list[subprocess.Popen[bytes]],
+    grace: float,
+    follower: LogFollower | None,
+    box: SignalBox | None = None,
+) -> None:
+    """SIGTERM every group, SIGKILL what is left after `grace` (at once on another
+    signal in `box`: a second Ctrl-C), reap every task.
 
     Also runs after a clean end: processes a task left behind in its group (a daemon, a
     stray data loader worker) are ended, as slurmstepd ends them with the step.
@@ -217,14 +198,13 @@ def _stop(procs: list[subprocess.Popen[bytes]], grace: float, follower: LogFollo
     if groups:
         _signal_groups(groups, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        try:
-            while groups and time.monotonic() < deadline:
-                if follower is not None:
-                    follower.poll()  # the tasks' last words (tracebacks) show while we wait
-                time.sleep(_TICK_S)
-                groups = _alive(procs)
-        except (KeyboardInterrupt, _Terminated):
-            pass  # impatience: a second Ctrl-C skips the grace period
+        while groups and time.monotonic() < deadline:
+            if box is not None and box.take() is not None:
+                break  # impatience: a second Ctrl-C skips the grace period
+            if follower is not None:
+                follower.poll()  # the tasks' last words (tracebacks) show while we wait
+            time.sleep(_TICK_S)
+            groups = _alive(procs)
         killed = _alive(procs)
         _signal_groups(killed, signal.SIGKILL)
         # SIGKILL lands asynchronously and only the task leaders are ours to reap: give
@@ -255,13 +235,18 @@ def _supervise(
     procs: list[subprocess.Popen[bytes]],
     follower: LogFollower,
     err: TextIO,
+    box: SignalBox,
     deadline: float | None = None,
     limit: float | None = None,
 ) -> int | None:
     """Stream logs until every task ended (None) or one failed (its return code).
-    TimeoutError at `deadline` (the caller stops waiting), _TimeLimit at `limit`."""
+    TimeoutError at `deadline` (the caller stops waiting), _TimeLimit at `limit`,
+    Stopped on a signal noted in `box`."""
     running = list(range(len(procs)))
     while running:
+        signum = box.take()
+        if signum is not None:
+            raise Stopped(signum)
         now = time.monotonic()
         if deadline is not None and now > deadline:
             raise TimeoutError("local tasks still running")
@@ -292,23 +277,30 @@ class LocalTasks:
     they end, one fails (the others are ended, like srun --kill-on-bad-exit), the time
     limit passes, the caller is interrupted, or `cancel` ends them. No task process
     outlives `supervise`, except when it gives up waiting at a deadline (TimeoutError:
-    the tasks go on). A reaper, when given, ends them if this process dies first."""
+    the tasks go on). A reaper, when given, ends them if this process dies first.
+    With `attached` (the caller supervises next, as `hpclaunch run` does), a Ctrl-C or
+    SIGTERM from the spawn on is noted for `supervise`, never raised in between."""
 
     def __init__(
         self,
         plan: LocalPlan,
         reaper: Reaper | None = None,
         time_limit_s: float | None = None,
+        attached: bool = False,
     ) -> None:
         self.plan = plan
         self.procs: list[subprocess.Popen[bytes]] = []
         self.cancelled = False
         self.timed_out = False
-        self.stopped_by: int | None = None  # 130 Ctrl-C, 128+N a signal to hpclaunch
+        self.stopped_by: int | None = None  # the signal (N) that ended it: code 128+N
         self._reaper = reaper
         self._limit = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self._attached = attached
+        self._box = SignalBox()
 
     def spawn(self) -> None:
+        if self._attached:
+            self._box.hold()
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
         host = short_hostname()
         python = sys.executable or "python3"
@@ -335,9 +327,7 @@ class LocalTasks:
         """Start failed or was interrupted: end what started, let the reaper go."""
         _stop(self.procs, 0.0, None)
         self._close_reaper()
-
-    def running(self) -> bool:
-        return any(p.poll() is None for p in self.procs)
+        self.release()
 
     @property
     def pgids(self) -> list[int]:
@@ -348,32 +338,49 @@ class LocalTasks:
         self.cancelled = True
         _signal_groups(_alive(self.procs), signal.SIGTERM)
 
-    def supervise(self, out: TextIO, err: TextIO, deadline: float | None = None) -> int:
+    def interrupt(self, signum: int = signal.SIGINT) -> None:
+        """End the step as a Ctrl-C (or signal `signum`) to hpclaunch would, from any
+        thread: a local sweep's runner passes its Ctrl-C on to each running point."""
+        self._box.pending.append(signum)
+
+    def release(self) -> None:
+        self._box.release()  # the caller's signal handlers back
+
+    def supervise(
+        self, out: TextIO, err: TextIO, deadline: float | None = None, keep_held: bool = False
+    ) -> int:
         """Stream the tasks' logs until the step ends; its exit code: 0 when every task
         succeeded; else the first failing rank's code from its exit file (or the first
         failed task's return code, signal N -> 128+N); 124 at the time limit; 130 on
-        Ctrl-C, 128+N on SIGTERM/SIGHUP."""
+        Ctrl-C, 128+N on SIGTERM/SIGHUP (a second one ends the ranks at once). With
+        `keep_held`, signals are noted (and dropped) until `release`."""
         follower = LogFollower(self.plan.log_dir, out, err)
         failed: int | None = None
-        with _signals_raise():
+        self._box.hold()
+        try:
             try:
-                failed = _supervise(self.procs, follower, err, deadline, self._limit)
+                failed = _supervise(self.procs, follower, err, self._box, deadline, self._limit)
             except TimeoutError:
                 follower.poll()
                 raise
             except _TimeLimit:
                 self.timed_out = True
-            except KeyboardInterrupt:
-                self.stopped_by = 130
-            except _Terminated as e:
-                self.stopped_by = 128 + e.signum
-            _stop(self.procs, self.plan.kill_grace_s, follower)
+            except Stopped as stop:
+                self.stopped_by = stop.signum
+                err.write(waiting_line(stop.signum, self.plan.kill_grace_s))
+                err.flush()
+            _stop(self.procs, self.plan.kill_grace_s, follower, self._box)
             follower.drain()
+        except BaseException:
+            self.release()
+            raise
+        if not keep_held:
+            self.release()
         self._close_reaper()
         if self.timed_out:
             return EXIT_TIMEOUT
         if self.stopped_by is not None:
-            return self.stopped_by
+            return 128 + self.stopped_by
         if failed is None:
             return 0
         rank_code = first_failure(self.plan.log_dir)
@@ -388,7 +395,6 @@ class LocalTasks:
 def run_local(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
     """Run the step's tasks here, stream their logs, return the step's exit code
     (LocalTasks.supervise). No task process outlives the call."""
-    tasks = LocalTasks(plan)
-    with _signals_raise():
-        tasks.spawn()
+    tasks = LocalTasks(plan, attached=True)  # a signal from the spawn on ends the tasks
+    tasks.spawn()
     return tasks.supervise(out, err)

@@ -13,6 +13,7 @@ from typing import Optional, TextIO
 from hpclaunch import node
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.local import run_setup
+from hpclaunch.backends.localsignals import stop_reason
 from hpclaunch.backends.requests import DryRun
 from hpclaunch.basics import shell
 from hpclaunch.basics.states import State
@@ -83,6 +84,7 @@ class StepBackend(Backend):
 
     def __init__(self) -> None:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._stopped_by: dict[str, int] = {}  # a step ended by a signal to hpclaunch
         self._watches: dict[str, GpuWatchStep] = {}
 
     def dry_run(self, launch: Launch) -> DryRun[tuple[str, ...]]:
@@ -119,6 +121,10 @@ class StepBackend(Backend):
             # srun ends the step on SIGINT twice in a row; one TERM is enough to end it.
             proc.send_signal(signal.SIGTERM)
 
+    def end_reason(self, job_id: str) -> str:
+        signum = self._stopped_by.get(job_id)
+        return "" if signum is None else stop_reason(signum)
+
     def wait(
         self,
         job_id: str,
@@ -142,11 +148,12 @@ class StepBackend(Backend):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"step of job {job_id} still running")
                 time.sleep(_POLL_S)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C 130, SIGTERM/SIGHUP 128+N (the table)
+            signum = self._stopped_by[job_id] = getattr(exc, "signum", signal.SIGINT)
             self.cancel(job_id)
             proc.wait()
             follower.drain()
-            return 130, State.CANCELLED.value
+            return 128 + signum, State.CANCELLED.value
         if watch is not None:
             watch.stop()
         time.sleep(_POLL_S)

@@ -18,6 +18,11 @@ from typing import Final, NamedTuple, Optional
 # Exit codes of `hpclaunch run --wait` that no rank chose (docs/internals.md).
 EXIT_UNKNOWN: Final = 120  # the job ended but hpclaunch cannot tell how
 EXIT_OTHER_FAILURE: Final = 125  # a Slurm failure without a code of its own
+# Ended by a signal: 128+N, as a shell reports a command a signal ended. A cancel
+# (hpclaunch cancel, scancel, sweep cancel) ends the ranks with SIGTERM: 143 on every
+# backend; Ctrl-C (SIGINT) 130; SIGTERM or SIGHUP to hpclaunch 143 or 129.
+EXIT_CANCELLED: Final = 128 + 15
+EXIT_INTERRUPTED: Final = 128 + 2
 
 
 class State(str, Enum):
@@ -88,7 +93,7 @@ SLURM_STATES: Final[tuple[SlurmState, ...]] = (
     _S(State.UPDATE_DB,       None,  True,  False, None),  # libslurm flag; no man page
     _S(State.COMPLETED,       "CD",  False, False, None),  # 0, or the failing rank's
     _S(State.FAILED,          "F",   False, False, None),  # the ranks', then Slurm's
-    _S(State.CANCELLED,       "CA",  False, False, 121),
+    _S(State.CANCELLED,       "CA",  False, False, EXIT_CANCELLED),
     _S(State.NODE_FAIL,       "NF",  False, False, 122),
     _S(State.OUT_OF_MEMORY,   "OOM", False, False, 123),
     _S(State.TIMEOUT,         "TO",  False, False, 124),

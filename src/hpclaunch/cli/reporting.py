@@ -37,7 +37,8 @@ def run_and_report(
             err.write(line + "\n")
         out.write(launching.preview(planned, req.environ, as_json))
         return 0
-    started = launching.start(req, planned)
+    # Attached: a local run notes a Ctrl-C from its start on for the wait below.
+    started = launching.start(replace(req, attached=True), planned)
     foreground = started.backend.foreground
     attached = wait or foreground
     # The announcement goes to stderr while the job's output follows on stdout.
@@ -58,7 +59,7 @@ def _attached(
     ranks_out = err if as_json else out
     try:
         code, state = launching.finish(started, ranks_out, err, is_tty=err.isatty())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if foreground:
             raise  # the backend already ended the tasks; nothing keeps running
         job = started.job_id
@@ -68,7 +69,7 @@ def _attached(
             f"  status:  hpclaunch status {job}\n"
             f"  cancel:  hpclaunch cancel {job}\n"
         )
-        return 130
+        return 128 + getattr(exc, "signum", signal.SIGINT)  # Ctrl-C 130, SIGTERM 143
     record = runrecord.load(started.paths.run_dir)
     if record.state != state:  # the final write failed (a full disk): say what happened
         err.write(

@@ -19,8 +19,8 @@ write {{rank}} for a literal {rank}.
 \b
 Without --wait the command prints the run id and job id and returns; with --wait it
 streams every rank's output as `[node rank] text` and exits with the job's code:
-0 done, the first failing rank's code, 128+N for a signal, 121 CANCELLED,
-122 NODE_FAIL, 123 OUT_OF_MEMORY, 124 TIMEOUT, 125 other Slurm failure, 2 bad request.
+0 done, the first failing rank's code, 128+N for a signal, 143 CANCELLED,
+122 NODE_FAIL, 123 OUT_OF_MEMORY, 124 TIMEOUT, 125 other Slurm failure, 130 Ctrl-C, 2 bad request.
 The local backend always waits. Inside an allocation (salloc) the job runs as a step.
 """
 

@@ -115,12 +115,17 @@ def sweep_group() -> None:
     help="Asynchronous Optuna search over the space in this TOML/YAML file.",
 )
 @click.option("--trials", type=int, metavar="N", help="Optuna: number of trials (points).")
-@click.option("--metric", metavar="NAME", help="Optuna: the result key to optimise.")
+@click.option(
+    "--metric",
+    metavar="NAME",
+    help="The result key to optimise (Optuna), else to name the best point by: sweep "
+    "status and a local sweep's summary remember it.",
+)
 @click.option(
     "--direction",
     type=click.Choice(["minimize", "maximize"]),
     default="minimize",
-    help="Optuna: minimize (default) or maximize the metric.",
+    help="Minimize (default) or maximize the metric.",
 )
 @click.option(
     "--wandb-sweep",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from hpclaunch.sweeps import submit
 
@@ -47,10 +47,7 @@ def submit_and_report(
         print(f"sweep {sp.paths.run_id}  {where}  {len(sp.points)} points  {sp.paths.run_dir}")
     sys.stdout.flush()
     if sp.local:
-        from hpclaunch.sweeps.local import run_points
-
-        ls = submit.local_sweep(req.environ, sp)
-        return run_points(ls, range(len(sp.points)), sys.stderr if as_json else sys.stdout)
+        return _run_here(req, sp, sys.stderr if as_json else sys.stdout)
     if not wait:
         return 0
     from hpclaunch.sweeps import ops
@@ -65,6 +62,23 @@ def submit_and_report(
             file=sys.stderr,
         )
         return 130
+
+
+def _run_here(req: LaunchRequest, sp: SweepPlan, out: TextIO) -> int:
+    """A local sweep in the foreground: a progress bar as `sweep wait` shows it, then the
+    summary (counts, the best point by --metric, the logs of each failed point)."""
+    from hpclaunch.sweeps.local import run_points, snapshot
+    from hpclaunch.sweeps.waitview import Progress, summary
+
+    ls = submit.local_sweep(req.environ, sp)
+    progress = Progress(out, out.isatty())
+    try:
+        code = run_points(ls, range(len(sp.points)), out, progress)
+    finally:
+        progress.end()
+    for line in summary(snapshot(ls), sp.options.metric, sp.options.direction):
+        out.write(line + "\n")
+    return code
 
 
 def _dry_json(sp: SweepPlan) -> dict[str, Any]:
@@ -99,7 +113,8 @@ def print_status(
 
         open_ = {int(r.extra.get("point", -1)) for r in sweep.points if is_open(r)}
         trials.fail_stale(folder, sweep.sweep_id, lambda idx: {i for i in idx if i in open_})
-        metric = metric or options.get("metric")
+    if not metric:  # the --metric (and --direction) given at submission, any sweep's
+        metric = options.get("metric")
         direction = direction or options.get("direction")
     rows = [sweepstate.point_row(sweep, r) for r in sweep.points]
     best = sweepstate.best(rows, metric, direction or "minimize") if metric else None

@@ -31,7 +31,10 @@ class Check:
     fix: str = ""  # what to change: a profile key, a bind, a module (FAIL and WARN)
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        found = asdict(self)
+        if self.status == PASS:  # nothing to change: a fix under a PASS misleads
+            found["fix"] = ""
+        return found
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,34 @@ def node_states(partition: str) -> Optional[list[NodeInfo]]:
     return sorted(found.values(), key=lambda n: n.name)
 
 
+def machine_cores() -> int:
+    """The CPUs this process may run on (a container's or cgroup's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity
+        return os.cpu_count() or 1
+
+
+def local_cores(spec: JobSpec, cores: int) -> Check:
+    """A local run's ranks against this machine's cores: every simulated node is here."""
+    ranks = spec.nodes * spec.tasks_per_node
+    wanted = ranks * spec.cpus_per_task
+    text = f"{ranks} rank(s) x {spec.cpus_per_task} CPU(s) = {wanted} on {cores} core(s) here"
+    if wanted <= cores:
+        return Check("CPU cores", PASS, text)
+    fix = (
+        "The ranks share cores and run slower than on a cluster: fewer -N/--tasks-per-node "
+        "or --cpus-per-task here, the real layout on the cluster"
+    )
+    return Check("CPU cores", WARN, text + ": oversubscribed", fix)
+
+
 def preflight(spec: JobSpec, profile: Profile) -> tuple[list[Check], int]:
     """The checks before submitting, and the GPUs per node the job should ask for (the
     nodes' own count when the profile claims more: the rest is still worth checking)."""
     if backends.chosen(profile, in_allocation=False).runs_here:
-        return [Check("controller", PASS, "local run: no Slurm")], spec.gpus_per_node
+        here = [Check("controller", PASS, "local run: no Slurm")]
+        return [*here, local_cores(spec, machine_cores())], spec.gpus_per_node
     config = discover.slurm_config()
     if not config:
         fix = "Check SLURM_CONF and that slurmctld runs, or use --cluster local"

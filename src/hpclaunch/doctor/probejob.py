@@ -7,7 +7,9 @@ network plugin, MASTER_ADDR:MASTER_PORT from every rank, an all-reduce's bandwid
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -88,7 +90,11 @@ def diagnose(
     folder = probe_folder(first)
     plugin = profile.container.network_plugin if spec.container else ""
     binds = [b.path for b in profile.container.binds] if spec.container else []
-    values = options(given, spec, gpus, folder, profile.local_dir, binds, first.backend.runs_here)
+    here = first.backend.runs_here
+    # A local run's node-local folder is made where Python's tempfile makes folders
+    # (backends/local.make_local_dir), whatever the profile's local_dir says.
+    local_dir = shell.quote(tempfile.gettempdir()) if here else profile.local_dir
+    values = options(given, spec, gpus, folder, local_dir, binds, here)
     req = launching.LaunchRequest(values, program(python, folder, plugin), cwd, environ)
     run, planned, job = run_job(req, folder, timeout_s, say)
     checks += job
@@ -165,7 +171,7 @@ def node_checks(
 ) -> list[Check]:
     if local:  # no srun: the probe ran here, from the --setup lines
         checks = [Check("node probe", PASS if nodes else FAIL, "ran on this machine")]
-        return checks + _node_findings(nodes) if nodes else checks
+        return checks + _node_findings(nodes, local=True) if nodes else checks
     if len(nodes) < wanted:
         said = [ln for ln in batch_out.splitlines() if "srun" in ln][-1:]
         detail = f"the probe step ran on {len(nodes)} of {wanted} nodes" + (
@@ -177,7 +183,7 @@ def node_checks(
     return checks + _node_findings(nodes)
 
 
-def _node_findings(nodes: list[dict[str, Any]]) -> list[Check]:
+def _node_findings(nodes: list[dict[str, Any]], local: bool = False) -> list[Check]:
     checks = []
     missing = sorted({(b, n["node"]) for n in nodes for b, ok in n["binds"].items() if not ok})
     if missing:
@@ -190,8 +196,12 @@ def _node_findings(nodes: list[dict[str, Any]]) -> list[Check]:
     if free:
         least = min(free) / 2**30
         where = nodes[0].get("local") or "node-local"
+        if local:  # the folder a local run really gets: one per run, in there
+            where = os.path.join(where, f"{node.LOCAL_PREFIX}local-JOB-pPID.*")
         status = WARN if min(free) < LOW_LOCAL_BYTES else PASS
         fix = "Staging (--stage) needs room there: set local_dir in the profile"
+        if local:
+            fix = "Staging (--stage) needs room there: set TMPDIR to a larger folder"
         checks.append(Check("node-local space", status, f"{least:.1f} GiB free at {where}", fix))
     return checks
 

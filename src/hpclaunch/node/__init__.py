@@ -121,6 +121,7 @@ HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
 HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"  # where the node-local folder is made
 HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"  # <run>/nodelocal: its path, per node
+HPCLAUNCH_NODE_LABEL = "HPCLAUNCH_NODE_LABEL"  # a local -N 2 rank's simulated node: host/node1
 HPCLAUNCH_PARAM_NAMES = "HPCLAUNCH_PARAM_NAMES"  # a sweep point's parameter names, comma-joined
 # bootstrap.PLACEHOLDERS' keys, the per-rank placeholders a sweep's names may not take
 # (tests/test_sweep_points.py keeps the two equal)

@@ -81,6 +81,7 @@ NCCL_FILE = "rank-%d.txt"
 HPCLAUNCH_LOCAL = "HPCLAUNCH_LOCAL"
 HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
 HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"
+HPCLAUNCH_NODE_LABEL = "HPCLAUNCH_NODE_LABEL"  # a local -N 2 rank's simulated node: host/node1
 LOCAL_PREFIX = "hpclaunch-"
 LOCAL_UNSET = "/@hpclaunch-local@"
 LOCAL_LOCK = ".ranks"  # in the folder: every rank holds a shared flock on it while it runs
@@ -492,6 +493,12 @@ def remove_local(env: Env, local: str, lock: int, node: str) -> None:
 
 def node_name(env: Env) -> str:
     return env.get("SLURMD_NODENAME") or posix.uname().nodename.split(".")[0]
+
+
+def node_label(env: Env, node: str) -> str:
+    """The node the logs and events name: a local run's simulated node (`vm/node1`,
+    every one of them this host), else the node itself."""
+    return env.pop(HPCLAUNCH_NODE_LABEL, "") or node
 
 
 def open_logs(log_dir: str, rank: int, node: str, local_rank: int) -> Tuple[int, int]:
@@ -1029,6 +1036,7 @@ def run(argv: List[str]) -> int:
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
     set_gpu_visibility(env)
     node = node_name(env)
+    shown = node_label(env, node)
     local, lock, made_local = node_local(env, node)
     make_cache_dirs(env.get(HPCLAUNCH_CACHE_DIRS, ""))
     values = {name: env[var] for name, var in PLACEHOLDERS.items()}
@@ -1045,14 +1053,14 @@ def run(argv: List[str]) -> int:
     out = err = -1
     if log_dir:
         try:
-            out, err = open_logs(log_dir, rank, node, _int(env["LOCAL_RANK"], 0))
+            out, err = open_logs(log_dir, rank, shown, _int(env["LOCAL_RANK"], 0))
         except OSError as exc:  # run anyway, output stays in the job's log
             _say("cannot write logs in %s: %s" % (log_dir, exc.strerror))
     if run_dir:
         # Where rank 0 may leave its result (JSON) for the submitter: Run.result().
         env.setdefault(HPCLAUNCH_RESULT_FILE, run_dir + "/" + RESULT_JSON)
         # the task's pid, as in ranks.tsv (Slurm's SLURM_TASK_PID)
-        rank_event(run_dir, RANK_START, rank, node, "pid", posix.getpid(), attempt)
+        rank_event(run_dir, RANK_START, rank, shown, "pid", posix.getpid(), attempt)
 
     errors = (err,) if err >= 0 else (2,)  # the rank's own log when there is one
     tool = chosen_profiler(env, rank)
@@ -1077,9 +1085,9 @@ def run(argv: List[str]) -> int:
         posix.close(out)
         posix.close(err)
     if log_dir:
-        write_exit_file(log_dir, rank, node, returncode)
+        write_exit_file(log_dir, rank, shown, returncode)
     if run_dir:
-        rank_event(run_dir, RANK_END, rank, node, "returncode", returncode, attempt)
+        rank_event(run_dir, RANK_END, rank, shown, "returncode", returncode, attempt)
     return returncode
 
 

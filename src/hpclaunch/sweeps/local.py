@@ -14,9 +14,10 @@ this process (the journal is the same file a Slurm sweep uses).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any, Optional, TextIO
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localreaper import process_start
 from hpclaunch.backends.localsettle import CANCEL_REQUESTED
+from hpclaunch.backends.sweepstate import Sweep
 from hpclaunch.basics import states
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord, sweeprecord
@@ -32,6 +34,7 @@ from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import render
 from hpclaunch.sweeps import script
 from hpclaunch.sweeps.points import Point
+from hpclaunch.sweeps.waitview import Progress
 
 _POLL_S = 0.5  # how often the runner looks again for a throttle while points run
 
@@ -56,9 +59,13 @@ class LocalSweep:
         return sweeprecord.point_dir(self.sweep_dir, index)
 
 
-def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
+def run_points(
+    ls: LocalSweep, indices: Sequence[int], out: TextIO, progress: Optional[Progress] = None
+) -> int:
     """Run those points, at most sweep.json's --max-parallel at a time (read again before
-    each start); 0 when all completed, else the lowest-index failed point's code."""
+    each start); 0 when all completed, else the lowest-index failed point's code. With
+    `progress`, the sweep's bar (as `sweep wait` shows it) follows the points' records."""
+    say: Callable[[str], None] = progress.say if progress is not None else _writer(out)
     lock = threading.Lock()
     running: set[int] = set()
     codes: dict[int, int] = {}
@@ -77,15 +84,25 @@ def run_points(ls: LocalSweep, indices: Sequence[int], out: TextIO) -> int:
                     code = fut.result()
                     if code is not None:
                         codes[index] = code
-                        _say(out, ls, index)
-        except BaseException:
-            _interrupted(ls, pending)
+                        _say(say, ls, index)
+                if progress is not None:
+                    progress.show(snapshot(ls))
+        except BaseException as exc:
+            _interrupted(ls, pending, exc)
+            if isinstance(exc, KeyboardInterrupt):
+                say(
+                    "hpclaunch: interrupted: waiting for the running points' ranks to exit; "
+                    "Ctrl-C again to end them now"
+                )
+                _let_them_end(ls, list(futures), getattr(exc, "signum", signal.SIGINT))
             raise
     for index in indices:  # cancelled before they started: their records say so
         if index not in codes:
             rec = runrecord.load(ls.point_dir(index))
             codes[index] = rec.exit_code if rec.exit_code is not None else 1
-            _say(out, ls, index)
+            _say(say, ls, index)
+    if progress is not None:
+        progress.show(snapshot(ls))
     failed = sorted(i for i, c in codes.items() if c != 0)
     return codes[failed[0]] if failed else 0
 
@@ -98,33 +115,67 @@ def _parallel(ls: LocalSweep) -> int:
     return int(given) if isinstance(given, int) and given > 0 else 1
 
 
-def _interrupted(ls: LocalSweep, pending: Sequence[int]) -> None:
-    """Ctrl-C: the running points' jobs end (the backend's), those never started say so."""
+def _interrupted(ls: LocalSweep, pending: Sequence[int], exc: BaseException) -> None:
+    """Ctrl-C (or SIGTERM): the running points end as a run here would (the user's
+    interrupt, recorded so), those never started say so; any other error cancels them."""
     for job in ls.backend.running_jobs():
-        ls.backend.cancel(job)
+        if isinstance(exc, KeyboardInterrupt):
+            ls.backend.interrupt(job, getattr(exc, "signum", signal.SIGINT))
+        else:
+            ls.backend.cancel(job)
+    signum = getattr(exc, "signum", signal.SIGINT)
+    code = 128 + signum if isinstance(exc, KeyboardInterrupt) else None
     for index in pending:
-        _claim(ls.point_dir(index), "the local sweep was interrupted")
+        _claim(ls.point_dir(index), "the local sweep was interrupted", code)
 
 
-def _say(out: TextIO, ls: LocalSweep, index: int) -> None:
+def snapshot(ls: LocalSweep) -> Sweep:
+    """The sweep as its points' records say now (this process runs them: no refresh)."""
+    data = sweeprecord.load(ls.sweep_dir)
+    return Sweep(data, [runrecord.load(ls.point_dir(i)) for i in range(len(ls.points))])
+
+
+def _writer(out: TextIO) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        out.write(text + "\n")
+        out.flush()
+
+    return write
+
+
+def _let_them_end(ls: LocalSweep, running: list[Future[Optional[int]]], signum: int) -> None:
+    """The interrupted points end in their threads (grace period, then their records);
+    each further Ctrl-C is passed on: the ranks are ended at once. Waited for on the
+    futures, never by Thread.join, which a KeyboardInterrupt leaves taking a live thread
+    for ended (the runner then exited before the points' ends were written)."""
+    while True:
+        try:
+            wait(running)
+            return
+        except KeyboardInterrupt:
+            for job in ls.backend.running_jobs():
+                ls.backend.interrupt(job, signum)
+
+
+def _say(say: Callable[[str], None], ls: LocalSweep, index: int) -> None:
     rec = runrecord.load(ls.point_dir(index))
     params = sweeprecord.params_of(rec.path, rec.extra.get("params") or {})
     text = " ".join(f"{k}={v}" for k, v in params.items())
-    out.write(f"point {index}: {rec.state} (exit {rec.exit_code}) {text}\n")
-    out.flush()
+    say(f"point {index}: {rec.state} (exit {rec.exit_code}) {text}")
 
 
-def _claim(folder: Path, cancelled_because: str = "") -> bool:
+def _claim(folder: Path, cancelled_because: str = "", code: Optional[int] = None) -> bool:
     """Take a pending point (RUNNING, under its record's lock): False when a cancel came
-    first. With `cancelled_because`: record it as never started instead."""
+    first. With `cancelled_because`: record it as never started instead (with `code`,
+    else a cancel's)."""
     cancelled = states.State.CANCELLED
 
     def decide(data: dict[str, Any]) -> Optional[dict[str, Any]]:
         if data.get("state") not in (states.State.PENDING, states.State.CREATED):
             return None
         if cancelled_because:
-            code = states.exit_code_for(cancelled)
-            return {"state": cancelled.value, "exit_code": code, "reason": cancelled_because}
+            ended = code if code is not None else states.exit_code_for(cancelled)
+            return {"state": cancelled.value, "exit_code": ended, "reason": cancelled_because}
         return {"state": states.State.RUNNING.value, "started_at": time.time(), **_runner()}
 
     return runrecord.update_with(folder, decide) is not None and not cancelled_because
@@ -165,7 +216,9 @@ def _run_point(
     if runrecord.read_raw(paths.run_dir).get(CANCEL_REQUESTED):
         cancelled = states.State.CANCELLED
         code, state = states.exit_code_for(cancelled) or 1, cancelled.value
-    runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time())
+    reason = ls.backend.end_reason(job_id)  # a Ctrl-C: the user's
+    more = {"reason": reason} if reason else {}
+    runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time(), **more)
     if ls.space:
         from hpclaunch.sweeps import trials
 

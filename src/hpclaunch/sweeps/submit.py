@@ -65,9 +65,8 @@ def sweep_points(
             )
         return [Point(i, {}) for i in range(opts.count)], ()
     if not opts.optuna:
-        for field, value in (("--trials", opts.trials), ("--metric", None)):
-            if value is not None:
-                raise UserError(field, "only with --optuna", "", "Add --optuna SPACE_FILE")
+        if opts.trials is not None:  # --metric too names the best point (sweep status)
+            raise UserError("--trials", "only with --optuna", "", "Add --optuna SPACE_FILE")
         points = build_points(opts.grids, configs, opts.repeat, MAX_POINTS)
         check_placeholders(req.program, points)
         return points, ()

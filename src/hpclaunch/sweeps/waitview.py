@@ -1,11 +1,12 @@
-"""How `sweep wait` shows a sweep: a progress bar (done/running/pending/failed) on a
-terminal, a plain line whenever the counts change elsewhere (logs, CI, pipes)."""
+"""How `sweep wait` (and a local sweep in the foreground) shows a sweep: a progress bar
+(done/running/pending/failed) on a terminal, a plain line whenever the counts change
+elsewhere (logs, CI, pipes); a local sweep's summary at its end."""
 
 from __future__ import annotations
 
 from typing import Any, Optional, TextIO
 
-from hpclaunch.backends.sweepstate import Sweep
+from hpclaunch.backends.sweepstate import Sweep, best, point_row
 from hpclaunch.basics import states
 from hpclaunch.basics.states import State
 
@@ -72,7 +73,40 @@ class Progress:
             self._out.flush()
             self._last = text
 
+    def say(self, text: str) -> None:
+        """A line above the bar (written as it is without one)."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+            return
+        self._out.write(text + "\n")
+        self._out.flush()
+
     def end(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+def summary(sweep: Sweep, metric: Optional[str], direction: str) -> list[str]:
+    """The end of a sweep run here: the counts per state, the best point by `metric`
+    (given at submission), and where each failed point's logs are."""
+    rows = sorted((point_row(sweep, rec) for rec in sweep.points), key=lambda r: r["index"])
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(sweep.counts().items()))
+    lines = [f"sweep {sweep.sweep_id}: {len(rows)} points: {counts}"]
+    if metric:
+        top = best(rows, metric, direction)
+        if top is None:
+            lines.append(f"best ({metric}, {direction}): none (no point's result has {metric})")
+        else:
+            params = " ".join(f"{k}={v}" for k, v in (top.get("params") or {}).items())
+            value = (top.get("result") or {}).get(metric)
+            lines.append(
+                f"best ({metric}, {direction}): point {top['index']}  {params}  {metric}={value}"
+            )
+    for row in rows:
+        if row["state"] != State.COMPLETED:
+            lines.append(
+                f"point {row['index']} {row['state']} (exit {row['exit_code']}): "
+                f"hpclaunch logs {sweep.sweep_id}:{row['index']}"
+            )
+    return lines
