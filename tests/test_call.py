@@ -173,12 +173,14 @@ def test_a_job_python_of_another_minor_is_refused_before_submission(
     (image / "usr" / "bin").mkdir(parents=True)
     (image / "usr" / "bin" / "python3").symlink_to("python3.7")
     venv = tmp_path / "venv"
-    venv.mkdir()
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\n")  # a venv's shape, for planning
+    (venv / "bin" / "python").chmod(0o755)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.8.18\n")
     mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
     for options, line in (
         ({"container": str(image)}, f"container: {image} has Python 3.7 ("),
-        ({"venv": "venv"}, "venv: venv has Python 3.8 ("),
+        ({"venv": "venv"}, f"venv: {venv} has Python 3.8 ("),
     ):
         with pytest.raises(hpclaunch.UserError) as caught:
             hpclaunch.call(_rank, options={**options, "environ": local})

@@ -20,6 +20,7 @@ from hpclaunch.basics import shell
 from hpclaunch.basics.users import with_user
 from hpclaunch.config import secretnames
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.node import HPCLAUNCH_NODE_LABEL
 from hpclaunch.script import render
 
 JOB_ID = "<job id>"  # local_job_id(), drawn at the start
@@ -96,6 +97,9 @@ def _rank(
 ) -> dict[str, Any]:
     """One rank: where it is, its command, the variables set for it (secrets as $NAME)."""
     full = step_env(plan, task, host)
+    full.pop(
+        HPCLAUNCH_NODE_LABEL, None
+    )  # the bootstrap's own: it takes it, the program never sees it
     env = {k: v for k, v in full.items() if base.get(k) != v}
     env.update({name: JOB_ID for name in _JOB_ID_VARS})
     env["SLURM_TASK_PID"] = "<its pid>"  # set by the task itself, before it execs

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from hpclaunch import api, launching
@@ -99,11 +98,18 @@ def submit(
             "pass the function's own keyword arguments beside options=, not in it",
         )
     typed = api._typed_options({k: v for k, v in given.items() if v is not None})
-    pythons.check(typed, Path(here.get("cwd") or Path.cwd()))
     data = files.payload(fn, args, kwargs, limit)
     req = api.request(
-        files.program(_python(typed)), typed, cwd=here.get("cwd"), environ=here.get("environ")
+        files.program(sys.executable), typed, cwd=here.get("cwd"), environ=here.get("environ")
     )
+    planned = launching.plan_run(req)
+    if planned.spec.container or planned.spec.venv:
+        # The ranks run in an image or a venv of their own (given here, in hpclaunch.toml
+        # or the profile): its python3, not this interpreter (a shared file system's venv,
+        # as for submitit).
+        req = replace(req, program=files.program("python3"))
+        planned = launching.plan_run(req)
+    pythons.check(planned.spec)
     name = files.qualified_name(fn)
     # Listed by the function's name (runs, show); the real program stays beside it.
     shown = (("command", [name]), ("call", {"fn": name, "program": list(req.program)}))
@@ -111,11 +117,3 @@ def submit(
     started = launching.start(req, launching.plan_run(req))
     world = started.spec.world_size if started.spec else 1
     return Call(Run(started.paths.run_dir, started), world, limit)
-
-
-def _python(options: Mapping[str, Any]) -> str:
-    """This very interpreter (a shared file system's venv, as for submitit), unless the
-    ranks run in an image or a venv of their own: then that one's python3."""
-    if options.get("container") or options.get("venv"):
-        return "python3"
-    return sys.executable

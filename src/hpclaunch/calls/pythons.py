@@ -9,25 +9,25 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import UserError
 
 _VERSION = re.compile(r"^python(\d+)\.(\d+)$")
 _CFG = re.compile(r"^\s*(?:version|version_info)\s*=\s*(\d+)\.(\d+)", re.MULTILINE)
 
 
-def check(
-    options: Mapping[str, Any], cwd: Path, caller: tuple[int, int] = sys.version_info[:2]
-) -> None:
-    """UserError in one line when the job's Python is known here and differs."""
-    for field in ("venv", "container"):
-        value = options.get(field)
+def check(spec: JobSpec, caller: tuple[int, int] = sys.version_info[:2]) -> None:
+    """UserError in one line when the job's Python is known here and differs: the
+    planned run's venv (its pyvenv.cfg) or container image (a directory image's python3);
+    a venv in an image decides over the image."""
+    image = spec.container.image if spec.container else ""
+    for field, value in (("venv", spec.venv), ("container", image)):
         if not value:
             continue
-        path = Path(value) if Path(value).is_absolute() else cwd / value
+        path = Path(value)
         found = venv_python(path) if field == "venv" else image_python(path)
         if found is not None and found != caller:
             mine, theirs = "%d.%d" % caller, "%d.%d" % found  # noqa: UP031 - two ints
@@ -37,7 +37,7 @@ def check(
                 f"hpclaunch.call pickles the function with Python {mine}: the same major.minor",
                 f"call from a Python {theirs}, or give a {field} with Python {mine}",
             )
-        return  # a venv in an image: the venv's Python decides
+        return
 
 
 def venv_python(venv: Path) -> Optional[tuple[int, int]]:
