@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TextIO
 
 import click
 
@@ -79,3 +79,9 @@ def coloured_states(text: str) -> str:
         return click.style(match.group(0), fg=colour) if colour else match.group(0)
 
     return re.sub(r"[A-Z_]+", paint, text)
+
+
+def painted(text: str, stream: TextIO) -> str:
+    """text with its state words in colour where `stream` is a terminal (NO_COLOR unset):
+    the summary lines written straight to a stream, which click.echo does not see."""
+    return coloured_states(text) if stream.isatty() else text

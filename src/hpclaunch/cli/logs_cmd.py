@@ -122,9 +122,10 @@ def logs_cmd(
         return 0
     # Followed to its end: the run's own summary line and exit code, as `run --wait` ends.
     from hpclaunch.basics import states
+    from hpclaunch.cli.common import coloured_states
     from hpclaunch.cli.reporting import summary
 
-    click.echo(f"hpclaunch: {summary(ended)}", err=True)
+    click.echo(f"hpclaunch: {coloured_states(summary(ended))}", err=True)
     if ended.exit_code is not None:
         return ended.exit_code
     return 0 if ended.state == states.State.COMPLETED.value else 1

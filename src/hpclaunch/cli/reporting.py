@@ -14,6 +14,7 @@ from typing import Optional, TextIO
 
 from hpclaunch import launching
 from hpclaunch.basics import states
+from hpclaunch.cli.common import painted
 from hpclaunch.config import layering
 from hpclaunch.records import runrecord
 from hpclaunch.records.runrecord import RunRecord
@@ -77,7 +78,7 @@ def _attached(
             "it could not be updated; hpclaunch status brings it up to date later\n"
         )
         record = replace(record, state=state, exit_code=code)
-    err.write(f"hpclaunch: {summary(record)}\n")
+    err.write(f"hpclaunch: {painted(summary(record), err)}\n")  # its state in colour
     if as_json:
         end = {"run_id": record.run_id, "job_id": record.job_id, "state": state, "exit_code": code}
         out.write(json.dumps(end) + "\n")

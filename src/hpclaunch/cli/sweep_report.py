@@ -67,6 +67,7 @@ def submit_and_report(
 def _run_here(req: LaunchRequest, sp: SweepPlan, out: TextIO) -> int:
     """A local sweep in the foreground: a progress bar as `sweep wait` shows it, then the
     summary (counts, the best point by --metric, the logs of each failed point)."""
+    from hpclaunch.cli.common import painted
     from hpclaunch.sweeps.local import run_points, snapshot
     from hpclaunch.sweeps.waitview import Progress, summary
 
@@ -77,7 +78,7 @@ def _run_here(req: LaunchRequest, sp: SweepPlan, out: TextIO) -> int:
     finally:
         progress.end()
     for line in summary(snapshot(ls), sp.options.metric, sp.options.direction):
-        out.write(line + "\n")
+        out.write(painted(line, out) + "\n")
     return code
 
 
