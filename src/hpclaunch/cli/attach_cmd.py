@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_flag, environ, find_run_dir
 
 ATTACH_HELP = """Open a shell (or run COMMAND) on a node of a running job, inside its
 allocation: an srun step beside the ranks (--overlap), on the job's first node unless
@@ -46,6 +46,7 @@ Examples:
     help="With COMMAND: one JSON object (run_id, job_id, node, exit_code, stdout, stderr).",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND [ARGS]...]")
+@all_projects_flag
 def attach_cmd(
     run: str, node: Optional[str], container: bool, as_json: bool, command: tuple[str, ...]
 ) -> int:

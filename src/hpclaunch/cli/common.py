@@ -36,7 +36,7 @@ def find_run_dir(ref: str, all_projects: bool = False) -> Path:
     """RUN -> its run folder (refs.run_dir's rules)."""
     from hpclaunch.records.refs import run_dir
 
-    return run_dir(ref, environ(), warn, all_projects)
+    return run_dir(ref, environ(), warn, all_projects or all_projects_asked())
 
 
 #: `last` is this project's newest run; the commands that default to it take this.
@@ -46,12 +46,37 @@ all_projects_option = click.option(
     help="`last` is the newest run of any project, not of this one.",
 )
 
+_ALL_PROJECTS = "hpclaunch.all_projects"
+
+
+def _remember(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_ALL_PROJECTS] = True  # meta is shared by the whole command line
+    return value
+
+
+#: The same flag for every other command that takes RUN or SWEEP: the finders below
+#: read it from the command line's context, so the commands' functions need not carry it.
+all_projects_flag = click.option(
+    "--all-projects",
+    is_flag=True,
+    expose_value=False,
+    callback=_remember,
+    help="`last` is the newest run or sweep of any project, not of this one.",
+)
+
+
+def all_projects_asked() -> bool:
+    """Whether the command line running now gave --all-projects (all_projects_flag)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(_ALL_PROJECTS))
+
 
 def find_sweep_dir(ref: str) -> Path:
     """SWEEP -> its sweep folder (refs.sweep_dir's rules)."""
     from hpclaunch.records.refs import sweep_dir
 
-    return sweep_dir(ref, environ())
+    return sweep_dir(ref, environ(), all_projects_asked())
 
 
 def state_colour(word: str) -> Optional[str]:

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_option, environ, find_run_dir, warn
+from hpclaunch.cli.common import (
+    RUN_ARG_HELP,
+    all_projects_flag,
+    all_projects_option,
+    environ,
+    find_run_dir,
+    warn,
+)
 from hpclaunch.cli.run_cmd import with_options_named
 
 if TYPE_CHECKING:
@@ -126,6 +133,7 @@ RERUN_OPTIONS = (
     is_flag=True,
     help="Print one JSON object; attached, a second line when the run ends (as run does).",
 )
+@all_projects_flag
 def rerun_cmd(
     run: str, current_code: bool, dry_run: bool, wait: bool, as_json: bool, **changes: Any
 ) -> int:

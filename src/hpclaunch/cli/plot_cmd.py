@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_flag, find_run_dir
 
 
 @click.command("plot", epilog=RUN_ARG_HELP)
@@ -35,6 +35,7 @@ from hpclaunch.cli.common import RUN_ARG_HELP, find_run_dir
     is_flag=True,
     help="One JSON object: the run, the PNG and CSV written (null where none), why no samples.",
 )
+@all_projects_flag
 def plot_cmd(
     run: str,
     metric: str,

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import click
 
-from hpclaunch.cli.common import environ, warn
+from hpclaunch.cli.common import all_projects_asked, all_projects_flag, environ, warn
 from hpclaunch.records.removal import Doomed
 
 YES_HELP = "Delete without asking (needed where stdin is no terminal)."
@@ -21,6 +21,7 @@ YES_HELP = "Delete without asking (needed where stdin is no terminal)."
 @click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @click.option("--yes", "-y", is_flag=True, help=YES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was deleted.")
+@all_projects_flag
 def rm_cmd(runs: tuple[str, ...], yes: bool, as_json: bool) -> int:
     """Delete runs and sweeps (a sweep with its points): their folders and their lines in
     the index. An active run (PENDING, RUNNING, ...) is refused and nothing is deleted.
@@ -33,7 +34,7 @@ def rm_cmd(runs: tuple[str, ...], yes: bool, as_json: bool) -> int:
     env = environ()
     folders: dict[Path, bool] = {}
     for ref in runs:
-        found = refs.run_or_sweep(ref, env, warn)
+        found = refs.run_or_sweep(ref, env, warn, all_projects_asked())
         point = None if found.is_sweep else refs.sweep_of(found.folder)
         if point is not None:
             sweep_id = point[0].name

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_flag, environ, find_run_dir
 
 if TYPE_CHECKING:
     from hpclaunch.observe.stacks import Group, Target
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 @click.argument("run")
 @click.option("--rank", type=int, default=None, help="Only this rank's stack.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the groups of ranks.")
+@all_projects_flag
 def stack_cmd(run: str, rank: Optional[int], as_json: bool) -> int:
     """Print the Python stack of every rank of a running run (py-spy dump, taken on each
     node inside the job, inside the container where the ranks run), most recent call

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import click
 
+from hpclaunch.cli.common import all_projects_flag
 from hpclaunch.cli.run_cmd import _with_options
 
 SWEEP_HELP = """Run PROGRAM once per point of a hyper-parameter sweep: one Slurm job array.
@@ -200,6 +201,7 @@ def wandb_template_cmd(program: tuple[str, ...], as_json: bool) -> int:
     is_flag=True,
     help="With --json: a listing, one object per point and line (not one for the sweep).",
 )
+@all_projects_flag
 def status_cmd(
     sweep: str, metric: Optional[str], direction: Optional[str], as_json: bool, points_only: bool
 ) -> int:
@@ -236,6 +238,7 @@ def status_cmd(
     is_flag=True,
     help="One JSON object when the sweep has ended (its counts, exit code); progress on stderr.",
 )
+@all_projects_flag
 def wait_cmd(sweep: str, interval: Optional[float], as_json: bool) -> int:
     """Follow SWEEP until every point ended: exit 0 when all completed, else the
     lowest-index failed point's code. Only the points still open are read again."""
@@ -282,6 +285,7 @@ def _echo_sweep_end(folder: Any, code: int) -> None:
     help="One JSON object: the points resubmitted, the new arrays (points run here: their "
     "exit code, their output on stderr).",
 )
+@all_projects_flag
 def retry_cmd(sweep: str, failed: bool, points: Optional[str], as_json: bool) -> int:
     """Resubmit only some points, as one array of just them, into the same sweep
     (earlier attempts' logs are kept under the point's attempts/)."""
@@ -294,6 +298,7 @@ def retry_cmd(sweep: str, failed: bool, points: Optional[str], as_json: bool) ->
 @click.argument("sweep")
 @click.option("--points", metavar="3,7", help="Just these points (default: every open one).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was cancelled.")
+@all_projects_flag
 def cancel_cmd(sweep: str, points: Optional[str], as_json: bool) -> int:
     """Cancel every pending or running point of SWEEP, or just some (one scancel)."""
     from hpclaunch.cli.common import find_sweep_dir
@@ -315,6 +320,7 @@ def cancel_cmd(sweep: str, points: Optional[str], as_json: bool) -> int:
 @click.argument("sweep")
 @click.argument("parallel", metavar="P", type=int)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the new limit per array.")
+@all_projects_flag
 def throttle_cmd(sweep: str, parallel: int, as_json: bool) -> int:
     """At most P points of SWEEP at once from now on (scontrol update ArrayTaskThrottle)."""
     from hpclaunch.cli.common import find_sweep_dir
@@ -360,6 +366,7 @@ def throttle_cmd(sweep: str, parallel: int, as_json: bool) -> int:
     is_flag=True,
     help="One JSON object: the plotted series and the PNG written (null without one).",
 )
+@all_projects_flag
 def plot_cmd(
     sweep: str,
     x: Optional[str],

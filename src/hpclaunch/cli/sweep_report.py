@@ -104,9 +104,10 @@ def print_status(
 ) -> int:
     from hpclaunch.backends import sweepstate
     from hpclaunch.backends.runstatus import is_open
+    from hpclaunch.cli.common import all_projects_asked
     from hpclaunch.records.refs import sweep_dir
 
-    folder = sweep_dir(ref, environ)
+    folder = sweep_dir(ref, environ, all_projects_asked())
     sweep = sweepstate.refresh(folder)
     options = sweep.data.get("sweep") or {}
     if sweep.data.get("kind") == "optuna":
@@ -184,13 +185,13 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str], as_json: bool = False) -> int:
-    from hpclaunch.cli.common import environ
+    from hpclaunch.cli.common import all_projects_asked, environ
     from hpclaunch.records import sweeprecord
     from hpclaunch.records.refs import sweep_dir
     from hpclaunch.sweeps import ops
 
     env = environ()
-    folder = sweep_dir(ref, env)
+    folder = sweep_dir(ref, env, all_projects_asked())
     data = sweeprecord.load(folder)
     chosen = ops.parse_points(points, len(data["points"])) if points and not failed else None
     done = ops.retry(folder, chosen, env)

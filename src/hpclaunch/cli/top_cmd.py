@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from hpclaunch.cli.common import RUN_ARG_HELP, environ, find_run_dir
+from hpclaunch.cli.common import RUN_ARG_HELP, all_projects_flag, environ, find_run_dir
 
 
 def _span(text: str) -> int:
@@ -36,6 +36,7 @@ def _span(text: str) -> int:
 )
 @click.option("--once", is_flag=True, help="Print one view and exit, also on a running run.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (one view).")
+@all_projects_flag
 def top_cmd(run: str, span: str, once: bool, as_json: bool) -> int:
     """Show a run's GPUs: busy %, memory and power, live while it runs.
 
