@@ -168,7 +168,13 @@ def _user_folder(slurm_conf: Path, name: str, serial: bool) -> Iterator[Hpc]:
     if serial:  # the next test finds the cluster idle
         testbed.wait_idle(timeout=60)
     else:  # others' jobs may run beside this test's: wait for its own only
-        testbed.wait_jobs_gone(folder, timeout=60)
+        try:
+            testbed.wait_jobs_gone(folder, timeout=60)
+        except TimeoutError:
+            # A test that failed half-way may leave a job running for good: cancelled, so
+            # that it does not hold the nodes the next tests wait for; the test errors.
+            testbed.cancel_jobs_from(folder)
+            raise
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -48,7 +48,11 @@ def _start(hpc: Hpc, *options: str) -> tuple[dict[str, Any], Path]:
     proc = hpc.run("run", "--json", "-N", "2", *options, "--", *program)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     started = json.loads(proc.stdout.splitlines()[-1])
-    _wait_for("both ranks to start", _ranks_started(Path(started["run_dir"]), 2))
+    try:  # side by side with other tests' jobs, the job may wait minutes for the nodes
+        _wait_for("both ranks to start", _ranks_started(Path(started["run_dir"]), 2), 600)
+    except BaseException:
+        release.write_text("")  # never leave the job holding the nodes for the next tests
+        raise
     return started, release
 
 

@@ -214,6 +214,14 @@ def wait_jobs_gone(folder: Path, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
+def cancel_jobs_from(folder: Path) -> None:
+    """scancel every job submitted from ``folder`` (:func:`jobs_from`): a failed test's
+    leftovers, which would otherwise hold the nodes other tests wait for."""
+    ids = sorted({line.split()[0].split("_")[0] for line in jobs_from(folder)})  # arrays whole
+    if ids:
+        _slurm(["scancel", *ids])
+
+
 def procs_of_user_on_nodes() -> list[str]:
     """Processes of :data:`USER` still alive anywhere on the testbed, as ``"PID ARGS"``.
 
