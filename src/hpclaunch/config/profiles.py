@@ -244,6 +244,17 @@ def _builtin(name: str) -> dict[str, Any]:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+def check_name(name: str, field: str = "--cluster") -> None:
+    """A profile's name: it becomes a file name in the user's clusters folder."""
+    if not _NAME.match(name) or ".." in name:
+        raise UserError(
+            field,
+            f"{show(name)} is not a cluster name",
+            "letters, digits, . _ -; at most 64",
+            "Use e.g. --cluster lumi",
+        )
+
+
 def load_profile(
     name: str,
     project_profiles: dict[str, Any] | None = None,
@@ -251,13 +262,7 @@ def load_profile(
 ) -> Profile:
     """Built-in < user file < project table, validated into a Profile."""
     environ = {} if environ is None else environ
-    if not _NAME.match(name) or ".." in name:
-        raise UserError(
-            "--cluster",
-            f"{show(name)} is not a cluster name",
-            "letters, digits, . _ -; at most 64",
-            "Use e.g. --cluster lumi",
-        )
+    check_name(name)
     data: dict[str, Any] = {}
     found = False
     if name in BUILTIN:
