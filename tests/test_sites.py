@@ -21,8 +21,9 @@ import pytest
 from hpclaunch import node
 from hpclaunch.basics.units import parse_memory, parse_time
 from hpclaunch.config.profiles import SITES, Profile, load_profile
-from hpclaunch.errors import UserError
+from hpclaunch.errors import SlurmError, UserError
 from hpclaunch.planning import preparing
+from hpclaunch.slurm import refusals
 
 SITES_MD = Path(__file__).resolve().parents[1] / "docs" / "sites.md"
 TABLED = [name for name in SITES if name != "lumi"]  # LUMI's facts: shared/LUMI.md
@@ -187,3 +188,21 @@ def test_the_readmes_first_screen_names_every_site() -> None:
     for name in SITES:
         assert f"(`{name}`)" in first_screen, name
     assert "docs/sites.md" in first_screen
+
+
+def test_sbatchs_rejection_is_the_sites_words_as_a_user_error() -> None:
+    """What sbatch prints when a site's job_submit filter refuses (slurm.log_user): the
+    site's own line, exit 2; a Slurm that fails otherwise stays a Slurm failure."""
+    said = SlurmError(
+        "sbatch failed: sbatch: error: site rule: at least 2 CPUs per GPU; "
+        "sbatch: error: Batch job submission failed: Unspecified error"
+    )
+    refused = refusals.refusal(said)
+    assert isinstance(refused, UserError) and refused.exit_code == 2
+    assert refused.render().startswith("sbatch: the site refused the job: site rule: at least")
+    plain = SlurmError(
+        "sbatch failed: sbatch: error: Batch job submission failed: Invalid qos specification"
+    )
+    assert "refused the job: Invalid qos specification." in refusals.refusal(plain).render()
+    silent = SlurmError("sbatch: no answer after 30 s")
+    assert refusals.refusal(silent) is silent
