@@ -162,3 +162,14 @@ def test_init_marks_its_guesses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert profile.sbatch_lines == {"gpus-per-node": "--gres=gpu:{}"}
     assert "does not answer" in profile.sources["accounting"]
     assert profile.arch == os.uname().machine
+
+
+def test_init_over_remote_goes_to_the_cluster_whole(tmp_path: Path) -> None:
+    """--remote HOST: the cluster's hpclaunch asks its own Slurm and writes the profile
+    there, where its runs read it (remote/choose.py forwards every command but remote)."""
+    from hpclaunch.remote.choose import choose
+
+    env = {"HOME": str(tmp_path)}
+    chosen = choose(["profile", "init", "mylab", "--remote", "login.example"], tmp_path, env)
+    assert chosen is not None
+    assert (chosen.host, chosen.argv) == ("login.example", ("profile", "init", "mylab"))

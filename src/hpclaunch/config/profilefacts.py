@@ -87,7 +87,9 @@ def show_text(profile: Profile, rows: list[dict[str, Any]]) -> str:
     lines = [f"{profile.name}: {profile.description}"]
     width = max((len(r["fact"]) for r in rows), default=4)
     for row in rows:
-        source = "UNVERIFIED" if row["unverified"] else row["source"] or "-"
+        source = row["source"] or "-"
+        if row["unverified"]:
+            source = "UNVERIFIED" + source.removeprefix("unverified")
         lines.append(f"  {row['fact']:<{width}}  {row['value'] or '-'}")
         lines.append(f"  {'':<{width}}  source: {source}")
     unverified = [r["fact"] for r in rows if r["unverified"]]
