@@ -224,3 +224,14 @@ def test_the_table_of_sites_agrees_with_the_profiles() -> None:
         assert rendezvous == (f"`<node>{suffix}`" if suffix else "first node")
         assert arch == profile.arch and floor == f"{profile.min_poll_interval} s"
         assert int(unverified) == len(profile.unverified), site
+
+
+def test_total_and_per_task_spell_only_the_gpu_request(tmp_path: Path) -> None:
+    (tmp_path / "hpclaunch.toml").write_text(
+        '[clusters.alps.sbatch_lines]\nqos = "--qos={total}"\n'
+    )
+    env = {"USER": "alice", "HOME": "/users/alice", "PATH": "/usr/bin:/bin"}
+    cli = {"cluster": "alps", "nodes": "2", "account": "p", "gpus_per_node": "4", "qos": "x"}
+    with pytest.raises(UserError) as caught:
+        preparing.prepare_spec(cli, ("python", "t.py"), tmp_path, env)
+    assert "sbatch_lines.qos" in str(caught.value) and "holding one {}" in str(caught.value)

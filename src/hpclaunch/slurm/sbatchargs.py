@@ -78,7 +78,7 @@ def sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
     return items
 
 
-# The value as the row gives it ("{}"), and for gpus-per-node also the job's total
+# The value as the row gives it ("{}"), and for gpus-per-node only also the job's total
 # (Isambard-AI's --gpus={total}) and the GPUs of each task (Alps' --gpus-per-task={per_task}).
 VALUE_HOLES = ("{}", "{total}", "{per_task}")
 
@@ -97,11 +97,13 @@ def spellings(profile: Profile) -> tuple[tuple[str, str], ...]:
                 f"one of {have}",
                 "Fix the profile's [sbatch_lines]",
             )
-        holes = sum(line.count(hole) for hole in VALUE_HOLES)
+        allowed = VALUE_HOLES if name == "gpus-per-node" else VALUE_HOLES[:1]
+        holes = sum(line.count(hole) for hole in allowed)
         if holes != 1 or not line.startswith("-") or any(c.isspace() for c in line):
             raise UserError(
                 f"cluster profile {profile.name}: sbatch_lines.{name}",
-                f"{show(line)} is not one sbatch option holding one of {', '.join(VALUE_HOLES)}",
+                f"{show(line)} is not one sbatch option holding one {{}}"
+                + (" (or {total}, {per_task})" if len(allowed) > 1 else ""),
                 "e.g. --gres=gpu:{}",
                 "Fix the profile's [sbatch_lines]",
             )
