@@ -113,6 +113,8 @@ def check_fact(profile: Profile, fact: str, value: str, script: list[str]) -> No
         assert snippets == [rule.message for rule in profile.rules]
     elif fact == "container":
         assert value == profile.container.runtime
+    elif fact == "binding":  # srun's --cpu-bind: a word of the launch line
+        assert snippets and any(snippets[0] in line for line in script), snippets
     elif fact == "network" and not profile.env:  # InfiniBand sites: NCCL needs nothing
         assert "no variables" in value
     elif fact in ("gpu_request", "companions", "network", "rendezvous"):
