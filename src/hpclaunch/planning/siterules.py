@@ -45,7 +45,7 @@ def check(spec: JobSpec, profile: Profile) -> None:
 def _broken(rule: SiteRule, spec: JobSpec) -> tuple[str, str, str] | None:
     """(field, value, limit) of the request that breaks `rule`, else None."""
     if rule.kind == "min_cpus_per_gpu" and spec.gpus_per_node:
-        cpus = spec.cpus_per_task * _tasks_per_node(spec)
+        cpus = spec.cpus_per_task * spec.tasks_per_node  # ranks per node (torchrun too)
         per_gpu = cpus // spec.gpus_per_node
         if per_gpu < rule.value:
             return (
