@@ -237,3 +237,19 @@ def test_total_and_per_task_spell_only_the_gpu_request(tmp_path: Path) -> None:
     with pytest.raises(UserError) as caught:
         preparing.prepare_spec(cli, ("python", "t.py"), tmp_path, env)
     assert "sbatch_lines.qos" in str(caught.value) and "holding one {}" in str(caught.value)
+
+
+def test_a_forbidden_line_is_refused_in_the_sites_words(tmp_path: Path) -> None:
+    """A site that takes GPUs only through GRES: a profile without that spelling, with
+    the rule, refuses --gpus-per-node before sbatch (the testbed's filter's rule)."""
+    (tmp_path / "hpclaunch.toml").write_text(
+        "[[clusters.frontier.rules]]\n"
+        'kind = "forbid_line"\nline = "--gpus-per-node"\n'
+        'message = "request GPUs with --gres=gpu:N"\n'
+    )
+    env = {"USER": "alice", "HOME": "/users/alice", "PATH": "/usr/bin:/bin"}
+    cli = {"cluster": "frontier", "nodes": "2", "account": "p", "gpus_per_node": "8"}
+    with pytest.raises(UserError) as caught:
+        preparing.prepare_spec(cli, ("python", "t.py"), tmp_path, env)
+    said = str(caught.value)
+    assert "#SBATCH --gpus-per-node=8" in said and "frontier says: request GPUs with" in said
