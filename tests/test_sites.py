@@ -253,3 +253,11 @@ def test_a_forbidden_line_is_refused_in_the_sites_words(tmp_path: Path) -> None:
         preparing.prepare_spec(cli, ("python", "t.py"), tmp_path, env)
     said = str(caught.value)
     assert "#SBATCH --gpus-per-node=8" in said and "frontier says: request GPUs with" in said
+
+
+def test_jean_zays_qos_ladder_asks_t4_beyond_20_hours() -> None:
+    with pytest.raises(UserError) as long:
+        _prepare("jean-zay", gpus_per_node="4", account="abc@h100", time="30:00:00")
+    assert "--qos=qos_gpu_h100-t4" in str(long.value) and "jobs over 20 h" in str(long.value)
+    _prepare("jean-zay", gpus_per_node="4", account="abc@h100", time="30:00:00",
+             qos="qos_gpu_h100-t4")  # fmt: skip

@@ -139,13 +139,15 @@ class SiteRule(_Record):
     (planning/siterules.py) and refused in the site's own `message`."""
 
     # min_cpus_per_gpu: at least `value` CPUs per GPU; require_qos: a job on `partition`
-    # names a --qos; forbid_line: no #SBATCH line starting with `line`.
-    kind: Literal["min_cpus_per_gpu", "require_qos", "forbid_line"]
+    # names a --qos; forbid_line: no #SBATCH line starting with `line`; qos_over_time: a
+    # job longer than `value` seconds names --qos=`qos` (a QoS ladder: Jean Zay's).
+    kind: Literal["min_cpus_per_gpu", "require_qos", "forbid_line", "qos_over_time"]
     message: str  # the site's wording
     source: str = ""  # where the site says it
     value: int = 0
     partition: str = ""  # "" = every partition
     line: str = ""
+    qos: str = ""
 
 
 @dataclass(frozen=True)

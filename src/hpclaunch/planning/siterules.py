@@ -5,6 +5,7 @@ SiteRule); docs/sites.md lists each site's rules with their sources."""
 
 from __future__ import annotations
 
+from hpclaunch.basics.units import format_time
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.profiles import Profile, SiteRule
@@ -53,8 +54,13 @@ def _broken(rule: SiteRule, spec: JobSpec) -> tuple[str, str, str] | None:
                 f"{spec.cpus_per_task} CPUs per rank is {per_gpu} per GPU",
                 f"at least {rule.value} per GPU",
             )
-    if rule.kind == "require_qos" and not dict(spec.slurm_flags).get("qos"):
+    qos = dict(spec.slurm_flags).get("qos")
+    if rule.kind == "require_qos" and not qos:
         return ("--qos", "not given", f"required on partition {spec.partition or '(default)'}")
+    over = (spec.time_s or 0) > rule.value
+    if rule.kind == "qos_over_time" and over and qos != rule.qos:
+        limit = f"--qos={rule.qos} beyond {format_time(rule.value)}"
+        return ("--time", format_time(spec.time_s or 0), limit)
     if rule.kind == "forbid_line":
         for line in sbatch_lines_of(spec):
             if line.removeprefix("#SBATCH ").startswith(rule.line):
