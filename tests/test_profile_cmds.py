@@ -112,7 +112,8 @@ def fake_site(monkeypatch: pytest.MonkeyPatch, select: str, qos: Optional[str]) 
         ("scontrol", "show", "node"): "NodeName=gpu01 Arch=aarch64 CoresPerSocket=32\n",
         ("sacctmgr", "-n", "-P"): qos,
     }
-    config = {"ClusterName": "mycluster", "SLURM_VERSION": "22.05.8", "SelectType": select}
+    config = {"ClusterName": "mycluster", "SLURM_VERSION": "22.05.8", "SelectType": select,
+              "JobSubmitPlugins": "lua" if qos is None else "(null)"}  # fmt: skip
     monkeypatch.setattr(discover, "slurm_config", lambda: config)
     monkeypatch.setattr(commands, "query", lambda argv, timeout: answers[tuple(argv[:3])])
 
@@ -148,6 +149,7 @@ def test_init_writes_what_the_site_says_and_marks_no_guess(
     assert profile.unverified == () and profile.sbatch_lines == {}
     assert "22.05.8" in profile.sources["slurm_version"]
     assert "normal, gpuqos" in profile.sources["accounting"]
+    assert "rules" not in profile.sources  # no job_submit filter
     assert "# features (--constraint): a100, ib" in text and "QoS: gpuqos" in text
 
 
@@ -161,6 +163,7 @@ def test_init_marks_its_guesses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert set(profile.unverified) == {"arch", "gpu_request"}
     assert profile.sbatch_lines == {"gpus-per-node": "--gres=gpu:{}"}
     assert "does not answer" in profile.sources["accounting"]
+    assert profile.sources["rules"] == "unknown: the site filters jobs (JobSubmitPlugins=lua)"
     assert profile.arch == os.uname().machine
 
 

@@ -46,6 +46,7 @@ class SiteFacts:
     partitions: dict[str, PartitionFacts]
     arch: str = ""  # "" = not found
     qos_names: Optional[list[str]] = None  # None: accounting does not answer
+    job_submit: str = ""  # JobSubmitPlugins: the site filters jobs by rules not listed here
 
 
 def _query(argv: list[str]) -> Optional[str]:
@@ -129,6 +130,7 @@ def ask_site() -> SiteFacts:
         partitions=partitions,
         arch=_arch(default) if default else "",
         qos_names=None if qos is None else [q for q in qos.split() if q],
+        job_submit=config.get("JobSubmitPlugins", "").replace("(null)", ""),
     )
 
 
@@ -214,4 +216,6 @@ def _sources_lines(site: SiteFacts, asked: str, cons_tres: bool) -> list[str]:
         if site.qos_names is None
         else f"sacctmgr show qos answers: {', '.join(site.qos_names) or '(none)'}",
     }
+    if site.job_submit:  # its rules reject jobs: add them as [[rules]] once known
+        sources["rules"] = f"unknown: the site filters jobs (JobSubmitPlugins={site.job_submit})"
     return ["[sources]", *(f"{k} = {_toml(v)}" for k, v in sources.items())]
