@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,13 +64,20 @@ def write_profile(hpc: Hpc, name: str, text: str) -> None:
         path.chmod(0o700 if path.is_dir() else 0o600)
 
 
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one error line of a refused command (a note may come before it), exit 2, no
+    traceback."""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hpclaunch: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return errors[0]
+
+
 def refused(hpc: Hpc, *args: str) -> str:
     """`hpclaunch run ARGS -- true` refused: exit 2, one line, nothing queued or kept."""
-    proc = hpc.run("run", "-N", "2", "--gpus-per-node", "1", *args, "--", "true")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = error_line(hpc.run("run", "-N", "2", "--gpus-per-node", "1", *args, "--", "true"))
     assert hpc.run_dirs() == [] and testbed.jobs_from(hpc.cwd) == []
-    return proc.stderr
+    return said
 
 
 def test_a_profile_that_knows_the_rules_refuses_before_sbatch(site_filter: None, hpc: Hpc) -> None:
@@ -101,3 +109,12 @@ def test_the_profile_that_knows_the_site_runs_its_job(site_filter: None, hpc: Hp
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run_dir] = hpc.run_dirs()
     assert "#SBATCH --gres=gpu:1" in (run_dir / "job.sh").read_text()
+
+
+def test_any_rejection_by_slurm_is_one_line_exit_2_and_leaves_nothing(hpc: Hpc) -> None:
+    """Without the filter too: Slurm's own refusal at submission (a reservation that does
+    not exist) comes back in its words, exit 2, no traceback, no run folder, nothing queued."""
+    said = error_line(hpc.run("run", "--reservation", "nosuch", "--", "true"))
+    assert said.startswith("hpclaunch: error: sbatch: the site refused the job: ")
+    assert "reservation" in said.lower()
+    assert hpc.run_dirs() == [] and testbed.jobs_from(hpc.cwd) == []
