@@ -328,7 +328,53 @@ SlurmdTimeout=20
 $node_lines
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP$share
 PartitionName=short Nodes=ALL MaxTime=00:01:00 State=UP$share
+# Partition "site" behaves like an AI site: job_submit.lua below rejects what such sites
+# reject (tests/test_e2e_site_rules.py); the other partitions are left as they were.
+PartitionName=site Nodes=ALL MaxTime=00:10:00 State=UP$share
+JobSubmitPlugins=lua
 EOF
+
+# Slurm's job_submit_lua plugin (Debian's slurm-wlm-basic-plugins ships job_submit_lua.so,
+# linked to liblua5.1) reads job_submit.lua beside slurm.conf. Its rules, on partition
+# "site" only, in the words of the sites they imitate (docs/sites.md): GPUs through --gres
+# (JSC, CINECA, BSC, IDRIS), a QoS named (BSC), at least 2 CPUs per GPU (BSC asks 20).
+cat >"$STATE/job_submit.lua" <<'LUA'
+-- Written by testbed/up.sh: site-like rules on partition "site" (tests/test_e2e_site_rules.py).
+local NO_VAL16 = 65534
+
+local function count(value)
+    if value == nil or value >= NO_VAL16 then return 1 end
+    return value
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    if job_desc.partition ~= "site" then
+        return slurm.SUCCESS
+    end
+    local script = job_desc.script or ""
+    if string.find(script, "--gpus-per-node", 1, true) then
+        slurm.log_user("site rule: request GPUs with --gres=gpu:N on partition site, not --gpus-per-node")
+        return slurm.ERROR
+    end
+    if job_desc.qos == nil or job_desc.qos == "" then
+        slurm.log_user("site rule: a job on partition site must name a QoS (--qos)")
+        return slurm.ERROR
+    end
+    local gpus = tonumber(string.match(job_desc.tres_per_node or "", "gpu[^,]-:(%d+)") or "0")
+    if gpus > 0 then
+        local cpus = count(job_desc.cpus_per_task) * count(job_desc.ntasks_per_node)
+        if cpus < 2 * gpus then
+            slurm.log_user("site rule: at least 2 CPUs per GPU on partition site")
+            return slurm.ERROR
+        end
+    end
+    return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    return slurm.SUCCESS
+end
+LUA
 
 cat >"$STATE/gres.conf" <<EOF
 # Fake GPUs (character devices like /dev/null), written by testbed/up.sh.
@@ -336,7 +382,7 @@ AutoDetect=off
 NodeName=node1 Name=gpu File=$STATE/dev/node1-gpu[0-1]
 NodeName=node2 Name=gpu File=$STATE/dev/node2-gpu[0-1]
 EOF
-chmod 0644 "$CONF" "$STATE/gres.conf"
+chmod 0644 "$CONF" "$STATE/gres.conf" "$STATE/job_submit.lua"
 export SLURM_CONF="$CONF"
 
 # ---------------------------------------------------------------------------------

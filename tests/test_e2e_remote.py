@@ -419,3 +419,21 @@ def test_outside_git_only_a_named_folder_ships(set_up: None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         for made in projects.glob(f"{folder.name}-*"):
             shutil.rmtree(made) if made.is_dir() else made.unlink()
+
+
+def test_profile_init_over_remote_writes_the_clusters_profile_there(project: lp.Laptop) -> None:
+    """`profile init NAME --remote HOST` asks the cluster's Slurm and writes the profile on
+    the cluster (where its runs read it); a 2x1 GPU run from the laptop then uses it."""
+    made = _remote(project, "profile", "init", "viassh", "--force", "--json")
+    assert made.returncode == 0, made.stdout + made.stderr
+    written = Path(json.loads(made.stdout)["file"])
+    try:
+        assert str(written).startswith(str(lp.login_home())), written
+        shown = _remote(project, "profile", "show", "viassh", "--json")
+        facts = {f["fact"]: f["value"] for f in json.loads(shown.stdout)["facts"]}
+        assert facts["gpus"] == "2", shown.stdout
+        ran = _remote(project, "run", "--cluster", "viassh", "-N", "2", "--gpus-per-node", "1",
+                      "--wait", "--", "python3", "train.py")  # fmt: skip
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    finally:
+        written.unlink(missing_ok=True)

@@ -63,6 +63,9 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
     "remote setup": [(["remote", "setup", "nosuch.invalid", "--json"], REFUSED)],
     "rm": [(["rm", "{run}", "--json", "--yes"], ONE)],
     "gc": [(["gc", "--older-than", "0s", "--json", "--yes"], ONE)],
+    "profile list": [(["profile", "list", "--json"], LINES)],
+    "profile show": [(["profile", "show", "jean-zay", "--json"], ONE)],
+    "profile init": [(["profile", "init", "mysite", "--json"], REFUSED)],  # no Slurm here
 }  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script import render
 from hpclaunch.script.render import BatchPlan
 from hpclaunch.script.requeue import CHAIN_JOBS
-from hpclaunch.slurm import commands
+from hpclaunch.slurm import commands, refusals
 from hpclaunch.slurm.arraytasks import SACCT_FIELDS, SQUEUE_ARGV, TaskKey, parse_sacct, parse_squeue
 
 # hpclaunch resolves these into the script; sbatch must not override the script's lines.
@@ -53,7 +53,10 @@ def submit(
 
 
 def submit_argv(argv: list[str], env: dict[str, str]) -> str:
-    out = commands.run(argv, env=env)
+    try:
+        out = commands.run(argv, env=env)
+    except SlurmError as exc:  # a site's rejection is the user's to fix: its words, exit 2
+        raise refusals.refusal(exc) from None
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {out.strip()!r}")

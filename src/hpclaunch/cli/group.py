@@ -13,6 +13,7 @@ from hpclaunch.cli.doctor_cmd import doctor_cmd
 from hpclaunch.cli.env import env_group
 from hpclaunch.cli.logs_cmd import logs_cmd
 from hpclaunch.cli.plot_cmd import plot_cmd
+from hpclaunch.cli.profile_cmd import profile_group
 from hpclaunch.cli.records_cmds import runs_cmd, show_cmd, status_cmd
 from hpclaunch.cli.remote_cmd import remote_group
 from hpclaunch.cli.removal_cmds import gc_cmd, rm_cmd
@@ -69,6 +70,7 @@ cli.add_command(doctor_cmd)
 cli.add_command(top_cmd)
 cli.add_command(plot_cmd)
 cli.add_command(remote_group)
+cli.add_command(profile_group)
 
 
 def _usage_line(exc: click.UsageError) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
 
+from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.secretnames import is_secret as is_secret  # re-exported: records, attach
 from hpclaunch.config.secretnames import masked, secret_values
 
@@ -169,6 +170,15 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    def gpu_request_line(self) -> str:
+        """The GPU request's #SBATCH line as the site spells it: per node ("{}"), for the
+        job ("{total}", Isambard-AI's --gpus) or per task ("{per_task}", Alps')."""
+        per_node = self.gpus_per_node
+        per_task = per_node // max(1, self.ntasks // self.nodes)
+        spellings = dict(self.sbatch_spellings)
+        total = str(per_node * self.nodes)
+        return sbatch_line("gpus-per-node", str(per_node), spellings, total, str(per_task))
 
     def public_env(self) -> list[tuple[str, str]]:
         return [(k, v) for k, v in self.env if not is_secret(k)]

@@ -431,7 +431,12 @@ def slurm_lines(options: RunOptions) -> tuple[tuple[str, str], ...]:
     return tuple(given)
 
 
-def sbatch_line(name: str, value: str, spellings: Mapping[str, str]) -> str:
+def sbatch_line(
+    name: str, value: str, spellings: Mapping[str, str], total: str = "", per_task: str = ""
+) -> str:
     """Row `name`'s #SBATCH line for `value`, as the site spells it (`spellings`: a
-    profile's [sbatch_lines]) or as the row does."""
-    return "#SBATCH " + spellings.get(name, BY_NAME[name].line).replace("{}", value)
+    profile's [sbatch_lines]) or as the row does; a per-node count may be spelled as the
+    job's `total` ("{total}") or per task ("{per_task}")."""
+    line = spellings.get(name, BY_NAME[name].line)
+    line = line.replace("{total}", total).replace("{per_task}", per_task)
+    return "#SBATCH " + line.replace("{}", value)

@@ -25,7 +25,10 @@ from hpclaunch.errors import UserError, show
 if TYPE_CHECKING:
     from hpclaunch.config.topology import Topology
 
-BUILTIN = ("local", "slurm", "lumi")
+# The sites with a built-in profile (docs/sites.md: each one's facts and sources).
+SITES = ("lumi", "alps", "juwels-booster", "jupiter", "leonardo", "marenostrum5", "perlmutter",
+         "isambard-ai", "jean-zay", "frontier")  # fmt: skip
+BUILTIN = ("local", "slurm", *SITES)
 
 
 # Conversions before validation; `cls` first, as pydantic's field validators.
@@ -131,6 +134,23 @@ class ContainerSettings(_Record):
 
 
 @dataclass(frozen=True)
+class SiteRule(_Record):
+    """A rule by which the site's Slurm rejects jobs, checked before sbatch
+    (planning/siterules.py) and refused in the site's own `message`."""
+
+    # min_cpus_per_gpu: at least `value` CPUs per GPU; require_qos: a job on `partition`
+    # names a --qos; forbid_line: no #SBATCH line starting with `line`; qos_over_time: a
+    # job longer than `value` seconds names --qos=`qos` (a QoS ladder: Jean Zay's).
+    kind: Literal["min_cpus_per_gpu", "require_qos", "forbid_line", "qos_over_time"]
+    message: str  # the site's wording
+    source: str = ""  # where the site says it
+    value: int = 0
+    partition: str = ""  # "" = every partition
+    line: str = ""
+    qos: str = ""
+
+
+@dataclass(frozen=True)
 class RemoteSettings(_Record):
     """[remote]: how a laptop reaches the cluster (ignored on the login node: choose.py)."""
 
@@ -189,6 +209,14 @@ class Profile(_Record):
     # The fewest seconds between two status calls of any wait (run --wait, logs --follow,
     # Run.wait(), sweep wait, top): a site whose usage policy asks for fewer calls sets it.
     min_poll_interval: int = field(default=0, metadata={"before": _poll_floor})
+    arch: Literal["x86_64", "aarch64"] = "x86_64"  # the compute nodes' CPUs (wheels, py-spy)
+    # Appended to the first node's name for MASTER_ADDR (JSC: "i", the InfiniBand name).
+    rendezvous_suffix: str = ""
+    rules: tuple[SiteRule, ...] = ()
+    # Where each fact comes from (fact -> URL or repository path; docs/sites.md) and the
+    # facts no public source confirmed (`hpclaunch profile show` marks them).
+    sources: dict[str, str] = field(default_factory=dict)
+    unverified: tuple[str, ...] = ()
 
     def partition(self, name: str) -> Optional[Partition]:
         return self.partitions.get(name)
@@ -218,6 +246,17 @@ def _builtin(name: str) -> dict[str, Any]:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+def check_name(name: str, field: str = "--cluster") -> None:
+    """A profile's name: it becomes a file name in the user's clusters folder."""
+    if not _NAME.match(name) or ".." in name:
+        raise UserError(
+            field,
+            f"{show(name)} is not a cluster name",
+            "letters, digits, . _ -; at most 64",
+            "Use e.g. --cluster lumi",
+        )
+
+
 def load_profile(
     name: str,
     project_profiles: dict[str, Any] | None = None,
@@ -225,13 +264,7 @@ def load_profile(
 ) -> Profile:
     """Built-in < user file < project table, validated into a Profile."""
     environ = {} if environ is None else environ
-    if not _NAME.match(name) or ".." in name:
-        raise UserError(
-            "--cluster",
-            f"{show(name)} is not a cluster name",
-            "letters, digits, . _ -; at most 64",
-            "Use e.g. --cluster lumi",
-        )
+    check_name(name)
     data: dict[str, Any] = {}
     found = False
     if name in BUILTIN:

@@ -57,6 +57,7 @@ HPCLAUNCH_FORWARD_SIGNALS = "HPCLAUNCH_FORWARD_SIGNALS"
 HPCLAUNCH_GPU_VISIBILITY = "HPCLAUNCH_GPU_VISIBILITY"
 HPCLAUNCH_GPU_VARS = "HPCLAUNCH_GPU_VARS"
 HPCLAUNCH_GPU_UNSET = "HPCLAUNCH_GPU_UNSET"
+HPCLAUNCH_MASTER_SUFFIX = "HPCLAUNCH_MASTER_SUFFIX"
 HPCLAUNCH_CACHE_DIRS = "HPCLAUNCH_CACHE_DIRS"
 HPCLAUNCH_VENV = "HPCLAUNCH_VENV"
 HPCLAUNCH_CONTAINER_PASS = "HPCLAUNCH_CONTAINER_PASS"
@@ -240,7 +241,9 @@ def set_rank_env(env: Env) -> None:
         nodelist = ""
         for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
             nodelist = nodelist or env.get(name, "")
-        env["MASTER_ADDR"] = first_host(nodelist) or "127.0.0.1"
+        host = first_host(nodelist)
+        # A site whose nodes reach each other by another name (JSC: <node>i, InfiniBand).
+        env["MASTER_ADDR"] = host + env.get(HPCLAUNCH_MASTER_SUFFIX, "") if host else "127.0.0.1"
     if not env.get("MASTER_PORT"):
         # Same formula as the batch script: jobs whose ids differ by < PORT_SPAN never
         # collide. Without a job id, torch's own default.

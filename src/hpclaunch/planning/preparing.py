@@ -17,7 +17,7 @@ from hpclaunch.config.options import SLURM_FLAGS, RunOptions
 from hpclaunch.config.profiles import Profile, load_profile
 from hpclaunch.errors import UserError
 from hpclaunch.payload import containers, project, stage, venvs
-from hpclaunch.planning import dependencies
+from hpclaunch.planning import dependencies, siterules
 from hpclaunch.planning.validate import Checked, check
 from hpclaunch.records import runpaths
 from hpclaunch.slurm import discover
@@ -67,6 +67,7 @@ def prepare_spec(
         venv=venv,
     )
     spec = checked.spec(parts)
+    siterules.check(spec, profile)  # the site's own refusals, in its words, before sbatch
     if chosen.runs_here:
         warnings = [*_local_notes(sources), *warnings]
     # Which project file gave settings, and those ignored (unless the CLI said so already).

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Optional
 
-from hpclaunch import backends
+from hpclaunch import backends, node
 from hpclaunch.basics.shell import check_name
 from hpclaunch.basics.users import user_name
 from hpclaunch.config.jobspec import NO_PARTS, JobSpec, Launcher, Parts, Profiling, Requeue
@@ -86,6 +86,8 @@ def _env(
     the environment of sbatch and the ranks only, never in job.sh (as they are: no shell
     expansion)."""
     pairs: dict[str, str] = {k: v for k, v in profile.env.items() if is_secret(k)}
+    if profile.rendezvous_suffix:  # the bootstrap's MASTER_ADDR: <first node><suffix>
+        pairs[node.HPCLAUNCH_MASTER_SUFFIX] = profile.rendezvous_suffix
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
@@ -362,7 +364,8 @@ def check(
         watch_window=gpu_watch_lines.window_from_values(options),
         profiling=profiled,
         env=_env(options.env, profile, environ),
-        sbatch_args=sbatchargs.sbatch_args(options.sbatch_arg),
+        # The site's mandatory companions (a profile's sbatch_args: Perlmutter's -C gpu) first.
+        sbatch_args=(*profile.sbatch_args, *sbatchargs.sbatch_args(options.sbatch_arg)),
         slurm_flags=slurm_lines(options),
         sbatch_spellings=sbatchargs.spellings(profile),
         options=options,

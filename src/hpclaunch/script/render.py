@@ -47,7 +47,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
     if spec.gpus_per_node:
-        lines.append(sbatch_line("gpus-per-node", str(spec.gpus_per_node), spellings))
+        lines.append(spec.gpu_request_line())
     if spec.mem_mb is not None:
         lines.append(shell.sbatch_line("--mem", format_memory(spec.mem_mb)))
     if spec.mem_per_gpu_mb is not None:

@@ -78,9 +78,15 @@ def sbatch_args(items: tuple[str, ...]) -> tuple[str, ...]:
     return items
 
 
+# The value as the row gives it ("{}"), and for gpus-per-node only also the job's total
+# (Isambard-AI's --gpus={total}) and the GPUs of each task (Alps' --gpus-per-task={per_task}).
+VALUE_HOLES = ("{}", "{total}", "{per_task}")
+
+
 def spellings(profile: Profile) -> tuple[tuple[str, str], ...]:
     """A profile's [sbatch_lines]: a row's #SBATCH line respelled for the site, checked
-    (a row that has a line; one "{}" for the value; one word: sbatch splits on blanks)."""
+    (a row that has a line; one hole for the value, VALUE_HOLES; one word: sbatch splits
+    on blanks)."""
     for name, line in profile.sbatch_lines.items():
         row = BY_NAME.get(name)
         if row is None or not row.line:
@@ -91,10 +97,13 @@ def spellings(profile: Profile) -> tuple[tuple[str, str], ...]:
                 f"one of {have}",
                 "Fix the profile's [sbatch_lines]",
             )
-        if line.count("{}") != 1 or not line.startswith("-") or any(c.isspace() for c in line):
+        allowed = VALUE_HOLES if name == "gpus-per-node" else VALUE_HOLES[:1]
+        holes = sum(line.count(hole) for hole in allowed)
+        if holes != 1 or not line.startswith("-") or any(c.isspace() for c in line):
             raise UserError(
                 f"cluster profile {profile.name}: sbatch_lines.{name}",
-                f"{show(line)} is not one sbatch option holding one {{}}",
+                f"{show(line)} is not one sbatch option holding one {{}}"
+                + (" (or {total}, {per_task})" if len(allowed) > 1 else ""),
                 "e.g. --gres=gpu:{}",
                 "Fix the profile's [sbatch_lines]",
             )
