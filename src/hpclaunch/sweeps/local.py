@@ -193,15 +193,17 @@ def _run_point(
     paths = _point_paths(ls, point.index)
     if not _claim(paths.run_dir):
         return None
-    if ls.space:
-        point = _ask(ls, point, running, lock)
-    env = dict(ls.environ)
-    env.update(script.point_env(ls.sweep_id, len(ls.points), point))
-    env[script.HPCLAUNCH_POINT] = str(point.index)
-    plan = render.plan_batch(ls.spec, ls.profile, paths, ls.cwd)
+    # Running from before its ask: another point's ask fails the trials of points not
+    # running (trials._fail_gone), and this one's trial is RUNNING once asked.
     with lock:
         running.add(point.index)
     try:
+        if ls.space:
+            point = _ask(ls, point, running, lock)
+        env = dict(ls.environ)
+        env.update(script.point_env(ls.sweep_id, len(ls.points), point))
+        env[script.HPCLAUNCH_POINT] = str(point.index)
+        plan = render.plan_batch(ls.spec, ls.profile, paths, ls.cwd)
         job_id = ls.backend.start(Launch(ls.spec, plan, paths, ls.cwd, env))
         now = runrecord.update(
             paths.run_dir, job_id=job_id, job_ids=[job_id], **ls.backend.record_extra(job_id)
