@@ -62,3 +62,12 @@ def bare_local_env(root: Path, **extra: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         **extra,
     }
+
+
+# A local rank that takes its time to exit (the exit-code tests of Ctrl-C and SIGTERM).
+KEEPS_ON = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(300)\n"
+)  # a rank that takes its time to exit: SIGTERM only makes it say so

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import hpclaunch
-from builders import bare_local_env
+from builders import KEEPS_ON, bare_local_env
 from conftest import VENV_BIN
 
 HPCLAUNCH = str(VENV_BIN / "hpclaunch")
@@ -236,12 +236,6 @@ def test_an_interrupted_start_leaves_only_a_record(tmp_path: Path, moment: str, 
 
 
 # The exit codes of ended runs (docs/internals.md, README): a row per cause, locally.
-KEEPS_ON = (
-    "import signal, time\n"
-    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
-    "print('up', flush=True)\n"
-    "time.sleep(300)\n"
-)  # a rank that takes its time to exit: SIGTERM only makes it say so
 
 
 @pytest.mark.parametrize(

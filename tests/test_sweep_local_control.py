@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builders import local_env
+from builders import KEEPS_ON, local_env
 from hpclaunch.records import runrecord
 from sweeptools import most_at_once
 from test_sweep_local import HPCLAUNCH, POINT, _hpclaunch
@@ -178,14 +178,6 @@ def test_one_local_point_is_cancelled_through_its_backend(tmp_path: Path) -> Non
     assert runner.returncode == 143, runner.stdout + runner.stderr
     states = [p["state"] for p in _status(tmp_path)["points"]]
     assert states == ["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED"]
-
-
-KEEPS_ON = (
-    "import signal, time\n"
-    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
-    "print('up', flush=True)\n"
-    "time.sleep(300)\n"
-)  # a rank that takes its time to exit: SIGTERM only makes it say so
 
 
 def test_ctrl_c_in_a_local_sweep_is_the_users_and_a_second_ends_the_ranks(
