@@ -272,8 +272,8 @@ def _folder(ref: str, field: str) -> Found:
     folder = Path(ref).expanduser().absolute()
     if sweep_record.is_sweep(folder):
         return Found(folder, True)
-    if (folder / "run.json").is_file():
-        return Found(folder, False)
+    if (folder / "run.json").is_file() or sweep_of(folder) is not None:  # a point: its
+        return Found(folder, False)  # record is made from sweep.json until it first changes
     raise UserError(
         field,
         f"{show(ref)} is no run or sweep folder",
