@@ -177,8 +177,11 @@ def test_user_can_make_a_venv_in_shared_folder(job_dir: Path) -> None:
     # /usr/bin/python3: hpcuser cannot enter root's home, where pyenv's pythons live.
     ok(["/usr/bin/python3", "-m", "venv", "venv"], job_dir, timeout=120)
     # The shared folder is seen by the nodes: the venv works in a job step there.
+    # Side by side with other tests' jobs, the step may queue minutes for node2.
     out = ok(
-        ["srun", "-w", "node2", "venv/bin/python", "-c", "import sys; print(sys.prefix)"], job_dir
+        ["srun", "-w", "node2", "venv/bin/python", "-c", "import sys; print(sys.prefix)"],
+        job_dir,
+        timeout=600,
     )
     assert out.strip() == str(job_dir / "venv")
     assert ok(["venv/bin/python", "-m", "pip", "--version"], job_dir).startswith("pip ")
