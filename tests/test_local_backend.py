@@ -357,12 +357,16 @@ def test_a_step_ended_by_a_signal_is_recorded_as_its_cause(
     paths = RunPaths("r", tmp_path, tmp_path / "checkpoints")
     (tmp_path / "logs").mkdir()
     old = signal.signal(signal.SIGTERM, to_interrupt)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), sig))
+    # Ctrl-C as in a terminal (a pytest-xdist worker may ignore SIGINT), sent once the
+    # wait has surely begun: 2 s, for a loaded machine (0.5 s was seen to come first).
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), sig))
     timer.start()
     try:
         ended = step.wait("7.0", paths, io.StringIO(), io.StringIO())
     finally:
         timer.join()
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
     assert ended == (code, "CANCELLED")
     assert reason in step.end_reason("7.0")
