@@ -7,6 +7,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -90,6 +91,14 @@ def slurm_conf() -> Path:
     conf = testbed.slurm_conf()
     assert conf is not None
     return conf
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as in a terminal for every process the tests start: a suite started in the
+    background (`bash .ci/run &`, nohup) inherits SIGINT ignored, which then reaches every
+    child, and the tests of what Ctrl-C does would fail for it (seen in this CI)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Each slow test's time in an earlier whole run (scripts/slowest.py --durations-out).
