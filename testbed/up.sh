@@ -268,15 +268,18 @@ else
     node_lines="NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[6831-6832] CPUs=$cpus$topology RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN"
 fi
 
-# Jobs that ask for it (sbatch --oversubscribe, or SBATCH_OVERSUBSCRIBE=1 in sbatch's
-# environment) share cores, up to TESTBED_OVERSUBSCRIBE (default 4) jobs a core
-# (OverSubscribe=YES:N): the test suite's side-by-side end-to-end tests ask, since they
-# mostly sleep and wait on Slurm and would otherwise queue behind each other for the
-# machine's few cores; its serial tests and anyone else's jobs do not ask and see whole
-# cores as before. CPU binding stays on the real cores; GPUs are never shared.
+# Every job shares cores, up to TESTBED_OVERSUBSCRIBE (default 4) jobs a core
+# (OverSubscribe=FORCE:N): the test suite's side-by-side end-to-end tests mostly sleep and
+# wait on Slurm and would otherwise queue behind each other for the machine's few cores
+# (with 2 cores a node, 4 one-core jobs filled the testbed and a sweep's points ran one
+# after another). FORCE, not YES: with YES a job shares only when it asks with sbatch's
+# --oversubscribe, and sbatch reads no environment variable for it (`man sbatch`, INPUT
+# ENVIRONMENT VARIABLES), so the suite could not ask without changing what hpclaunch
+# submits. Serial tests have the cluster to themselves and see no one beside them.
+# CPU binding stays on the real cores; GPUs are never shared.
 share=""
 oversubscribe=${TESTBED_OVERSUBSCRIBE:-4}
-if [[ "$oversubscribe" =~ ^[2-9]$ ]]; then share=" OverSubscribe=YES:$oversubscribe"; fi
+if [[ "$oversubscribe" =~ ^[2-9]$ ]]; then share=" OverSubscribe=FORCE:$oversubscribe"; fi
 
 cat >"$CONF" <<EOF
 # Written by testbed/up.sh ($layout layout); rewritten on every run.

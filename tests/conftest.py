@@ -169,10 +169,6 @@ def _user_folder(slurm_conf: Path, name: str, serial: bool) -> Iterator[Hpc]:
         "XDG_CONFIG_HOME": str(folder / "xdg"),
         "HPCLAUNCH_CLUSTER": "slurm",
     }
-    if not serial:
-        # Side by side with other tests' jobs: share the testbed's few cores with them
-        # (its partitions are OverSubscribe=YES, testbed/up.sh) instead of queueing.
-        env["SBATCH_OVERSUBSCRIBE"] = "1"
     yield Hpc(cwd=folder, env=env, user=name)
     if serial:  # the next test finds the cluster idle
         testbed.wait_idle(timeout=60)
