@@ -40,7 +40,9 @@ echo "test: set-up, testbed, ruff and mypy took ${set_up} s; pytest" >&2
 # Three phases, by what a test needs (tests/conftest.py marks every test that needs the
 # testbed `testbed`; `serial`: it needs the cluster, or this host's /tmp, to itself):
 # 1. the testbed's side-by-side tests in HPCLAUNCH_TEST_WORKERS pytest-xdist workers,
-#    longest first: they mostly wait on Slurm (time limits, signals, requeues);
+#    longest first, two at a time to a worker (--maxschedchunk 2: xdist's default first
+#    deal gives each worker a quarter of its share in a row, so one worker got the nine
+#    longest tests, ~850 s alone); they mostly wait on Slurm (time limits, requeues);
 # 2. the testbed's serial tests one at a time (they crash or drain nodes, reconfigure
 #    slurmctld, count all jobs or wait for an idle cluster), mostly waiting too, while
 #    the unit tests (no testbed, not serial) fill the CPUs beside them in their own
@@ -62,7 +64,7 @@ busy_since() {  # busy_since "BUSY TOTAL" -> percent busy since then
 pytest_started=$SECONDS
 ticks=$(cpu_ticks)
 codes=()
-python -m pytest -q -n "$workers" -m "testbed and not serial" \
+python -m pytest -q -n "$workers" --maxschedchunk 2 -m "testbed and not serial" \
     --junitxml="$reports/side-by-side.xml" "$@" && codes+=(0) || codes+=($?)
 side_s=$((SECONDS - pytest_started))
 side_busy=$(busy_since "$ticks")

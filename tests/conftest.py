@@ -110,8 +110,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (scripts/test.sh), the longest tests first (their times from
     tests/durations.json), then the rest of the testbed's: they mostly wait on Slurm, so
     starting them early lets the unit tests fill the CPUs meanwhile instead of the run
-    ending on a requeue test of four minutes dealt out last (xdist hands each worker its
-    share of the first quarter of the list in order). A stable sort: every worker
+    ending on a requeue test of four minutes dealt out last (scripts/test.sh deals them
+    two at a time, --maxschedchunk 2, so that no worker gets the longest ones in a row). A stable sort: every worker
     collects the same order, and the order within a group stays the files' own."""
     for item in items:
         # Whatever needs the testbed (every such fixture asks for slurm_conf) is marked so,
