@@ -94,6 +94,11 @@ if [ "$selected" = 0 ]; then status=5; fi
 python scripts/slowest.py -n 10 "$reports"/*.xml
 # ... and every test of a minute or more, for the note on where the time goes.
 python scripts/slowest.py --at-least 60 "$reports"/*.xml
+# HPCLAUNCH_TEST_REPORTS=DIR keeps the JUnit reports (tests/durations.json is refreshed
+# from them: python scripts/slowest.py --durations-out tests/durations.json DIR/*.xml).
+if [[ -n "${HPCLAUNCH_TEST_REPORTS:-}" ]]; then
+    mkdir -p "$HPCLAUNCH_TEST_REPORTS" && cp "$reports"/*.xml "$HPCLAUNCH_TEST_REPORTS"/ || true
+fi
 rm -rf "$reports"
 echo "test: set-up, testbed, ruff and mypy ${set_up} s; pytest: testbed side by side" \
     "${side_s} s (${workers} workers, CPUs ${side_busy}% busy), serial beside the unit" \
