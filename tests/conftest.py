@@ -111,8 +111,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests/durations.json), then the rest of the testbed's: they mostly wait on Slurm, so
     starting them early lets the unit tests fill the CPUs meanwhile instead of the run
     ending on a requeue test of four minutes dealt out last (scripts/test.sh deals them
-    two at a time, --maxschedchunk 2, so that no worker gets the longest ones in a row). A stable sort: every worker
-    collects the same order, and the order within a group stays the files' own."""
+    two at a time, --maxschedchunk 2, so that no worker gets the longest ones in a row).
+    A stable sort: every worker collects the same order, and the order within a group
+    stays the files' own."""
     for item in items:
         # Whatever needs the testbed (every such fixture asks for slurm_conf) is marked so,
         # so that scripts/test.sh can run the unit tests beside the serial phase.
