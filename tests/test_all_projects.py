@@ -11,14 +11,14 @@ from pathlib import Path
 import click
 
 from builders import local_env
-from hpclaunch.cli.group import cli
+from hpclaunch.cli.group import cli, every_command
 
 PY = sys.executable
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
     found = []
-    for name, command in sorted(group.commands.items()):
+    for name, command in sorted(every_command(group).items()):
         if isinstance(command, click.Group):
             found += _commands(command, f"{prefix}{name} ")
         else:

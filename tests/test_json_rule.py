@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from builders import local_env
-from hpclaunch.cli.group import cli
+from hpclaunch.cli.group import cli, every_command
 from test_stacks import PYSPY
 
 HPCLAUNCH = str(Path(sys.executable).parent / "hpclaunch")
@@ -72,7 +72,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
 def _commands(
     group: click.Group, path: tuple[str, ...] = ()
 ) -> Iterator[tuple[str, click.Command]]:
-    for name, command in group.commands.items():
+    for name, command in every_command(group).items():
         if isinstance(command, click.Group):
             yield from _commands(command, (*path, name))
         else:
