@@ -85,7 +85,7 @@ def test_two_nodes_save_requeue_and_resume(hpc: Hpc) -> None:
     for attempt in (0, 1):
         marks = sorted(p.name for p in (run_dir / "stage" / f"attempt-{attempt}").iterdir())
         assert marks == ["ready-node1", "ready-node2"], marks
-    assert _locals_on_nodes() == {"node1": [], "node2": []}
+    assert _locals_on_nodes(hpc) == {"node1": [], "node2": []}
 
 
 def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> None:

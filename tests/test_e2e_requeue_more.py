@@ -274,8 +274,8 @@ def _logs(hpc: Hpc, run_id: str, attempt: int) -> str:
 
 def _lightning_run(hpc: Hpc, exp: str, ranks: int) -> Any:
     return hpc.run(
-        "run", "--exp", exp, "--tasks-per-node", str(ranks), "-t", "2", "--requeue",
-        "--requeue-signal", "USR1", "--signal-before", "60", "--max-requeues", "3",
+        "run", "--exp", exp, "--tasks-per-node", str(ranks), "-t", "3", "--requeue",
+        "--requeue-signal", "USR1", "--signal-before", "90", "--max-requeues", "3",
         "--env", f"DEVICES={ranks}", "--wait", "--", "python", "lightning_requeue.py",
         timeout=420,
     )  # fmt: skip
@@ -327,10 +327,12 @@ def test_lightning_requeues_itself_on_usr1_exactly_once(hpc: Hpc) -> None:
     runs `scontrol requeue` itself; Slurm ends the attempt (its SIGTERM ends hpclaunch's
     batch shell before its own requeue), so the one signal makes exactly one requeue:
     attempt 0 has no end of its own ("requeued by Slurm"), attempt 1 restores the hpc
-    checkpoint and completes. `-t 2 --signal-before 60`: the signal comes 30 to 60 s in,
+    checkpoint and completes. `-t 3 --signal-before 90`: the signal comes 60 to 90 s in,
     well after Lightning's handlers are set (its import alone takes 6 s, DDP's set-up ~12 s
-    here; a signal before them would kill the rank), and the fast second attempt (~17 s)
-    ends before its own."""
+    here; a signal before them would kill the rank) and before the first attempt's 100 s
+    of steps end, and the fast second attempt (~17 s alone, over 30 s once in a CI with
+    the testbed's cores shared: `-t 2 --signal-before 60` signalled it too) ends before
+    its own."""
     pytest.importorskip("lightning")
     _copy(hpc, "lightning_requeue.py")
     started = time.monotonic()

@@ -101,7 +101,7 @@ def test_queued_job_runs_the_code_as_submitted(hpc: Hpc) -> None:
     assert "version 3 data-ok" in current.stdout
     live = here.run("run", "--no-snapshot", "--wait", "--", "python3", "prog.py")
     assert live.returncode == 0 and "version 3" in live.stdout, live.stderr
-    testbed.wait_idle(timeout=60)
+    testbed.wait_jobs_gone(hpc.cwd, timeout=60)
 
 
 def test_a_snapshot_over_the_limit_is_refused_naming_the_largest_file(hpc: Hpc) -> None:

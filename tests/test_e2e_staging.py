@@ -61,12 +61,36 @@ def _on_nodes(command: str, as_root: bool = False) -> dict[str, str]:
     return {line.split()[0]: line.partition(" ")[2] for line in proc.stdout.splitlines() if line}
 
 
-def _locals_on_nodes() -> dict[str, list[str]]:
+def _locals_on_nodes(hpc: Hpc | None = None) -> dict[str, list[str]]:
+    """The node-local folders (hpclaunch-<jobid>[-a<N>].<random>, src/hpclaunch/node) on
+    each node's /tmp; with ``hpc``, only those of that test's jobs: the testbed's cores are
+    shared (OverSubscribe=FORCE), so other tests' jobs run on the same nodes meanwhile and
+    their folders (and a W&B agent's hpclaunch-wandb-*) come and go beside them."""
     listing = _on_nodes("ls -1 /tmp")
+    own = None if hpc is None else _job_ids_of(hpc)
     return {
-        node: sorted(n for n in text.split() if n.startswith("hpclaunch-"))
+        node: sorted(
+            n
+            for n in text.split()
+            if n.startswith("hpclaunch-") and (own is None or _local_job_id(n) in own)
+        )
         for node, text in listing.items()
     }
+
+
+def _local_job_id(name: str) -> str:
+    """hpclaunch-123-a1.x7Yz -> 123 (the job id of a node-local folder's name)."""
+    return name[len("hpclaunch-") :].split(".")[0].split("-")[0].split("_")[0]
+
+
+def _job_ids_of(hpc: Hpc) -> set[str]:
+    """The Slurm job ids of every run under the test's folder (their run.json files)."""
+    found = set()
+    for record in hpc.cwd.rglob("run.json"):
+        job_id = str(json.loads(record.read_text()).get("job_id") or "")
+        if job_id:
+            found.add(job_id.split("_")[0])
+    return found
 
 
 def _sums_program(hpc: Hpc) -> Path:
@@ -157,7 +181,7 @@ def test_cleanup_and_stage_out_after_success_failure_and_time_limit(hpc: Hpc) ->
         results = _results(hpc, name)
         if testbed.layout() == "netns":
             assert results == {"node1": ["r0.txt"], "node2": ["r1.txt"]}, (name, results)
-    assert _locals_on_nodes() == {"node1": [], "node2": []}
+    assert _locals_on_nodes(hpc) == {"node1": [], "node2": []}
 
 
 @pytest.mark.serial  # waits for an idle cluster; reads the nodes' /tmp
