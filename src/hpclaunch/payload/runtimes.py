@@ -1,0 +1,185 @@
+"""The runtimes srun enters itself (Pyxis/enroot, the CSCS Container Engine) and the one
+each rank starts (podman-hpc): their flags, the run's EDF, their image names.
+
+Apptainer and Charliecloud clean the environment and get it through a pipe
+(containers.py); these three pass the host's environment into the container by
+themselves, but let the image's values win, so hpclaunch names the variables whose
+host value must win:
+
+- Pyxis (github.com/NVIDIA/pyxis, README "Usage", args.c): `srun --container-image=SQSH
+  --container-mounts=SRC:DST[:ro],... --container-workdir=CWD --no-container-mount-home
+  --container-env=NAME,...` ("names of environment variables to override with the host
+  environment"). The image is a SquashFS file made once (`enroot import`, hpclaunch image
+  import), never a registry reference that every node would pull.
+- CSCS Container Engine (docs.cscs.ch/software/container-engine/edf, .../run): `srun
+  --environment=EDF`, the run's EDF (TOML: image, workdir, mounts, writable,
+  base_environment, [env], [annotations]) in the run folder. "${VAR}" in an EDF is the
+  host's VAR ("$$" a literal $); [env] NAME = "${NAME:-}" makes the host's value win
+  (an empty value unsets it, as for a name the host lacks).
+- podman-hpc (docs.nersc.gov/development/containers/podman-hpc/overview): `srun ...
+  podman-hpc run --rm [--gpu] -v SRC:DST[:ro] -w CWD -e NAME ... IMAGE COMMAND` per
+  rank, the image migrated once (`podman-hpc migrate`). Podman's `-e NAME` takes the
+  host's value, `-e 'PREFIX*'` every host variable with that prefix
+  (docs.podman.io/en/latest/markdown/podman-run.1.html, --env).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Optional
+
+from hpclaunch.config.jobspec import Bind, ContainerJob
+from hpclaunch.errors import UserError, show
+from hpclaunch.records.runpaths import RunPaths
+
+PIPED = ("apptainer", "charliecloud")  # the environment crosses through fd 3
+IN_SRUN = ("pyxis", "ce")  # srun's own options enter the container
+EDF_NAME = "container.toml"  # the CE's EDF in the run folder
+COMMANDS = {"pyxis": "srun", "ce": "srun", "podman-hpc": "podman-hpc"}
+IMPORTED = ".sqsh"  # the SquashFS files `hpclaunch image import` makes (enroot's suffix)
+# A podman image reference: [REGISTRY/]NAME[:TAG][@DIGEST], lower case (containers/image
+# reference grammar); a path is not one.
+PODMAN_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?")
+
+
+def refuse_registry(runtime: str, value: str) -> None:
+    """Pyxis and the CE can pull `REGISTRY#IMAGE` or `docker://` on every node of every
+    job: hpclaunch runs an image imported once instead (pyxis issue 24, enroot issue 154)."""
+    if runtime in IN_SRUN and ("#" in value or "://" in value):
+        raise UserError(
+            "--container",
+            f"{show(value)} is a registry reference",
+            f"{runtime} would pull it on every node of every job",
+            f"Import it once: hpclaunch image import {value}, then give the .sqsh file",
+        )
+
+
+def podman_image(value: str) -> str:
+    """podman-hpc runs images from its storage by name (`podman-hpc images`)."""
+    if not PODMAN_IMAGE.fullmatch(value) or value.startswith(("./", "../")):
+        raise UserError(
+            "--container",
+            f"{show(value)} is not an image name",
+            "podman-hpc runs images migrated into its storage (podman-hpc images)",
+            "Give NAME[:TAG]; import a directory or archive first: hpclaunch image import",
+        )
+    return value
+
+
+def wrong_kind(runtime: str, kind: str, image: str) -> None:
+    if runtime in IN_SRUN and kind != "squashfs":
+        raise UserError(
+            "--container",
+            f"{image} is a {kind} image",
+            f"{runtime} runs a SquashFS file made once (enroot import)",
+            f"Make one: hpclaunch image import {image}",
+        )
+
+
+def refuse_outside_srun(job: ContainerJob) -> None:
+    """`env create` and image probes start the image here: Pyxis and the CE cannot."""
+    if job.runtime in IN_SRUN:
+        raise UserError(
+            "--container-runtime",
+            f"{job.runtime} enters images only through srun",
+            "hpclaunch cannot start its image outside a job",
+            "Run the command inside a job (srun), or give --container-runtime podman-hpc",
+        )
+
+
+def env_names(job: ContainerJob, names: Iterable[str]) -> list[str]:
+    """The variables whose host value must win inside (Pyxis --container-env, the EDF's
+    [env]): hpclaunch's and the job's own names, the profile's exact names; prefixes
+    (SLURM_*) come from the host by default, as the image does not set them."""
+    seen: dict[str, None] = {}
+    fixed = ("SLURMD_NODENAME", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    for name in (*fixed, *names, *job.pass_env):
+        if not name.endswith("*"):
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def edf_path(paths: RunPaths) -> Path:
+    """The run's EDF, beside its shipped files (a sweep's points share the sweep's)."""
+    return (paths.shipped_dir or paths.run_dir) / EDF_NAME
+
+
+def _pyxis_mount(bind: Bind) -> str:
+    return f"{bind.src}:{bind.dst}" + (":ro" if bind.ro else "")
+
+
+def srun_flags(job: ContainerJob, names: list[str], edf: str) -> list[str]:
+    """What srun gets before the task's command (nothing for the other runtimes)."""
+    if job.runtime == "pyxis":
+        flags = [f"--container-image={job.image}"]
+        if job.binds:
+            flags.append("--container-mounts=" + ",".join(_pyxis_mount(b) for b in job.binds))
+        flags += [f"--container-workdir={job.cwd}", "--no-container-mount-home"]
+        flags.append("--container-env=" + ",".join(env_names(job, names)))
+        return [*flags, *job.flags]
+    if job.runtime == "ce":
+        return [f"--environment={edf}", *job.flags]
+    return []
+
+
+def _toml(value: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's; DEL must be escaped in TOML)."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _literal(path: str) -> str:
+    """A path in an EDF: the CE expands ${VAR} everywhere; $$ is a literal $."""
+    return _toml(path.replace("$", "$$"))
+
+
+def edf_text(job: ContainerJob, names: list[str]) -> str:
+    """The run's EDF (docs.cscs.ch/software/container-engine/edf): no value of the
+    environment in it, only references to the host's (secrets stay out of files)."""
+    lines = ["# Written by hpclaunch for this run's srun --environment (CSCS Container Engine)."]
+    if job.base_environment:
+        lines.append(f"base_environment = [{', '.join(_toml(b) for b in job.base_environment)}]")
+    lines += [f"image = {_literal(job.image)}", f"workdir = {_literal(job.cwd)}"]
+    mounts = [_literal(_pyxis_mount(b)) for b in job.binds]
+    lines.append(f"mounts = [{', '.join(mounts)}]")
+    lines += ["", "[env]"]
+    lines += [f"{_toml(name)} = {_toml('${' + name + ':-}')}" for name in env_names(job, names)]
+    if job.annotations:
+        lines += ["", "[annotations]"]
+        lines += [f"{_toml(k)} = {_toml(v)}" for k, v in job.annotations]
+    return "\n".join(lines) + "\n"
+
+
+def podman_argv(job: ContainerJob, passed: list[str], clean: bool = True) -> list[str]:
+    """One rank's podman-hpc command up to the image; `passed` as HPCLAUNCH_CONTAINER_PASS
+    lists them (NAME or PREFIX*). clean=False keeps the host's environment (env create)."""
+    argv = [job.command, "run", "--rm", *job.flags]
+    argv += [f"--volume={_pyxis_mount(b)}" for b in job.binds]
+    argv.append(f"--workdir={job.cwd}")
+    argv += ["--env-host"] if not clean else [f"--env={name}" for name in passed]
+    argv.append(job.image)
+    return argv
+
+
+def comment(job: ContainerJob) -> list[str]:
+    """The dry-run's words for how the ranks enter the image."""
+    if job.runtime == "pyxis":
+        how = "srun's --container-* options (Pyxis/enroot) start each task inside the image;"
+    elif job.runtime == "ce":
+        how = f"srun --environment={EDF_NAME} (this run's EDF) starts each task inside it;"
+    else:
+        how = "each task runs podman-hpc run, which starts the rank inside the image;"
+    return [
+        "",
+        f"# {how} the host's environment",
+        "# crosses by itself, the variables hpclaunch sets named so the host's value wins.",
+    ]
+
+
+def command(runtime: str, settings_command: str) -> Optional[str]:
+    """The runtime's program for the new runtimes (None for Apptainer/Charliecloud)."""
+    if runtime not in COMMANDS:
+        return None
+    return settings_command or COMMANDS[runtime]

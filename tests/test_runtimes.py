@@ -1,0 +1,190 @@
+"""Pyxis/enroot, the CSCS Container Engine and podman-hpc without Slurm: the runtime
+chosen (profile key or --container-runtime), the job script each renders (the dry-run),
+the run's EDF, the images each accepts and refuses.
+
+What these cannot show: that the real Pyxis, CE or podman-hpc accept these lines (none
+installs here: tests/test_e2e_runtimes.py runs them through stand-ins on the testbed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from hpclaunch.config.jobspec import Bind, ContainerJob
+from hpclaunch.errors import UserError
+from hpclaunch.planning import preparing
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import render
+
+RUN_ID = "20260101-000000-000-abcd"
+SITE = """name = "gpusite"
+kind = "slurm"
+default_partition = "gpu"
+run_root = "{root}/runs"
+
+[partitions.gpu]
+max_time = "1-00:00:00"
+max_nodes = 64
+gpus = 8
+default = true
+
+[container]
+runtime = "{runtime}"
+image_dirs = ["{images}"]
+"""
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Path]:
+    """A GPU site profile in the user's config folder, its image folder with a SquashFS
+    file (`hsqs` magic) and a directory image."""
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "pytorch.sqsh").write_bytes(b"hsqs" + b"\0" * 124)
+    (images / "rootfs").mkdir()
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    try:
+        yield tmp_path
+    finally:
+        if old is None:
+            del os.environ["XDG_CONFIG_HOME"]
+        else:
+            os.environ["XDG_CONFIG_HOME"] = old
+
+
+def _profile(root: Path, runtime: str, extra: str = "") -> None:
+    clusters = root / "config" / "hpclaunch" / "clusters"
+    clusters.mkdir(parents=True, exist_ok=True)
+    text = SITE.format(root=root, runtime=runtime, images=root / "images") + extra
+    (clusters / "gpusite.toml").write_text(text)
+
+
+def _plan(root: Path, runtime: str, extra: str = "", **cli: object) -> render.BatchPlan:
+    _profile(root, runtime, extra)
+    project = root / "project"
+    project.mkdir(exist_ok=True)
+    environ = {
+        "HOME": str(root),
+        "PATH": "/usr/bin:/bin",
+        "XDG_CONFIG_HOME": str(root / "config"),
+        "WANDB_API_KEY": "s3cret",
+    }
+    options = {"cluster": "gpusite", "nodes": "2", "gpus_per_node": "2", "time": "10", **cli}
+    options.setdefault("container", "pytorch")
+    options.setdefault("env", ("WANDB_API_KEY", "LR=0.1"))
+    prepared = preparing.prepare_spec(options, ("python", "train.py"), project, environ)
+    spec = prepared.spec
+    run_dir = Path(spec.run_root) / spec.exp / RUN_ID
+    paths = RunPaths(RUN_ID, run_dir, run_dir / "checkpoints")
+    return render.plan_batch(spec, prepared.profile, paths, project)
+
+
+def _srun(plan: render.BatchPlan) -> list[str]:
+    return [str(w) for w in plan.srun_argv]
+
+
+def test_pyxis_runs_the_ranks_through_srun_container_options(site: Path) -> None:
+    plan = _plan(site, "pyxis")
+    argv = _srun(plan)
+    image = str(site / "images" / "pytorch.sqsh")
+    assert argv[argv.index(f"--container-image={image}") + 1].startswith("--container-mounts=")
+    mounts = next(a for a in argv if a.startswith("--container-mounts="))
+    assert f"{site}/runs:{site}/runs" in mounts and f"{site}/project:{site}/project" in mounts
+    assert f"--container-workdir={site}/project" in argv
+    assert "--no-container-mount-home" in argv
+    env = next(a for a in argv if a.startswith("--container-env=")).split("=", 1)[1].split(",")
+    for name in ("HPCLAUNCH_RUN_DIR", "MASTER_ADDR", "MASTER_PORT", "LR", "WANDB_API_KEY"):
+        assert name in env
+    assert "s3cret" not in plan.script  # a secret's name only, never its value
+    # The task is the bootstrap itself: no wrapper, no fd 3 (Pyxis passes the environment).
+    task = [str(w) for w in plan.task_argv]
+    assert task[:3] == ["python3", "-I", "-S"] and task[-2:] == ["python", "train.py"]
+    assert not any("hpclaunch-env-fd" in w for w in task)
+    assert "--container-image=" in plan.script and "Pyxis/enroot" in plan.script
+    assert plan.files == ()
+
+
+def test_pyxis_profile_flags_ro_binds_and_the_cli_choice(site: Path) -> None:
+    data = site / "data"
+    data.mkdir()
+    plan = _plan(site, "apptainer", container_runtime="pyxis", bind=(f"{data}:/data:ro",))
+    mounts = next(a for a in _srun(plan) if a.startswith("--container-mounts="))
+    assert mounts.endswith(f",{data}:/data:ro")
+
+
+def test_ce_writes_the_runs_edf_and_passes_environment(site: Path) -> None:
+    extra = (
+        'base_environment = ["alps-base"]\n'
+        '[container.annotations]\n"com.hooks.aws_ofi_nccl.enabled" = "true"\n'
+    )
+    plan = _plan(site, "ce", extra=extra.replace("[container.", "\n[container."))
+    edf_path = site / "runs" / "default" / RUN_ID / "container.toml"
+    assert f"--environment={edf_path}" in _srun(plan)
+    (name, text), *_ = plan.files
+    assert name == "container.toml"
+    edf = tomllib.loads(text)
+    assert edf["image"] == str(site / "images" / "pytorch.sqsh")
+    assert edf["workdir"] == str(site / "project")
+    assert f"{site}/runs:{site}/runs" in edf["mounts"]
+    assert edf["base_environment"] == ["alps-base"]
+    assert edf["annotations"] == {"com.hooks.aws_ofi_nccl.enabled": "true"}
+    assert edf["env"]["HPCLAUNCH_RUN_DIR"] == "${HPCLAUNCH_RUN_DIR:-}"
+    assert edf["env"]["WANDB_API_KEY"] == "${WANDB_API_KEY:-}"
+    assert "s3cret" not in text and "s3cret" not in plan.script
+    assert not any("hpclaunch-env-fd" in str(w) for w in plan.task_argv)
+
+
+def test_edf_escapes_dollar_in_paths() -> None:
+    from hpclaunch.payload import runtimes
+
+    job = ContainerJob(
+        runtime="ce", command="srun", image="/i/a$b.sqsh", cwd="/w",
+        binds=(Bind('/d"x', "/d"),), pass_env=("LC_*", "TZ"),
+    )  # fmt: skip
+    edf = tomllib.loads(runtimes.edf_text(job, ["A"]))
+    assert edf["image"] == "/i/a$$b.sqsh" and edf["mounts"] == ['/d"x:/d']
+    assert list(edf["env"]) == ["SLURMD_NODENAME", "MASTER_ADDR", "MASTER_PORT",
+                                "OMP_NUM_THREADS", "A", "TZ"]  # fmt: skip
+
+
+def test_podman_hpc_runs_each_rank_in_podman_hpc_run(site: Path) -> None:
+    plan = _plan(site, "podman-hpc", container="pytorch:24.05")
+    task = [str(w) for w in plan.task_argv]
+    head = task[: task.index("pytorch:24.05")]
+    assert head[:4] == ["podman-hpc", "run", "--rm", "--gpu"]
+    assert f"--volume={site}/runs:{site}/runs" in head
+    assert f"--workdir={site}/project" in head
+    for name in ("--env=SLURM_*", "--env=HPCLAUNCH_*", "--env=WANDB_*", "--env=LR"):
+        assert name in head
+    after = task[task.index("pytorch:24.05") + 1 :]
+    assert after[:3] == ["python3", "-I", "-S"] and after[-2:] == ["python", "train.py"]
+    assert not any("hpclaunch-env-fd" in w for w in task)
+    assert "podman-hpc run" in plan.script and "s3cret" not in plan.script
+
+
+@pytest.mark.parametrize(
+    ("runtime", "image", "words"),
+    [
+        ("pyxis", "nvcr.io#nvidia/pytorch:24.05-py3", "registry reference"),
+        ("ce", "docker://ubuntu:24.04", "registry reference"),
+        ("pyxis", "rootfs", "is a directory image"),
+        ("ce", "rootfs", "is a directory image"),
+        ("podman-hpc", "./rootfs", "is not an image name"),
+    ],
+)
+def test_images_each_runtime_refuses(site: Path, runtime: str, image: str, words: str) -> None:
+    with pytest.raises(UserError) as caught:
+        _plan(site, runtime, container=image)
+    assert words in str(caught.value) and "--container" in str(caught.value)
+
+
+def test_unknown_runtime_is_refused_by_the_option(site: Path) -> None:
+    with pytest.raises(UserError) as caught:
+        _plan(site, "apptainer", container_runtime="enroot")
+    assert "podman-hpc" in str(caught.value)
