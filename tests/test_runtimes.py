@@ -8,9 +8,11 @@ installs here: tests/test_e2e_runtimes.py runs them through stand-ins on the tes
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -157,7 +159,7 @@ def test_podman_hpc_runs_each_rank_in_podman_hpc_run(site: Path) -> None:
     plan = _plan(site, "podman-hpc", container="pytorch:24.05")
     task = [str(w) for w in plan.task_argv]
     head = task[: task.index("pytorch:24.05")]
-    assert head[:4] == ["podman-hpc", "run", "--rm", "--gpu"]
+    assert head[:6] == ["podman-hpc", "run", "--rm", "--network=host", "--pid=host", "--gpu"]
     assert f"--volume={site}/runs:{site}/runs" in head
     assert f"--workdir={site}/project" in head
     for name in ("--env=SLURM_*", "--env=HPCLAUNCH_*", "--env=WANDB_*", "--env=LR"):
@@ -188,3 +190,65 @@ def test_unknown_runtime_is_refused_by_the_option(site: Path) -> None:
     with pytest.raises(UserError) as caught:
         _plan(site, "apptainer", container_runtime="enroot")
     assert "podman-hpc" in str(caught.value)
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "ce"])
+def test_srun_runtimes_are_refused_on_a_local_run(tmp_path: Path, runtime: str) -> None:
+    """A local run starts its ranks without srun: Pyxis's or the CE's options would be
+    lost and the ranks would run outside the image."""
+    options = {"cluster": "local", "container": "x.sqsh", "container_runtime": runtime}
+    with pytest.raises(UserError) as caught:
+        preparing.prepare_spec(options, ("python", "t.py"), tmp_path, {"HOME": str(tmp_path)})
+    assert f"{runtime} on a local run" in str(caught.value)
+
+
+def _attach_plan(tmp_path: Path, runtime: str, image: str, command: list[str]) -> Any:
+    from hpclaunch.observe import attach
+    from hpclaunch.records import runrecord
+
+    run_dir = tmp_path / "runs" / "default" / RUN_ID
+    run_dir.mkdir(parents=True)
+    runrecord.create(
+        run_dir,
+        {"run_id": RUN_ID, "run_dir": str(run_dir), "backend": "slurm", "job_id": "42",
+         "state": "RUNNING", "nodes": 2, "tasks_per_node": 1, "cwd": str(tmp_path)},
+    )  # fmt: skip
+    container = {
+        "runtime": runtime, "command": "srun" if runtime != "podman-hpc" else "podman-hpc",
+        "image": image, "binds": [{"src": "/data", "dst": "/d", "ro": True}], "flags": [],
+        "cwd": "/work", "pass_env": ["NCCL_*"],
+    }  # fmt: skip
+    spec = {"env": {"LR": "0.1"}, "venv": "/v", "container": container}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    target = attach.Target(RUN_ID, "42", ("node1", "node2"), "node2")
+    environ = {"PATH": "/usr/bin:/bin", "HOME": "/h"}
+    record = runrecord.load(run_dir)
+    return attach.plan_attach(record, target, command, container=True, pty=False, environ=environ)
+
+
+def test_attach_container_enters_a_pyxis_image_through_srun(tmp_path: Path) -> None:
+    """attach --container (and stack, which attaches py-spy) start a step with the job's
+    own --container-* options; the exec-only bootstrap activates the venv without fd 3."""
+    p = _attach_plan(tmp_path, "pyxis", "/img/x.sqsh", ["py-spy", "dump"])
+    argv = list(p.argv)
+    at = argv.index("--container-image=/img/x.sqsh")
+    assert argv[at + 1 : at + 4] == [
+        "--container-mounts=/data:/d:ro", "--container-workdir=/work", "--no-container-mount-home"
+    ]  # fmt: skip
+    env = argv[at + 4].split("=", 1)[1].split(",")
+    assert {"HPCLAUNCH_RUN_DIR", "HPCLAUNCH_VENV", "LR", "TERM"} <= set(env)
+    assert argv[at + 5 :][-3:] == ["--hpclaunch-exec", "py-spy", "dump"]
+    assert not any(a.startswith("--hpclaunch-env-fd") for a in argv)
+    assert p.env["HPCLAUNCH_VENV"] == "/v"
+
+
+def test_attach_container_ce_uses_the_runs_edf_podman_its_run(tmp_path: Path) -> None:
+    ce = _attach_plan(tmp_path / "ce", "ce", "/img/x.sqsh", ["true"])
+    edf = tmp_path / "ce" / "runs" / "default" / RUN_ID / "container.toml"
+    assert f"--environment={edf}" in ce.argv
+    podman = _attach_plan(tmp_path / "pod", "podman-hpc", "pytorch:24.05", ["true"])
+    argv = list(podman.argv)
+    start = argv.index("podman-hpc")
+    assert argv[start : start + 3] == ["podman-hpc", "run", "--rm"]
+    assert "--volume=/data:/d:ro" in argv and "--env=LR" in argv and "--env=TERM" in argv
+    assert argv[-2:] == ["--hpclaunch-exec", "true"]

@@ -199,6 +199,7 @@ def resolve(
         if user_binds:
             raise UserError("--bind", "given without --container", "", "Add --container IMAGE")
         return None
+    runtimes.refuse_local(runtime, profile.kind)
     image = runtime_image(runtime, image_value, settings, environ, cwd)
     user = [parse_bind(b, cwd, runtime) for b in user_binds]
     for bind in user:

@@ -79,6 +79,17 @@ def wrong_kind(runtime: str, kind: str, image: str) -> None:
         )
 
 
+def refuse_local(runtime: str, kind: str) -> None:
+    """Pyxis and the CE are srun's options: a local run has no srun to enter the image."""
+    if runtime in IN_SRUN and kind == "local":
+        raise UserError(
+            "--container-runtime",
+            f"{runtime} on a local run",
+            f"{runtime} enters the image through srun's options",
+            "Run on a Slurm cluster (--cluster), or give --container-runtime podman-hpc",
+        )
+
+
 def refuse_outside_srun(job: ContainerJob) -> None:
     """`env create` and image probes start the image here: Pyxis and the CE cannot."""
     if job.runtime in IN_SRUN:
@@ -155,7 +166,9 @@ def edf_text(job: ContainerJob, names: list[str]) -> str:
 def podman_argv(job: ContainerJob, passed: list[str], clean: bool = True) -> list[str]:
     """One rank's podman-hpc command up to the image; `passed` as HPCLAUNCH_CONTAINER_PASS
     lists them (NAME or PREFIX*). clean=False keeps the host's environment (env create)."""
-    argv = [job.command, "run", "--rm", *job.flags]
+    # The host's network (the rendezvous on MASTER_ADDR:MASTER_PORT across nodes) and PID
+    # namespace (the bootstrap's recorded pid is the host's: stack, attach, the guards).
+    argv = [job.command, "run", "--rm", "--network=host", "--pid=host", *job.flags]
     argv += [f"--volume={_pyxis_mount(b)}" for b in job.binds]
     argv.append(f"--workdir={job.cwd}")
     argv += ["--env-host"] if not clean else [f"--env={name}" for name in passed]

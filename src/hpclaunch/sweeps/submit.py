@@ -115,7 +115,8 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         )
     token = script.new_token()
     point = script.point_paths(paths, token)
-    template = render.plan_batch(spec, planned.prepared.profile, point, planned.code.cwd).script
+    batch = render.plan_batch(spec, planned.prepared.profile, point, planned.code.cwd)
+    template = batch.script
     parts: list[arrays.ArrayPart] = []
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
     if not planned.backend.foreground:
@@ -139,8 +140,9 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         spec, paths, planned.code.cwd, len(points), trial_cmd, agent, take_over, token=token
     )
     return SweepPlan(
-        planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
-    )
+        planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret,
+        batch.files,
+    )  # fmt: skip
 
 
 WANDB_PROGRAM = "the-W&B-sweep's-command"
