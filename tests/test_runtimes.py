@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -252,3 +255,91 @@ def test_attach_container_ce_uses_the_runs_edf_podman_its_run(tmp_path: Path) ->
     assert argv[start : start + 3] == ["podman-hpc", "run", "--rm"]
     assert "--volume=/data:/d:ro" in argv and "--env=LR" in argv and "--env=TERM" in argv
     assert argv[-2:] == ["--hpclaunch-exec", "true"]
+
+
+# --- image import -------------------------------------------------------------------------
+
+
+def _rootfs(tmp_path: Path) -> Path:
+    root = tmp_path / "rootfs"
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc" / "os-release").write_text('PRETTY_NAME="test"\n')
+    return root
+
+
+def _hpclaunch(cwd: Path, *args: str, path: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(cwd), "XDG_CONFIG_HOME": str(cwd / "config")}
+    if path:
+        env["PATH"] = f"{path}:{env['PATH']}"
+    argv = [sys.executable, "-m", "hpclaunch", *args]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "ce"])
+def test_image_import_of_a_root_file_system_makes_a_private_squashfs(
+    tmp_path: Path, runtime: str
+) -> None:
+    """The real mksquashfs with enroot's options; what Pyxis/the CE then mount is the
+    file itself (tests/test_e2e_runtimes.py runs ranks in such a file)."""
+    if not shutil.which("mksquashfs") or not shutil.which("unsquashfs"):
+        pytest.skip("squashfs-tools is not installed")
+    root = _rootfs(tmp_path)
+    done = _hpclaunch(tmp_path, "image", "import", "--container-runtime", runtime, str(root))
+    assert done.returncode == 0, done.stderr
+    image = tmp_path / "rootfs.sqsh"
+    assert f"imported {root} for {runtime}: {image} (" in done.stderr
+    assert image.read_bytes()[:4] == b"hsqs" and image.stat().st_mode & 0o077 == 0
+    listing = subprocess.run(["unsquashfs", "-l", str(image)], capture_output=True, text=True)
+    assert "squashfs-root/etc/os-release" in listing.stdout
+    again = _hpclaunch(tmp_path, "image", "import", "--container-runtime", runtime, str(root))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+    assert f"--output: {image} exists" in again.stderr
+    json_out = _hpclaunch(
+        tmp_path, "image", "import", "--container-runtime", runtime, str(root),
+        "-o", "other.sqsh", "--json",
+    )  # fmt: skip
+    answer = json.loads(json_out.stdout)
+    assert answer["image"] == str(tmp_path / "other.sqsh") and answer["size"] > 0
+
+
+def test_image_import_refusals_are_one_line(tmp_path: Path) -> None:
+    missing = _hpclaunch(tmp_path, "image", "import", "--container-runtime", "pyxis", "nothere")
+    assert missing.returncode == 2 and "SOURCE: 'nothere' is not a folder" in missing.stderr
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    (empty / "python3").symlink_to(sys.executable)
+    (empty / "tar").symlink_to(shutil.which("tar") or "/bin/tar")
+    pull = subprocess.run(
+        [sys.executable, "-m", "hpclaunch", "image", "import", "--container-runtime", "pyxis",
+         "docker://nvcr.io#nvidia/pytorch:24.05-py3"],
+        cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": str(empty)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pull.returncode == 2 and pull.stderr.count("\n") == 1
+    assert "enroot is not on PATH" in pull.stderr
+
+
+def test_image_import_for_podman_hpc_imports_then_migrates(tmp_path: Path) -> None:
+    """podman-hpc is not installed here: a stand-in on PATH records its command lines
+    and the tar stream it is given. What this cannot show: that podman-hpc accepts the
+    stream and squashes the image (the real podman-hpc's `import` and `migrate`)."""
+    root = _rootfs(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.txt"
+    stand_in = bin_dir / "podman-hpc"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        f'if [ "$1" = import ]; then tar -t > {tmp_path}/members.txt; fi\n'
+    )
+    stand_in.chmod(0o755)
+    done = _hpclaunch(
+        tmp_path, "image", "import", "--container-runtime", "podman-hpc", str(root),
+        "--name", "mytorch:1", path=str(bin_dir),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["import - mytorch:1", "migrate mytorch:1"]
+    assert "./etc/os-release" in (tmp_path / "members.txt").read_text()
+    assert "for podman-hpc: mytorch:1 (in podman-hpc's storage)" in done.stderr

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch.config.jobspec import Bind, ContainerJob
+from hpclaunch.config.profilekinds import runs_here
 from hpclaunch.errors import UserError, show
 from hpclaunch.records.runpaths import RunPaths
 
@@ -81,7 +82,7 @@ def wrong_kind(runtime: str, kind: str, image: str) -> None:
 
 def refuse_local(runtime: str, kind: str) -> None:
     """Pyxis and the CE are srun's options: a local run has no srun to enter the image."""
-    if runtime in IN_SRUN and kind == "local":
+    if runtime in IN_SRUN and runs_here(kind):
         raise UserError(
             "--container-runtime",
             f"{runtime} on a local run",

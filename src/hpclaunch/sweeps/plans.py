@@ -45,7 +45,6 @@ class SweepPlan:
     space: tuple[Any, ...] = ()  # Optuna's SpaceParam entries
     wandb_sweep: Optional[str] = None  # W&B: each point runs `wandb agent --count 1` this
     secret_env: tuple[tuple[str, str], ...] = ()  # sbatch's environment only (the API key)
-    files: tuple[tuple[str, str], ...] = ()  # beside the shipped files: the CE's EDF
 
     @property
     def paths(self) -> runpaths.RunPaths:

@@ -115,8 +115,7 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         )
     token = script.new_token()
     point = script.point_paths(paths, token)
-    batch = render.plan_batch(spec, planned.prepared.profile, point, planned.code.cwd)
-    template = batch.script
+    template = render.plan_batch(spec, planned.prepared.profile, point, planned.code.cwd).script
     parts: list[arrays.ArrayPart] = []
     trial_cmd = [sys.executable, "-m", TRIAL_MODULE] if found_space else None
     if not planned.backend.foreground:
@@ -140,9 +139,8 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         spec, paths, planned.code.cwd, len(points), trial_cmd, agent, take_over, token=token
     )
     return SweepPlan(
-        planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret,
-        batch.files,
-    )  # fmt: skip
+        planned, opts, points, token, template, text, parts, found_space, wb.sweep_id, wb.secret
+    )
 
 
 WANDB_PROGRAM = "the-W&B-sweep's-command"
