@@ -343,3 +343,24 @@ def test_image_import_for_podman_hpc_imports_then_migrates(tmp_path: Path) -> No
     assert log.read_text().splitlines() == ["import - mytorch:1", "migrate mytorch:1"]
     assert "./etc/os-release" in (tmp_path / "members.txt").read_text()
     assert "for podman-hpc: mytorch:1 (in podman-hpc's storage)" in done.stderr
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "ce", "podman-hpc"])
+def test_staged_data_is_bound_in_where_the_container_has_its_own_tmp(
+    site: Path, runtime: str
+) -> None:
+    """--stage unpacks on each node under $HPCLAUNCH_LOCAL_PARENT (/tmp by default), which
+    these runtimes hide behind the container's own /tmp: it is bound in."""
+    data = site / "data"
+    data.mkdir()
+    (data / "x.txt").write_text("x")
+    image = "pytorch:1" if runtime == "podman-hpc" else "pytorch"
+    plan = _plan(site, runtime, container=image, stage=(str(data),))
+    if runtime == "ce":
+        edf = tomllib.loads(plan.files[0][1])
+        assert "${HPCLAUNCH_LOCAL_PARENT}:${HPCLAUNCH_LOCAL_PARENT}" in edf["mounts"]
+    else:
+        flag = "--container-mounts=" if runtime == "pyxis" else "--volume="
+        assert f'{flag}"${{HPCLAUNCH_LOCAL_PARENT}}":"${{HPCLAUNCH_LOCAL_PARENT}}"' in plan.script
+    plain = _plan(site, runtime, container=image)
+    assert "HPCLAUNCH_LOCAL_PARENT" not in plain.script + "".join(t for _, t in plain.files)

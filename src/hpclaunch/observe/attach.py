@@ -298,7 +298,8 @@ def container_flags(job: Optional[ContainerJob], folder: Path, names: Sequence[s
     """srun's options that enter the image (Pyxis's, the CE's EDF the job's folder holds)."""
     if job is None:
         return []
-    return runtimes.srun_flags(job, [*names, "TERM"], str(folder / runtimes.EDF_NAME))
+    flags = runtimes.srun_flags(job, [*names, "TERM"], str(folder / runtimes.EDF_NAME))
+    return [str(flag) for flag in flags]  # no node-local folder here: plain words
 
 
 def srun_argv(

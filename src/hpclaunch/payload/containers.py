@@ -285,7 +285,7 @@ def runtime_argv(job: ContainerJob, clean: bool = True) -> list[str]:
     clean=False keeps the host's environment (`env create`: pip's proxies and index)."""
     runtimes.refuse_outside_srun(job)
     if job.runtime == "podman-hpc":
-        argv = runtimes.podman_argv(job, list(job.pass_env), clean)
+        argv = [str(w) for w in runtimes.podman_argv(job, list(job.pass_env), clean)]
     elif job.runtime == "charliecloud":
         argv = [job.command, *(["--unset-env=*"] if clean else []), f"--cd={job.cwd}"]
         argv += [f"--bind={b.src}:{b.dst}" for b in job.binds]
@@ -307,14 +307,18 @@ def env_fd(job: Optional[ContainerJob]) -> int:
     return ENV_FD if job is not None and job.runtime in runtimes.PIPED else 0
 
 
-def wrap(job: ContainerJob, inner: list[Word], names: Iterable[str] = ()) -> list[Word]:
+def wrap(
+    job: ContainerJob, inner: list[Word], names: Iterable[str] = (), local: bool = False
+) -> list[Word]:
     """One task's command line: Pyxis and the CE enter the image in srun (the command is
-    the inner one); podman-hpc in front of it, passing the names pass_list gives."""
+    the inner one); podman-hpc in front of it, passing the names pass_list gives, with
+    `local` the node-local folder's parent bound in."""
     if job.runtime in runtimes.IN_SRUN:
         return list(inner)
     if job.runtime == "podman-hpc":
         passed = pass_list(job, names).split()
-        return [*runtimes.podman_argv(job, passed), *inner]
+        extra = [runtimes.local_mount("--volume=")] if local else []
+        return [*runtimes.podman_argv(job, passed, extra=extra), *inner]
     return ["bash", "-c", WRAPPER, "hpclaunch-task", *runtime_argv(job), *inner]
 
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional
 
+from hpclaunch.basics.shell import Join, Var, Word
 from hpclaunch.config.jobspec import Bind, ContainerJob
 from hpclaunch.config.profilekinds import runs_here
 from hpclaunch.errors import UserError, show
@@ -40,6 +41,10 @@ PIPED = ("apptainer", "charliecloud")  # the environment crosses through fd 3
 IN_SRUN = ("pyxis", "ce")  # srun's own options enter the container
 EDF_NAME = "container.toml"  # the CE's EDF in the run folder
 COMMANDS = {"pyxis": "srun", "ce": "srun", "podman-hpc": "podman-hpc"}
+# The parent of the job's node-local folder (staging): the batch script sets it. Pyxis,
+# the CE and podman give the container its own /tmp (enroot conf/mounts/10-system.fstab
+# mounts a tmpfs there), so it is bound in whenever the job has a node-local folder.
+LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
 IMPORTED = ".sqsh"  # the SquashFS files `hpclaunch image import` makes (enroot's suffix)
 # A podman image reference: [REGISTRY/]NAME[:TAG][@DIGEST], lower case (containers/image
 # reference grammar); a path is not one.
@@ -123,8 +128,16 @@ def _pyxis_mount(bind: Bind) -> str:
     return f"{bind.src}:{bind.dst}" + (":ro" if bind.ro else "")
 
 
-def srun_flags(job: ContainerJob, names: list[str], edf: str) -> list[str]:
-    """What srun gets before the task's command (nothing for the other runtimes)."""
+def local_mount(prefix: str) -> Join:
+    """PREFIX$HPCLAUNCH_LOCAL_PARENT:$HPCLAUNCH_LOCAL_PARENT, expanded by the batch shell."""
+    return Join((prefix, Var(LOCAL_PARENT), ":", Var(LOCAL_PARENT)))
+
+
+def srun_flags(job: ContainerJob, names: list[str], edf: str, local: bool = False) -> list[Word]:
+    """What srun gets before the task's command (nothing for the other runtimes); with
+    `local`, the node-local folder's parent bound in (Pyxis adds every --container-mounts)."""
+    if job.runtime == "pyxis" and local:
+        return [*srun_flags(job, names, edf), local_mount("--container-mounts=")]
     if job.runtime == "pyxis":
         flags = [f"--container-image={job.image}"]
         if job.binds:
@@ -147,7 +160,7 @@ def _literal(path: str) -> str:
     return _toml(path.replace("$", "$$"))
 
 
-def edf_text(job: ContainerJob, names: list[str]) -> str:
+def edf_text(job: ContainerJob, names: list[str], local: bool = False) -> str:
     """The run's EDF (docs.cscs.ch/software/container-engine/edf): no value of the
     environment in it, only references to the host's (secrets stay out of files)."""
     lines = ["# Written by hpclaunch for this run's srun --environment (CSCS Container Engine)."]
@@ -155,6 +168,8 @@ def edf_text(job: ContainerJob, names: list[str]) -> str:
         lines.append(f"base_environment = [{', '.join(_toml(b) for b in job.base_environment)}]")
     lines += [f"image = {_literal(job.image)}", f"workdir = {_literal(job.cwd)}"]
     mounts = [_literal(_pyxis_mount(b)) for b in job.binds]
+    if local:  # the CE expands ${VAR} from the host's environment
+        mounts.append(_toml(f"${{{LOCAL_PARENT}}}:${{{LOCAL_PARENT}}}"))
     lines.append(f"mounts = [{', '.join(mounts)}]")
     lines += ["", "[env]"]
     lines += [f"{_toml(name)} = {_toml('${' + name + ':-}')}" for name in env_names(job, names)]
@@ -164,13 +179,16 @@ def edf_text(job: ContainerJob, names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def podman_argv(job: ContainerJob, passed: list[str], clean: bool = True) -> list[str]:
+def podman_argv(
+    job: ContainerJob, passed: list[str], clean: bool = True, extra: Sequence[Word] = ()
+) -> list[Word]:
     """One rank's podman-hpc command up to the image; `passed` as HPCLAUNCH_CONTAINER_PASS
     lists them (NAME or PREFIX*). clean=False keeps the host's environment (env create)."""
     # The host's network (the rendezvous on MASTER_ADDR:MASTER_PORT across nodes) and PID
     # namespace (the bootstrap's recorded pid is the host's: stack, attach, the guards).
-    argv = [job.command, "run", "--rm", "--network=host", "--pid=host", *job.flags]
+    argv: list[Word] = [job.command, "run", "--rm", "--network=host", "--pid=host", *job.flags]
     argv += [f"--volume={_pyxis_mount(b)}" for b in job.binds]
+    argv += extra
     argv.append(f"--workdir={job.cwd}")
     argv += ["--env-host"] if not clean else [f"--env={name}" for name in passed]
     argv.append(job.image)

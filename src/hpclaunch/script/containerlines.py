@@ -29,17 +29,19 @@ def enter(
     paths: RunPaths,
     argv: list[Word],
     env: list[tuple[str, Word]],
+    local: bool = False,
 ) -> tuple[list[Word], list[Word], Files]:
-    """(the task's command, srun's flags before it, the files the job reads)."""
+    """(the task's command, srun's flags before it, the files the job reads); `local`:
+    the job has a node-local folder, which Pyxis, the CE and podman-hpc must bind."""
     job = spec.container
     if job is None:
         return argv, [], ()
     passed = names(spec, profile, env)
-    flags: list[Word] = [*runtimes.srun_flags(job, passed, str(runtimes.edf_path(paths)))]
+    flags = runtimes.srun_flags(job, passed, str(runtimes.edf_path(paths)), local)
     files: Files = ()
     if job.runtime == "ce":
-        files = ((runtimes.EDF_NAME, runtimes.edf_text(job, passed)),)
-    return containers.wrap(job, argv, passed), flags, files
+        files = ((runtimes.EDF_NAME, runtimes.edf_text(job, passed, local)),)
+    return containers.wrap(job, argv, passed, local), flags, files
 
 
 def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:

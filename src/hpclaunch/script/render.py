@@ -272,7 +272,9 @@ def srun_argv(spec: JobSpec, argv: list[Word], flags: Sequence[Word] = ()) -> li
 def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
     argv = task_argv(spec, profile.python, str(paths.bootstrap), containers.env_fd(spec.container))
     env = task_env(spec, profile, paths)
-    argv, flags, files = containerlines.enter(spec, profile, paths, argv, env)
+    argv, flags, files = containerlines.enter(
+        spec, profile, paths, argv, env, uses_local(spec, env)
+    )
     srun = srun_argv(spec, argv, flags)
     body: list[str] = ["#!/bin/bash", *directives(spec, paths, cwd)]
     body += [
