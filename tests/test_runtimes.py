@@ -364,3 +364,22 @@ def test_staged_data_is_bound_in_where_the_container_has_its_own_tmp(
         assert f'{flag}"${{HPCLAUNCH_LOCAL_PARENT}}":"${{HPCLAUNCH_LOCAL_PARENT}}"' in plan.script
     plain = _plan(site, runtime, container=image)
     assert "HPCLAUNCH_LOCAL_PARENT" not in plain.script + "".join(t for _, t in plain.files)
+
+
+def test_env_create_starts_a_pyxis_image_in_a_one_task_srun() -> None:
+    """`env create` on a login node: Pyxis only enters images in srun, so the venv is made
+    in a one-task job of its own (tests/test_e2e_runtimes.py makes one on the testbed);
+    the CE is refused in one line (its EDF would need a file of its own)."""
+    from hpclaunch.payload import containers
+
+    job = ContainerJob(
+        runtime="pyxis", command="srun", image="/i/x.sqsh", cwd="/w",
+        binds=(Bind("/v", "/v"),), pass_env=("TZ",),
+    )  # fmt: skip
+    assert containers.runtime_argv(job, clean=False) == [
+        "srun", "--nodes=1", "--ntasks=1", "--quiet", "--container-image=/i/x.sqsh",
+        "--container-mounts=/v:/v", "--container-workdir=/w", "--no-container-mount-home",
+        "--container-env=SLURMD_NODENAME,MASTER_ADDR,MASTER_PORT,OMP_NUM_THREADS,TZ",
+    ]  # fmt: skip
+    with pytest.raises(UserError, match="ce for env create"):
+        containers.runtime_argv(ContainerJob(runtime="ce", command="srun", image="/i.sqsh"))

@@ -284,7 +284,9 @@ def runtime_argv(job: ContainerJob, clean: bool = True) -> list[str]:
     """The runtime's command line up to and including what starts Python inside.
     clean=False keeps the host's environment (`env create`: pip's proxies and index)."""
     runtimes.refuse_outside_srun(job)
-    if job.runtime == "podman-hpc":
+    if job.runtime == "pyxis":
+        argv = runtimes.one_task_srun(job)
+    elif job.runtime == "podman-hpc":
         argv = [str(w) for w in runtimes.podman_argv(job, list(job.pass_env), clean)]
     elif job.runtime == "charliecloud":
         argv = [job.command, *(["--unset-env=*"] if clean else []), f"--cd={job.cwd}"]

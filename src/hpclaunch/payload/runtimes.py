@@ -97,14 +97,21 @@ def refuse_local(runtime: str, kind: str) -> None:
 
 
 def refuse_outside_srun(job: ContainerJob) -> None:
-    """`env create` and image probes start the image here: Pyxis and the CE cannot."""
-    if job.runtime in IN_SRUN:
+    """`env create` starts the image from the login node: Pyxis through a one-task srun
+    (a job of its own), the CE not yet (its EDF would need a file of its own)."""
+    if job.runtime == "ce":
         raise UserError(
             "--container-runtime",
-            f"{job.runtime} enters images only through srun",
-            "hpclaunch cannot start its image outside a job",
-            "Run the command inside a job (srun), or give --container-runtime podman-hpc",
+            "ce for env create",
+            "the Container Engine enters images only through srun --environment",
+            "Make the venv with --container-runtime pyxis on the same .sqsh, or in a job",
         )
+
+
+def one_task_srun(job: ContainerJob) -> list[str]:
+    """Pyxis from the login node: one task in a job of its own, in the image."""
+    flags = [str(flag) for flag in srun_flags(job, [], "")]
+    return ["srun", "--nodes=1", "--ntasks=1", "--quiet", *flags]
 
 
 def env_names(job: ContainerJob, names: Iterable[str]) -> list[str]:
