@@ -141,6 +141,8 @@ def test_ce_writes_the_runs_edf_and_passes_environment(site: Path) -> None:
     assert edf["annotations"] == {"com.hooks.aws_ofi_nccl.enabled": "true"}
     assert edf["env"]["HPCLAUNCH_RUN_DIR"] == "${HPCLAUNCH_RUN_DIR:-}"
     assert edf["env"]["WANDB_API_KEY"] == "${WANDB_API_KEY:-}"
+    # Per-node and per-task values stay the host's (inherited by the container).
+    assert "SLURMD_NODENAME" not in edf["env"] and "CUDA_VISIBLE_DEVICES" not in edf["env"]
     assert "s3cret" not in text and "s3cret" not in plan.script
     assert not any("hpclaunch-env-fd" in str(w) for w in plan.task_argv)
 
@@ -154,8 +156,7 @@ def test_edf_escapes_dollar_in_paths() -> None:
     )  # fmt: skip
     edf = tomllib.loads(runtimes.edf_text(job, ["A"]))
     assert edf["image"] == "/i/a$$b.sqsh" and edf["mounts"] == ['/d"x:/d']
-    assert list(edf["env"]) == ["SLURMD_NODENAME", "MASTER_ADDR", "MASTER_PORT",
-                                "OMP_NUM_THREADS", "A", "TZ"]  # fmt: skip
+    assert list(edf["env"]) == ["MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "A", "TZ"]
 
 
 def test_podman_hpc_runs_each_rank_in_podman_hpc_run(site: Path) -> None:

@@ -167,9 +167,14 @@ def _literal(path: str) -> str:
     return _toml(path.replace("$", "$$"))
 
 
-def edf_text(job: ContainerJob, names: list[str], local: bool = False) -> str:
+def edf_text(
+    job: ContainerJob, names: list[str], local: bool = False, per_task: Sequence[str] = ()
+) -> str:
     """The run's EDF (docs.cscs.ch/software/container-engine/edf): no value of the
-    environment in it, only references to the host's (secrets stay out of files)."""
+    environment in it, only references to the host's (secrets stay out of files). Names
+    whose value differs per node or task (SLURMD_NODENAME, `per_task`: the GPU variables
+    Slurm sets) are left to the host's environment, which the container inherits: the
+    docs do not say on which side of srun an [env] reference is expanded."""
     lines = ["# Written by hpclaunch for this run's srun --environment (CSCS Container Engine)."]
     if job.base_environment:
         lines.append(f"base_environment = [{', '.join(_toml(b) for b in job.base_environment)}]")
@@ -179,7 +184,9 @@ def edf_text(job: ContainerJob, names: list[str], local: bool = False) -> str:
         mounts.append(_toml(f"${{{LOCAL_PARENT}}}:${{{LOCAL_PARENT}}}"))
     lines.append(f"mounts = [{', '.join(mounts)}]")
     lines += ["", "[env]"]
-    lines += [f"{_toml(name)} = {_toml('${' + name + ':-}')}" for name in env_names(job, names)]
+    skip = {"SLURMD_NODENAME", *per_task}
+    wanted = [name for name in env_names(job, names) if name not in skip]
+    lines += [f"{_toml(name)} = {_toml('${' + name + ':-}')}" for name in wanted]
     if job.annotations:
         lines += ["", "[annotations]"]
         lines += [f"{_toml(k)} = {_toml(v)}" for k, v in job.annotations]

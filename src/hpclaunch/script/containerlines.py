@@ -40,7 +40,8 @@ def enter(
     flags = runtimes.srun_flags(job, passed, str(runtimes.edf_path(paths)), local)
     files: Files = ()
     if job.runtime == "ce":
-        files = ((runtimes.EDF_NAME, runtimes.edf_text(job, passed, local)),)
+        per_task = [*profile.gpu_vars, *profile.gpu_unset]
+        files = ((runtimes.EDF_NAME, runtimes.edf_text(job, passed, local, per_task)),)
     return containers.wrap(job, argv, passed, local), flags, files
 
 
