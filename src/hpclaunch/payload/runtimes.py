@@ -211,12 +211,16 @@ def podman_argv(
 
 def comment(job: ContainerJob) -> list[str]:
     """The dry-run's words for how the ranks enter the image."""
+    if job.runtime == "podman-hpc":
+        return [
+            "",
+            "# Each task runs podman-hpc run, which starts the rank inside the image; the",
+            "# job's variables cross as --env NAME or --env 'PREFIX*' (the host's values).",
+        ]
     if job.runtime == "pyxis":
         how = "srun's --container-* options (Pyxis/enroot) start each task inside the image;"
-    elif job.runtime == "ce":
-        how = f"srun --environment={EDF_NAME} (this run's EDF) starts each task inside it;"
     else:
-        how = "each task runs podman-hpc run, which starts the rank inside the image;"
+        how = f"srun --environment={EDF_NAME} (this run's EDF) starts each task inside it;"
     return [
         "",
         f"# {how} the host's environment",
