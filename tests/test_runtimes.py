@@ -384,3 +384,15 @@ def test_env_create_starts_a_pyxis_image_in_a_one_task_srun() -> None:
     ]  # fmt: skip
     with pytest.raises(UserError, match="ce for env create"):
         containers.runtime_argv(ContainerJob(runtime="ce", command="srun", image="/i.sqsh"))
+
+
+def test_doctor_takes_a_podman_hpc_image_name_as_seen() -> None:
+    """doctor's image check: a podman-hpc image is a name in its storage, not a path."""
+    from hpclaunch.config.jobspec import JobSpec
+    from hpclaunch.config.profiles import load_profile
+    from hpclaunch.doctor import checks
+
+    job = ContainerJob(runtime="podman-hpc", command="podman-hpc", image="pytorch:24.05")
+    spec = JobSpec(cluster="slurm", program=("true",), container=job)
+    seen = checks._seen_here(spec, load_profile("slurm"))
+    assert [(c.name, c.status) for c in seen] == [("image", checks.PASS)]
