@@ -39,8 +39,8 @@ def env_group() -> None:
 @click.option("--container", metavar="IMAGE", help="Image path, name or $SIF.")
 @click.option(
     "--container-runtime",
-    type=click.Choice(("apptainer", "charliecloud")),
-    help="Runtime (default: the profile's).",
+    type=click.Choice(("apptainer", "charliecloud", "pyxis", "podman-hpc")),
+    help="Runtime (default: the profile's; pyxis: in a one-task srun job).",
 )
 @click.option("--cluster", metavar="NAME", help="Cluster profile (default as for run).")
 @click.option(

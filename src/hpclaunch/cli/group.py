@@ -11,6 +11,7 @@ from hpclaunch.cli.clean_cmd import clean_cmd
 from hpclaunch.cli.control import cancel_cmd, rerun_cmd
 from hpclaunch.cli.doctor_cmd import doctor_cmd
 from hpclaunch.cli.env import env_group
+from hpclaunch.cli.image_cmd import image_group
 from hpclaunch.cli.logs_cmd import logs_cmd
 from hpclaunch.cli.plot_cmd import plot_cmd
 from hpclaunch.cli.profile_cmd import profile_group
@@ -71,6 +72,7 @@ cli.add_command(top_cmd)
 cli.add_command(plot_cmd)
 cli.add_command(remote_group)
 cli.add_command(profile_group)
+cli.add_command(image_group)
 
 
 def _usage_line(exc: click.UsageError) -> str:

@@ -42,9 +42,9 @@ class Bind:
 class ContainerJob:
     """A job's container, resolved and checked on the submitting host (containers.py)."""
 
-    runtime: str  # apptainer | charliecloud
-    command: str  # apptainer, singularity or ch-run
-    image: str  # absolute path
+    runtime: str  # apptainer | charliecloud | pyxis | ce | podman-hpc
+    command: str  # apptainer, singularity, ch-run, srun (pyxis, ce) or podman-hpc
+    image: str  # absolute path (podman-hpc: an image name in its storage)
     binds: tuple[Bind, ...] = ()
     flags: tuple[str, ...] = ()
     activate: str = ""
@@ -52,6 +52,9 @@ class ContainerJob:
     pass_env: tuple[str, ...] = ()
     # Destinations missing in a directory image the user may write: made before submitting.
     mount_points: tuple[str, ...] = ()
+    # The CSCS Container Engine's EDF: what it inherits and its annotations (runtimes.py).
+    base_environment: tuple[str, ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

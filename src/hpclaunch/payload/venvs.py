@@ -33,7 +33,10 @@ _CAUSE = re.compile(r"^\s*(\S.* depends on .*|The user requested (?!\(constraint
 
 def image_identity(image: str) -> str:
     """What a venv remembers of its image: the real path, and for a file its size and
-    time (a SIF replaced in place is another image). None of a directory's contents."""
+    time (a SIF replaced in place is another image). None of a directory's contents.
+    A podman-hpc image is a name in its storage: the name."""
+    if not image.startswith("/"):
+        return image
     real = os.path.realpath(image)
     info = os.stat(real)
     if os.path.isdir(real):
@@ -208,8 +211,8 @@ def image_packages(
             return {str(k): str(v) for k, v in data.items()}
     except (OSError, ValueError):
         pass
-    if not shutil.which(container.command):
-        return None
+    if container.runtime in ("pyxis", "ce") or not shutil.which(container.command):
+        return None  # Pyxis and the CE start images only in srun
     bare = replace(container, binds=(), cwd="/")  # nothing of the host is needed
     argv = _command(bare, python, ["-", "-", json.dumps({LIST_ONLY: True})])
     try:

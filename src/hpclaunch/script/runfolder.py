@@ -20,10 +20,18 @@ from hpclaunch.script import profiling, render
 SPEC_JSON = "spec.json"
 
 
-def write_files(paths: RunPaths, spec: JobSpec, script: str, *, stage_json: bool = True) -> None:
+def write_files(
+    paths: RunPaths,
+    spec: JobSpec,
+    script: str,
+    *,
+    stage_json: bool = True,
+    files: tuple[tuple[str, str], ...] = (),
+) -> None:
     """job.sh (the batch script or a sweep's array script), the shipped files (one copy
     in a sweep folder for all its points), py-spy, spec.json; stage.json with staging
-    unless `stage_json` is False (a sweep's points have their own)."""
+    unless `stage_json` is False (a sweep's points have their own); the plan's `files`
+    (the CE's EDF) beside the shipped ones."""
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
     paths.job_sh.write_bytes(script.encode("utf-8", "surrogateescape"))
     staging = bool(spec.stage or spec.stage_out)
@@ -33,6 +41,8 @@ def write_files(paths: RunPaths, spec: JobSpec, script: str, *, stage_json: bool
         shutil.copyfile(node.path(source), paths.shipped(source))
     precompile(paths.shipped(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks
+    for name, text in files:
+        ((paths.shipped_dir or paths.run_dir) / name).write_text(text)
     runrecord.write_json(paths.run_dir / SPEC_JSON, spec.to_record())
 
 

@@ -28,7 +28,7 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
     code = codeplan.write_code(planned.code, paths, runpaths.absolute(spec.run_root, req.cwd))
     # The array script, the shipped files once for every point, spec.json: as for a run.
-    runfolder.write_files(paths, spec, sp.array_script, stage_json=False)
+    runfolder.write_files(paths, spec, sp.array_script, stage_json=False, files=_edf(sp))
     if sp.wandb_sweep:  # the agent's side, run where each point's job runs
         shutil.copyfile(node.path(node.WANDB_AGENT), paths.shipped(node.WANDB_AGENT))
     if spec.stage:  # before the points' stage.json, which lists the parts packed
@@ -61,6 +61,15 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     }
     sweeprecord.write(paths.run_dir, data)
     return data
+
+
+def _edf(sp: SweepPlan) -> tuple[tuple[str, str], ...]:
+    """The CSCS Container Engine's EDF, one for every point (their srun lines name it)."""
+    spec = sp.planned.spec
+    if spec.container is None or spec.container.runtime != "ce":
+        return ()
+    point = script.point_paths(sp.paths, sp.token)
+    return render.plan_batch(spec, sp.planned.prepared.profile, point, sp.planned.code.cwd).files
 
 
 def _write_points(sp: SweepPlan) -> None:
