@@ -20,14 +20,20 @@ if TYPE_CHECKING:
 def submit_and_report(
     req: LaunchRequest, opts: SweepOptions, *, dry_run: bool, wait: bool, as_json: bool
 ) -> int:
-    sp = submit.plan_sweep(req, opts)
+    if opts.pack:  # the points in slots of whole-node allocations (sweeps/packsubmit.py)
+        from hpclaunch.sweeps import packsubmit
+
+        sp = packsubmit.plan_packed(req, opts)
+    else:
+        sp = submit.plan_sweep(req, opts)
     for note in sp.planned.notes:
         print(note, file=sys.stderr)
     if dry_run:
         if as_json:
             print(json.dumps(_dry_json(sp), indent=2))
         else:
-            sys.stdout.write(submit.describe(sp, req.environ))
+            text = packsubmit.describe(sp) if sp.pack else submit.describe(sp, req.environ)
+            sys.stdout.write(text)
         return 0
     data = submit.start(req, sp)
     job_ids = [str(a["job_id"]) for a in data.get("arrays") or []]
@@ -46,6 +52,8 @@ def submit_and_report(
         where = f"arrays {','.join(job_ids)}" if job_ids else "local"
         print(f"sweep {sp.paths.run_id}  {where}  {len(sp.points)} points  {sp.paths.run_dir}")
     sys.stdout.flush()
+    if sp.local and sp.pack:
+        return packsubmit.run_here(sp, req.environ, sys.stderr if as_json else sys.stdout)
     if sp.local:
         from hpclaunch.sweeps.local import run_points
 

@@ -1,0 +1,161 @@
+"""`sweep --pack`: a sweep's points run in slots of whole-node allocations. What is planned
+(nothing written: --dry-run shows it): the slot table (sweeps/packing.py), the pack's batch
+script (one srun step per node running the node agent, node/pack_agent.py), the agent's
+command and pack.json, the agent's instructions (every point's rank command with a token
+where its number goes, the ranks' variables, the slots). `write` puts them and the queue
+(a file per point) into the sweep folder; sweeps/packrun.py runs them here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from hpclaunch import node
+from hpclaunch.basics import shell
+from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.config.profiles import Profile, gpus_on_node
+from hpclaunch.errors import UserError
+from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import render
+from hpclaunch.sweeps import arrays, packing, script
+from hpclaunch.sweeps.points import Point
+
+PACK_DIR = "pack"  # in the sweep folder: queue/, taken/, done/ (node/pack_agent.py)
+PACK_JSON = "pack.json"
+AGENT = "pack_agent.py"
+QUEUE, TAKEN, DONE = "queue", "taken", "done"
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    slots: tuple[packing.Slot, ...]
+    instructions: dict[str, Any]  # pack.json
+    agent_argv: tuple[str, ...]  # one node's agent (the srun step runs it on every node)
+    jobs: int  # allocations (--pack-jobs): the array's tasks
+
+
+def node_facts(spec: JobSpec, profile: Profile, gpus_here: int) -> packing.NodeFacts:
+    """A node of the allocation: its GPUs (as asked with --gpus-per-node, else the
+    partition's, else this machine's), its cores and memory, the GPUs' cores."""
+    part = profile.partition(spec.partition or profile.default_partition_name())
+    gpus = spec.gpus_per_node or gpus_on_node(profile, part) or gpus_here
+    cpus = (part.cpus if part else None) or profile.node.cpus or os.cpu_count() or 1
+    topo = profile.topology
+    cores = tuple(tuple(c) for c in topo.cores()) if topo and topo.gpus >= gpus else ()
+    memory = (part.memory_mb if part else None) or profile.node.memory_mb
+    return packing.NodeFacts(gpus, cpus, cores, memory)
+
+
+def plan(
+    spec: JobSpec,
+    profile: Profile,
+    opts: packing.PackOptions,
+    sweep: RunPaths,
+    cwd: Path,
+    points: Sequence[Point],
+    token: str,
+    ask: Optional[Sequence[str]],
+    gpus_here: int = 0,
+) -> PackPlan:
+    if spec.container or spec.stage or spec.stage_out or spec.chain > 1:
+        raise UserError(
+            "--pack",
+            "with --container, --stage or --chain is not supported yet",
+            "",
+            "Drop --pack (each point is then one array task)",
+        )
+    facts = node_facts(spec, profile, gpus_here)
+    packing.check(opts, facts, len(points))
+    planned = packing.slots(opts, facts, spec.nodes, spec.cpus_per_task)
+    per_node = len(planned) // max(1, spec.nodes)
+    point = script.point_paths(sweep, token)
+    one_rank = replace(spec, nodes=1, tasks_per_node=opts.tasks_per_point, gpus_per_node=0)
+    batch = render.plan_batch(one_rank, profile, point, cwd)
+    env = render.task_env_values(batch, one_rank, {})
+    env.pop("OMP_NUM_THREADS", None)  # the agent's: the slot's cores per rank
+    pack_dir = sweep.run_dir / PACK_DIR
+    instructions = {
+        "sweep_dir": str(sweep.run_dir),
+        "pack_dir": str(pack_dir),
+        "token": token,
+        "point_dir": str(point.run_dir),
+        "checkpoint_dir": str(point.checkpoint_dir),
+        "argv": [shell.expand(w, {}) for w in batch.task_argv],
+        "env": env,
+        "cwd": str(cwd),
+        "points": {str(p.index): _point_env(sweep.run_id, len(points), p) for p in points},
+        "slots": [s.to_record() for s in planned],
+        "tasks_per_point": opts.tasks_per_point,
+        "retries": opts.retries,
+        "point_time": opts.point_time_s,
+        "mem_per_point_mb": packing.mem_per_point(opts, facts, per_node),
+        "gpu_vars": list(profile.gpu_vars),
+        "gpu_unset": list(profile.gpu_unset),
+        "ask": list(ask) if ask else None,
+    }
+    agent = ("python3", *node.PYTHON_FLAGS, str(sweep.run_dir / AGENT), str(pack_dir / PACK_JSON))
+    return PackPlan(tuple(planned), instructions, agent, opts.pack_jobs)
+
+
+def _point_env(sweep_id: str, total: int, point: Point) -> list[tuple[str, str]]:
+    """What the point's ranks see of the sweep (as an array task's), its number too."""
+    return [*script.point_env(sweep_id, total, point), (script.HPCLAUNCH_POINT, str(point.index))]
+
+
+def batch_script(spec: JobSpec, sweep: RunPaths, cwd: Path, pp: PackPlan, cpus: int) -> str:
+    """The pack's batch script: one srun step, one task per node, the agent in each;
+    --no-kill, so a lost node leaves the others' slots running."""
+    whole = replace(spec, tasks_per_node=1, cpus_per_task=cpus, launcher="srun")
+    head = render.directives(whole, sweep, cwd)
+    srun = [
+        "srun", "--kill-on-bad-exit=0", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
+        "--ntasks-per-node=1", f"--cpus-per-task={cpus}", *pp.agent_argv,
+    ]  # fmt: skip
+    body = [
+        "#!/bin/bash",
+        *head,
+        shell.sbatch_line("--no-kill"),
+        shell.comment(
+            f"Generated by hpclaunch for sweep {sweep.run_id}: {len(pp.instructions['points'])} "
+            f"points packed into {len(pp.slots)} slots of {spec.nodes} node(s); edit the "
+            "command, not this file."
+        ),
+        *spec.setup,
+        "# A new attempt (--requeue) runs only the points not yet done.",
+        shell.command([*pp.agent_argv, "--requeue"]),
+        "# One step for the whole pack: the node agent on every node runs its slots.",
+        shell.command(srun),
+    ]
+    return shell.lines(body)
+
+
+def array_parts(pp: PackPlan) -> list[arrays.ArrayPart]:
+    """The allocations as one array of --pack-jobs tasks (each -N nodes)."""
+    return [arrays.ArrayPart(0, tuple(range(pp.jobs)), None)]
+
+
+def write(sweep: RunPaths, pp: PackPlan) -> None:
+    """pack.json, the agent beside the points, the queue: a file per point."""
+    pack_dir = sweep.run_dir / PACK_DIR
+    for name in (QUEUE, TAKEN, DONE):
+        (pack_dir / name).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(node.path(node.PACK_AGENT), sweep.run_dir / AGENT)
+    from hpclaunch.records import runrecord
+
+    runrecord.write_json(pack_dir / PACK_JSON, pp.instructions)
+    for index in pp.instructions["points"]:
+        (pack_dir / QUEUE / index).touch()
+
+
+def describe(pp: PackPlan) -> list[str]:
+    """The --dry-run lines: the slot table and the agent's command."""
+    return [
+        *packing.table(pp.slots),
+        f"# {pp.jobs} allocation(s); every node runs one node agent, one srun step:",
+        "# " + shell.command(list(pp.agent_argv)),
+    ]

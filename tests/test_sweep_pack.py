@@ -1,0 +1,74 @@
+"""`sweep --pack`'s slot plan (hpclaunch.sweeps.packing): slots per node, their GPUs and
+cores, and the bad requests refused with one line before anything is queued."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpclaunch.errors import UserError
+from hpclaunch.sweeps.packing import NodeFacts, PackOptions, check, slots, table
+
+TWO_GPUS = NodeFacts(gpus=2, cpus=8)
+LUMI_G = NodeFacts(
+    gpus=8,
+    cpus=64,
+    # the GCDs' CCDs, low-noise mode (shared/LUMI.md): GCD g -> cores of its CCD minus core 0
+    gpu_cores=tuple(tuple(range(8 * ccd + 1, 8 * ccd + 8)) for ccd in (6, 7, 2, 3, 0, 1, 4, 5)),
+)
+
+
+def test_one_gpu_slots_on_two_nodes_of_two_gpus() -> None:
+    planned = slots(PackOptions(), TWO_GPUS, nodes=2)
+    assert [(s.node, s.number, s.gpus, s.cpus) for s in planned] == [
+        (0, 0, (0,), (0, 1, 2, 3)),
+        (0, 1, (1,), (4, 5, 6, 7)),
+        (1, 0, (0,), (0, 1, 2, 3)),
+        (1, 1, (1,), (4, 5, 6, 7)),
+    ]
+
+
+def test_two_gpu_slots_take_the_cores_of_their_gcds() -> None:
+    planned = slots(PackOptions(gpus_per_point=2), LUMI_G, nodes=1)
+    assert len(planned) == 4
+    assert planned[0].gpus == (0, 1)
+    assert planned[0].cpus == (*range(49, 56), *range(57, 64))  # GCD 0 and 1's CCDs
+
+
+def test_cpu_slots_without_gpus() -> None:
+    planned = slots(PackOptions(cpus_per_point=3), NodeFacts(gpus=0, cpus=8), nodes=1)
+    assert [s.cpus for s in planned] == [(0, 1, 2), (3, 4, 5)]
+    assert all(s.gpus == () for s in planned)
+    # default: the cores a point's tasks ask
+    by_tasks = slots(PackOptions(tasks_per_point=2), NodeFacts(gpus=0, cpus=8), 1, 2)
+    assert [s.cpus for s in by_tasks] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+@pytest.mark.parametrize(
+    ("opts", "field", "words"),
+    [
+        (PackOptions(gpus_per_point=3), "--gpus-per-point", "does not divide a node's 4 GPUs"),
+        (PackOptions(gpus_per_point=8), "--gpus-per-point", "more than a node's 4 GPUs"),
+        (PackOptions(cpus_per_point=9), "--cpus-per-point", "above a node"),
+        (PackOptions(pack_jobs=0), "--pack-jobs", "below 1"),
+        (PackOptions(pack_jobs=13), "--pack-jobs", "above the points"),
+        (PackOptions(tasks_per_point=2), "--tasks-per-point", "more than a slot's 1 GPUs"),
+        (PackOptions(retries=-1), "--retries", "below 0"),
+    ],
+)
+def test_bad_pack_requests_are_one_line(opts: PackOptions, field: str, words: str) -> None:
+    with pytest.raises(UserError) as caught:
+        check(opts, NodeFacts(gpus=4, cpus=8), points=12)
+    text = caught.value.render()
+    assert text.startswith(f"{field}: ") and words in text
+    assert "\n" not in text
+
+
+def test_good_requests_pass_and_the_table_names_every_slot() -> None:
+    check(PackOptions(gpus_per_point=2, tasks_per_point=2, pack_jobs=12), TWO_GPUS, points=12)
+    rows = table(slots(PackOptions(), TWO_GPUS, nodes=2))
+    assert rows[1:] == [
+        "#   node 0  slot 0  gpus 0  cores 0-3",
+        "#   node 0  slot 1  gpus 1  cores 4-7",
+        "#   node 1  slot 0  gpus 0  cores 0-3",
+        "#   node 1  slot 1  gpus 1  cores 4-7",
+    ]

@@ -1,0 +1,179 @@
+"""`sweep --pack` on this machine: the node agent (node/pack_agent.py) run alone on a
+hand-written pack.json (GPU slots, the rank contract of multi-rank points), and
+`hpclaunch sweep --cluster local --pack` end to end (CPU slots, a queue refilled as points
+end, retries, --point-time, every point a run of its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from builders import local_env
+from hpclaunch import node
+from hpclaunch.sweeps import packplan
+
+PROGRAM = str(Path(__file__).parent / "programs" / "pack_point.py")
+HPCLAUNCH = str(Path(sys.executable).parent / "hpclaunch")
+AGENT = str(node.path(node.PACK_AGENT))
+
+
+def _events(folder: Path) -> list[dict[str, Any]]:
+    path = folder / node.EVENTS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _pack_json(tmp_path: Path, points: int, slots: list[dict[str, Any]], **extra: Any) -> Path:
+    """A pack.json as packplan.plan writes it, the program run without the bootstrap."""
+    sweep, token = tmp_path / "sweep", "TOKENXYZ"
+    pack_dir = sweep / packplan.PACK_DIR
+    for name in (packplan.QUEUE, packplan.TAKEN, packplan.DONE):
+        (pack_dir / name).mkdir(parents=True)
+    for index in range(points):
+        (pack_dir / packplan.QUEUE / str(index)).touch()
+        (sweep / "points" / str(index)).mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    data = {
+        "sweep_dir": str(sweep),
+        "pack_dir": str(pack_dir),
+        "token": token,
+        "point_dir": str(sweep / "points" / token),
+        "checkpoint_dir": str(sweep / "points" / token / "checkpoints"),
+        "argv": [sys.executable, PROGRAM, str(out), "0.3"],
+        "env": {"HPCLAUNCH_POINT": token},
+        "cwd": str(tmp_path),
+        "points": {str(i): [["HPCLAUNCH_PARAM_I", str(i)]] for i in range(points)},
+        "slots": slots,
+        "tasks_per_point": 1,
+        "retries": 0,
+        "point_time": None,
+        "gpu_vars": ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"],
+        "gpu_unset": ["HIP_VISIBLE_DEVICES"],
+        "ask": None,
+        **extra,
+    }
+    path = pack_dir / packplan.PACK_JSON
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _seen(out: Path) -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("p*.json")}
+
+
+def test_the_agent_gives_each_point_its_slots_gpus_and_its_own_world(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    slots = [{"node": 0, "slot": s, "gpus": [s], "cpus": [cores[s % len(cores)]]} for s in (0, 1)]
+    slots.append({"node": 1, "slot": 0, "gpus": [0], "cpus": cores})  # another node's
+    pack = _pack_json(tmp_path, 5, slots)
+    env = {**os.environ, "SLURM_PROCID": "7", "SLURM_NTASKS": "9", "SLURM_JOB_ID": "4242"}
+    env["HIP_VISIBLE_DEVICES"] = "0,1"
+    done = subprocess.run([sys.executable, "-I", "-S", AGENT, str(pack), "0"], env=env,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0
+    seen = _seen(tmp_path / "out")
+    assert sorted(seen) == [f"p{i}-r0-t1" for i in range(5)]  # node 0 ran every point
+    ports = set()
+    for index in range(5):
+        rec = seen[f"p{index}-r0-t1"]
+        start = next(e for e in _events(tmp_path / "sweep" / "points" / str(index))
+                     if e["event"] == "point_start")  # fmt: skip
+        gpu = str(start["gpus"][0])
+        assert rec["env"]["CUDA_VISIBLE_DEVICES"] == rec["env"]["ROCR_VISIBLE_DEVICES"] == gpu
+        assert rec["cpus"] == start["cpus"]
+        # the point's own world, not the agent's step (SLURM_PROCID=7 of 9 hidden)
+        assert rec["env"]["RANK"] is None or rec["env"]["RANK"] == "0"
+        assert (rec["env"]["SLURM_PROCID"], rec["env"]["SLURM_NTASKS"]) == ("0", "1")
+        ports.add((start["slot"], rec["env"]["MASTER_PORT"]))
+    assert len({port for _, port in ports}) == 2  # one MASTER_PORT per slot
+    assert sorted(os.listdir(tmp_path / "sweep" / "pack" / "done")) == [str(i) for i in range(5)]
+
+
+def test_a_multi_rank_point_gets_world_two_on_a_two_gpu_slot(tmp_path: Path) -> None:
+    slots = [{"node": 0, "slot": 0, "gpus": [0, 1], "cpus": sorted(os.sched_getaffinity(0))}]
+    pack = _pack_json(tmp_path, 2, slots, tasks_per_point=2)
+    subprocess.run([sys.executable, "-I", "-S", AGENT, str(pack), "0"], timeout=60, check=True)
+    seen = _seen(tmp_path / "out")
+    for index in range(2):
+        ranks = [seen[f"p{index}-r{r}-t1"]["env"] for r in (0, 1)]
+        assert [(e["SLURM_PROCID"], e["SLURM_NTASKS"]) for e in ranks] == [("0", "2"), ("1", "2")]
+        assert {e["CUDA_VISIBLE_DEVICES"] for e in ranks} == {"0,1"}
+        assert len({e["MASTER_PORT"] for e in ranks}) == 1
+
+
+def _hpclaunch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HPCLAUNCH, *args], cwd=tmp_path, env=local_env(tmp_path), capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_a_local_pack_refills_its_slots_and_retries_and_ends_points(tmp_path: Path) -> None:
+    configs = tmp_path / "points.txt"
+    lines = ["0.1", "1.5", "0.1", "0.1 fail-once", "0.1 hang", "0.3", "0.1 fail"]
+    configs.write_text("".join(f"{line}\n" for line in lines))
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _hpclaunch(tmp_path, "sweep", "--pack", "--cpus-per-point", "1", "--retries", "1",
+                      "--point-time", "00:00:04", "--configs", str(configs), "--",
+                      sys.executable, PROGRAM, str(out))  # fmt: skip
+    # the lowest failed point's code: point 4, ended by SIGTERM past --point-time
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    sweep_id = proc.stdout.split()[1]
+    sweep_dir = tmp_path / "runs" / "default" / sweep_id
+    status = _hpclaunch(tmp_path, "sweep", "status", sweep_id, "--json")
+    rows = {p["index"]: p for p in json.loads(status.stdout)["points"]}
+    assert [rows[i]["state"] for i in range(7)] == ["COMPLETED"] * 4 + ["FAILED"] + [
+        "COMPLETED",
+        "FAILED",
+    ]
+    # the failing point ran again in its slot, once; the hanging one was ended
+    assert (out / "p3-r0-t2.json").exists()
+    assert [e["event"] for e in _events(sweep_dir / "points" / "6")].count("point_retry") == 1
+    end4 = [e for e in _events(sweep_dir / "points" / "4") if e["event"] == "point_end"][-1]
+    assert end4["reason"] == "point-time" and end4["exit_code"] != 0
+    # the slots: at most one point each at a time, never idle while points were queued
+    by_slot: dict[int, list[tuple[float, float]]] = {}
+    for index in range(7):
+        events = _events(sweep_dir / "points" / str(index))
+        start = next(e for e in events if e["event"] == "point_start")
+        end = [e for e in events if e["event"] == "point_end"][-1]
+        by_slot.setdefault(start["slot"], []).append((start["time"], end["time"]))
+    assert sorted(by_slot) == [0, 1]
+    for spans in by_slot.values():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert 0 <= start - end < 1.0  # the next point started when the last ended
+    # each point a run of its own: its logs
+    assert (sweep_dir / "points" / "1" / "logs" / "rank-0.out").exists()
+
+
+def test_bad_pack_requests_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    for args, words in (
+        (["--cpus-per-point", "100000"], "--cpus-per-point: 100000 is above a node's"),
+        (["--pack-jobs", "4"], "--pack-jobs: 4 is above the points"),
+        (["--gpus-per-point", "1"], "--gpus-per-point: 1 is more than a node's 0 GPUs"),
+    ):
+        proc = _hpclaunch(tmp_path, "sweep", "--pack", *args, "--grid", "x=1,2,3", "--",
+                          sys.executable, PROGRAM, "out", "0")  # fmt: skip
+        assert proc.returncode == 2
+        assert proc.stderr.startswith(f"hpclaunch: error: {words}")
+        assert proc.stderr.count("\n") == 1
+        assert not (tmp_path / "runs").exists()
+
+
+def test_the_dry_run_shows_the_slot_table_script_and_agent(tmp_path: Path) -> None:
+    proc = _hpclaunch(tmp_path, "sweep", "--pack", "--cpus-per-point", "1", "--dry-run",
+                      "--grid", "x=1,2,3", "--", sys.executable, PROGRAM, "out", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "# slots (node, slot, GPUs, cores):" in text
+    assert "#   node 0  slot 0  gpus -  cores 0" in text
+    assert "#SBATCH --no-kill" in text
+    assert "srun --kill-on-bad-exit=0 --nodes=1 --ntasks=1 --ntasks-per-node=1" in text
+    assert f"python3 -I -S {tmp_path}/runs/default/" in text and "/pack/pack.json" in text
+    assert not (tmp_path / "runs").exists()
