@@ -3,9 +3,16 @@ cores, and the bad requests refused with one line before anything is queued."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from hpclaunch.backends import packstatus
 from hpclaunch.errors import UserError
+from hpclaunch.observe.jobend import JobStatus
+from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.sweeps.packing import NodeFacts, PackOptions, check, slots, table
 
 TWO_GPUS = NodeFacts(gpus=2, cpus=8)
@@ -72,3 +79,50 @@ def test_good_requests_pass_and_the_table_names_every_slot() -> None:
         "#   node 1  slot 0  gpus 0  cores 0-3",
         "#   node 1  slot 1  gpus 1  cores 4-7",
     ]
+
+
+# --- a packed point's state: its own events and the allocation's (backends/packstatus) ---
+def _point(tmp_path: Path, *events: dict[str, Any]) -> RunRecord:
+    folder = tmp_path / "points" / "3"
+    folder.mkdir(parents=True)
+    lines = "".join(json.dumps({"job": "77", "time": 1.0, **e}) + "\n" for e in events)
+    (folder / "events.jsonl").write_text(lines)
+    return RunRecord("s:3", str(folder), job_id="77", state="PENDING",
+                     extra={"packed": True, "point": 3})  # fmt: skip
+
+
+RUNNING_JOB = JobStatus("RUNNING", "", None)
+START = {"event": "point_start", "node": "node2", "slot": 1, "gpus": [1], "task": "77_0"}
+
+
+def test_a_packed_point_runs_where_its_start_says(tmp_path: Path) -> None:
+    rec = _point(tmp_path, START)
+    assert packstatus.allocation(rec) == "77_0"
+    assert packstatus.changes(rec, RUNNING_JOB) == {
+        "state": "RUNNING",
+        "reason": "node node2 slot 1 gpus 1",
+    }
+
+
+def test_a_queued_packed_point_is_pending_and_never_started_once_the_pack_ended(
+    tmp_path: Path,
+) -> None:
+    rec = _point(tmp_path)
+    assert packstatus.changes(rec, RUNNING_JOB)["state"] == "PENDING"
+    gone = packstatus.changes(rec, JobStatus("COMPLETED", "", "0:0"))
+    assert (gone["state"], gone["reason"]) == ("CANCELLED", packstatus.NEVER_STARTED)
+
+
+def test_a_started_packed_point_without_an_end_is_failed_node_lost(tmp_path: Path) -> None:
+    rec = _point(tmp_path, START)
+    lost = packstatus.changes(rec, JobStatus("COMPLETED", "", "0:0"))
+    assert (lost["state"], lost["reason"], lost["exit_code"]) == ("FAILED", "node lost", 1)
+
+
+def test_a_packed_points_end_is_the_agents_word(tmp_path: Path) -> None:
+    end = {"event": "point_end", "exit_code": 143, "reason": "point-time"}
+    rec = _point(tmp_path, START, end)
+    got = packstatus.changes(rec, None)
+    assert (got["state"], got["exit_code"], got["reason"]) == ("FAILED", 143, "point-time")
+    cancelled = packstatus.ended({"exit_code": 143, "reason": "cancelled"})
+    assert cancelled["state"] == "CANCELLED"

@@ -177,3 +177,65 @@ def test_the_dry_run_shows_the_slot_table_script_and_agent(tmp_path: Path) -> No
     assert "srun --kill-on-bad-exit=0 --nodes=1 --ntasks=1 --ntasks-per-node=1" in text
     assert f"python3 -I -S {tmp_path}/runs/default/" in text and "/pack/pack.json" in text
     assert not (tmp_path / "runs").exists()
+
+
+def test_optuna_packed_asks_a_trial_when_a_slot_frees(tmp_path: Path) -> None:
+    import optuna
+
+    from hpclaunch.sweeps import trials
+
+    space = tmp_path / "space.toml"
+    space.write_text('x = {type = "float", low = 0.0, high = 4.0}\n', encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    point = str(Path(__file__).parent / "programs" / "sweep_point.py")
+    proc = _hpclaunch(tmp_path, "sweep", "--pack", "--cpus-per-point", "1", "--optuna",
+                      str(space), "--trials", "8", "--metric", "loss", "--",
+                      sys.executable, point, str(out), "--sleep", "0.5", "--quadratic")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sweep_id = proc.stdout.split()[1]
+    sweep_dir = tmp_path / "runs" / "default" / sweep_id
+    study = optuna.load_study(study_name=sweep_id, storage=trials.storage(sweep_dir))
+    done = study.get_trials(deepcopy=False)
+    assert [t.state.name for t in done] == ["COMPLETE"] * 8
+    spans = [(t.datetime_start, t.datetime_complete) for t in done]
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    level = most = 0
+    for _, step in edges:
+        level += step
+        most = max(most, level)
+    assert most <= 2  # never more trials RUNNING than slots
+
+
+def test_cancel_of_a_packed_point_ends_it_and_its_slot_goes_on(tmp_path: Path) -> None:
+    import time
+
+    configs = tmp_path / "points.txt"
+    configs.write_text("0.1\n0.1 hang\n0.5\n0.5\n0.5\n", encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [HPCLAUNCH, "sweep", "--pack", "--cpus-per-point", "1", "--configs", str(configs),
+            "--", sys.executable, PROGRAM, str(out)]  # fmt: skip
+    started = time.time()
+    sweep = subprocess.Popen(argv, cwd=tmp_path, env=local_env(tmp_path), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert sweep.stdout is not None
+    sweep_id = sweep.stdout.readline().split()[1]
+    point = tmp_path / "runs" / "default" / sweep_id / "points" / "1"
+    while not any(e["event"] == "point_start" for e in _events(point)):
+        assert time.time() - started < 60
+        time.sleep(0.1)
+    cancel = _hpclaunch(tmp_path, "cancel", f"{sweep_id}:1")
+    assert cancel.returncode == 0, cancel.stderr
+    rest, _ = sweep.communicate(timeout=120)
+    assert time.time() - started < 60  # the hanging point did not run its hour
+    assert "point 1: CANCELLED" in rest
+    for index in (0, 2, 3, 4):
+        assert f"point {index}: COMPLETED" in rest
+    # the slot that ran point 1 went on with the queue
+    slot = next(e["slot"] for e in _events(point) if e["event"] == "point_start")
+    after = [
+        e for i in (2, 3, 4)
+        for e in _events(point.parent / str(i)) if e["event"] == "point_start"
+    ]  # fmt: skip
+    assert slot in {e["slot"] for e in after}

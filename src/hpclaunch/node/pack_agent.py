@@ -255,8 +255,10 @@ def watch(pack: Pack, point: Point) -> Optional[int]:
 
 def start_event(point: Point) -> Dict[str, Any]:
     slot = point.slot
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
     return {
         "event": POINT_START, "job": point.job, "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "task": "%s_%s" % (point.job, task) if task else "",
         "node": node_name(), "slot": slot["slot"], "gpus": slot["gpus"], "cpus": slot["cpus"],
         "try": point.tries, "pid": point.procs[0].pid if point.procs else 0,
     }  # fmt: skip

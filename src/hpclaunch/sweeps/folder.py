@@ -56,6 +56,7 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
         "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
         **sp.backend.site_facts(),  # which sacct answers here: no call spent finding out
         "wandb_sweep": sp.wandb_sweep,
+        "pack": [s.to_record() for s in sp.pack.slots] if sp.pack else None,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
         "points": [
@@ -169,6 +170,6 @@ def point_records(
     common = runrecord.new_record(
         spec, paths, backend, sweep_id=sp.paths.run_id, point=None, job_id=None,
         job_ids=[], attempts=1, state=State.PENDING.value, exit_code=None, command=[],
-        params={}, **sp.backend.site_facts(),
+        params={}, **sp.backend.site_facts(), **({"packed": True} if sp.pack else {}),
     )  # fmt: skip
     return rows, {"token": sp.token, "base": common.to_dict()}

@@ -122,6 +122,10 @@ def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
         for r in sweep.points
         if is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
     ]
+    if chosen is not None and sweep.data.get("pack"):  # a packed point: its slot goes on
+        from hpclaunch.sweeps import packplan
+
+        return packplan.cancel_points(sweep_dir, open_)
     return backend_of(sweep).cancel_records(open_, whole=chosen is None)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +21,7 @@ from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import Profile, gpus_on_node
 from hpclaunch.errors import UserError
 from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script import render
 from hpclaunch.sweeps import arrays, packing, script
 from hpclaunch.sweeps.points import Point
@@ -159,3 +160,26 @@ def describe(pp: PackPlan) -> list[str]:
         f"# {pp.jobs} allocation(s); every node runs one node agent, one srun step:",
         "# " + shell.command(list(pp.agent_argv)),
     ]
+
+
+def cancel_points(sweep_dir: Path, recs: Sequence[RunRecord]) -> list[str]:
+    """`cancel SWEEP:I` of packed points: each ends (or leaves the queue), its slot goes on."""
+    from hpclaunch.backends import packstatus
+
+    pack_dir = sweep_dir / PACK_DIR
+    return [r.run_id for r in recs if packstatus.cancel_point(r, pack_dir / QUEUE, pack_dir / DONE)]
+
+
+def running_points(sweep_dir: Path) -> Callable[[Sequence[int]], set[int]]:
+    """alive(indices) for Optuna's ask in a packed sweep: the points a slot took and has
+    not finished (a lost node's stay taken until the pack ends: their trials stay open)."""
+    pack_dir = sweep_dir / PACK_DIR
+
+    def alive(indices: Sequence[int]) -> set[int]:
+        return {
+            i
+            for i in indices
+            if (pack_dir / TAKEN / str(i)).exists() and not (pack_dir / DONE / str(i)).exists()
+        }
+
+    return alive
