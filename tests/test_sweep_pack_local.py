@@ -239,3 +239,20 @@ def test_cancel_of_a_packed_point_ends_it_and_its_slot_goes_on(tmp_path: Path) -
         for e in _events(point.parent / str(i)) if e["event"] == "point_start"
     ]  # fmt: skip
     assert slot in {e["slot"] for e in after}
+
+
+def test_a_slots_gpus_are_the_steps_devices_by_place() -> None:
+    agent = _load_agent()
+    assert agent.slot_devices("4,5,6,7", [1, 2]) == "5,6"
+    assert agent.slot_devices("", [1]) == "1"
+    assert agent.slot_devices("0", [1]) == "1"  # fewer listed than the slot names: as planned
+
+
+def _load_agent() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pack_agent_under_test", AGENT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

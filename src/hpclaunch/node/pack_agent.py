@@ -131,9 +131,8 @@ class Point:
             SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST=host,
             MASTER_ADDR=host, MASTER_PORT=str(port),
         )  # fmt: skip
-        gpus = ",".join(str(g) for g in slot["gpus"])
         for name in pack["gpu_vars"] if slot["gpus"] else ():
-            env[name] = gpus
+            env[name] = slot_devices(os.environ.get(name, ""), slot["gpus"])
         for name in pack["gpu_unset"] if slot["gpus"] else ():
             env.pop(name, None)
         env.setdefault("OMP_NUM_THREADS", str(max(1, len(slot["cpus"]) // tasks)))
@@ -180,6 +179,15 @@ class Point:
             self.signal(signal.SIGTERM)
         elif time.time() > self.kill_at:
             self.signal(signal.SIGKILL)
+
+
+def slot_devices(visible: str, gpus: List[int]) -> str:
+    """The slot's GPUs as the variable names them: the g-th of the devices Slurm gave the
+    agent's step (CUDA_VISIBLE_DEVICES=4,5 -> slot GPU 1 is "5"), else g itself."""
+    listed = [d.strip() for d in visible.split(",") if d.strip()]
+    if len(listed) > max(gpus):
+        return ",".join(listed[g] for g in gpus)
+    return ",".join(str(g) for g in gpus)
 
 
 def _in_slot(cores: Set[int], group: int) -> Callable[[], None]:

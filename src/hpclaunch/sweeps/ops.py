@@ -242,13 +242,18 @@ def _resubmit(
     max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
     parts = arrays.split(wanted, max_array, parallel)
+    if sweep.data.get("pack"):  # the points back in the queue, one pack (sweeps/packplan.py)
+        from hpclaunch.sweeps import packplan
+
+        packplan.queue_again(sweep.sweep_dir, wanted)
+        parts = [arrays.ArrayPart(0, (0,), None)]
     launch = array_launch(sweep.sweep_dir / "job.sh", parts, environ)
     job_ids = backend_of(sweep).start_array(launch)
     attempt = 1 + max((int(a.get("attempt", 1)) for a in sweep.data.get("arrays") or []), default=1)
     for part, job_id in zip(parts, job_ids):
-        for point in part.points():
+        for point in wanted if sweep.data.get("pack") else part.points():
             rec = by_index[point]
-            job = f"{job_id}_{point - part.offset}"
+            job = job_id if sweep.data.get("pack") else f"{job_id}_{point - part.offset}"
             runrecord.update(
                 rec.path,
                 job_id=job,

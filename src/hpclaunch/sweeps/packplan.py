@@ -22,7 +22,7 @@ from hpclaunch.config.profiles import Profile, gpus_on_node
 from hpclaunch.errors import UserError
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.script import render
+from hpclaunch.script import render, requeue
 from hpclaunch.sweeps import arrays, packing, script
 from hpclaunch.sweeps.points import Point
 
@@ -75,7 +75,10 @@ def plan(
     planned = packing.slots(opts, facts, spec.nodes, spec.cpus_per_task)
     per_node = len(planned) // max(1, spec.nodes)
     point = script.point_paths(sweep, token)
-    one_rank = replace(spec, nodes=1, tasks_per_node=opts.tasks_per_point, gpus_per_node=0)
+    # A point's ranks as a run of their own (no attempts of its own: the pack is requeued).
+    one_rank = replace(
+        spec, nodes=1, tasks_per_node=opts.tasks_per_point, gpus_per_node=0, requeue=None
+    )
     batch = render.plan_batch(one_rank, profile, point, cwd)
     env = render.task_env_values(batch, one_rank, {})
     env.pop("OMP_NUM_THREADS", None)  # the agent's: the slot's cores per rank
@@ -130,9 +133,24 @@ def batch_script(spec: JobSpec, sweep: RunPaths, cwd: Path, pp: PackPlan, cpus: 
         "# A new attempt (--requeue) runs only the points not yet done.",
         shell.command([*pp.agent_argv, "--requeue"]),
         "# One step for the whole pack: the node agent on every node runs its slots.",
-        shell.command(srun),
+        *_launch_lines(spec, shell.command(srun)),
     ]
     return shell.lines(body)
+
+
+def _launch_lines(spec: JobSpec, srun: str) -> list[str]:
+    """The step; under --requeue in the background, the time-limit signal (B:, this shell)
+    queueing the allocation again: its next attempt runs the points not yet done."""
+    if not spec.requeue:
+        return [srun]
+    task = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
+    return [
+        f"trap 'scontrol requeue {task}' {spec.requeue.signal}",
+        f"{srun} &",
+        "HPCLAUNCH_PACK_PID=$!",
+        *requeue.wait_lines("HPCLAUNCH_PACK_PID"),
+        'exit "$HPCLAUNCH_RC"',
+    ]
 
 
 def array_parts(pp: PackPlan) -> list[arrays.ArrayPart]:
@@ -183,3 +201,12 @@ def running_points(sweep_dir: Path) -> Callable[[Sequence[int]], set[int]]:
         }
 
     return alive
+
+
+def queue_again(sweep_dir: Path, points: Sequence[int]) -> None:
+    """`sweep retry` of packed points: back into the queue, as never taken."""
+    pack_dir = sweep_dir / PACK_DIR
+    for index in map(str, points):
+        for name in (TAKEN, DONE):
+            (pack_dir / name / index).unlink(missing_ok=True)
+        (pack_dir / QUEUE / index).touch()
