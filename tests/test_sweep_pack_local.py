@@ -174,7 +174,7 @@ def test_the_dry_run_shows_the_slot_table_script_and_agent(tmp_path: Path) -> No
     assert "# slots (node, slot, GPUs, cores):" in text
     assert "#   node 0  slot 0  gpus -  cores 0" in text
     assert "#SBATCH --no-kill" in text
-    assert "srun --kill-on-bad-exit=0 --nodes=1 --ntasks=1 --ntasks-per-node=1" in text
+    assert "srun --no-kill --kill-on-bad-exit=0 --nodes=1 --ntasks=1 --ntasks-per-node=1" in text
     assert f"python3 -I -S {tmp_path}/runs/default/" in text and "/pack/pack.json" in text
     assert not (tmp_path / "runs").exists()
 

@@ -163,7 +163,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         (
             str(r["index"]),
             _params(r),
-            str(r["state"]),
+            _state(r),
             "-" if r["exit_code"] is None else str(r["exit_code"]),
             " ".join(f"{k}={_short(v)}" for k, v in (r.get("result") or {}).items()) or "-",
             str(r.get("attempts", 1)),
@@ -173,6 +173,15 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
     return "\n".join(lines) + "\n"
+
+
+def _state(row: Mapping[str, Any]) -> str:
+    """The state; a running packed point's with where it runs (backends/packstatus.py)."""
+    from hpclaunch.basics.states import State
+
+    reason = str(row.get("reason") or "")
+    running = row["state"] == State.RUNNING and reason.startswith("node ")
+    return f"{row['state']} ({reason})" if running else str(row["state"])
 
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str], as_json: bool = False) -> int:

@@ -116,8 +116,11 @@ def batch_script(spec: JobSpec, sweep: RunPaths, cwd: Path, pp: PackPlan, cpus: 
     --no-kill, so a lost node leaves the others' slots running."""
     whole = replace(spec, tasks_per_node=1, cpus_per_task=cpus, launcher="srun")
     head = render.directives(whole, sweep, cwd)
+    # --no-kill on the step too: a lost node does not end it ("applies to job and step
+    # allocations", https://slurm.schedmd.com/srun.html#OPT_no-kill).
     srun = [
-        "srun", "--kill-on-bad-exit=0", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
+        "srun", "--no-kill", "--kill-on-bad-exit=0", f"--nodes={spec.nodes}",
+        f"--ntasks={spec.nodes}",
         "--ntasks-per-node=1", f"--cpus-per-task={cpus}", *pp.agent_argv,
     ]  # fmt: skip
     body = [
