@@ -256,3 +256,17 @@ def _load_agent() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_a_point_above_its_memory_bound_is_ended_with_that_reason(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    hog = "x = bytearray(300_000_000); import time; time.sleep(60)"
+    slots = [{"node": 0, "slot": 0, "gpus": [], "cpus": cores}]
+    pack = _pack_json(tmp_path, 1, slots, mem_per_point_mb=100)
+    data = json.loads(pack.read_text())
+    data["argv"] = [sys.executable, "-c", hog]
+    pack.write_text(json.dumps(data))
+    subprocess.run([sys.executable, "-I", "-S", AGENT, str(pack), "0"], timeout=60, check=True)
+    [end] = [e for e in _events(tmp_path / "sweep" / "points" / "0") if e["event"] == "point_end"]
+    assert end["reason"].startswith("memory: ") and "--mem-per-point 100 MB" in end["reason"]
+    assert end["exit_code"] != 0

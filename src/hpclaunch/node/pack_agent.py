@@ -227,8 +227,9 @@ def run_node(pack: Pack, node: int) -> int:
         if not running and drained:
             return 0
         time.sleep(POLL_S)
+        memory = group_memory_mb() if pack.get("mem_per_point_mb") and running else {}
         for number, point in list(running.items()):
-            code = watch(pack, point)
+            code = watch(pack, point, memory)
             if code is None:
                 continue
             if code != 0 and not point.killed and point.tries <= pack["retries"]:
@@ -246,14 +247,36 @@ def slot_port(job_no: int, slot: Slot, per_node: int) -> int:
     return PORT_BASE + (job_no + 1 + place) % PORT_SPAN
 
 
-def watch(pack: Pack, point: Point) -> Optional[int]:
-    """The point's code once it ended; ends it past point_time or when cancelled."""
+def group_memory_mb() -> Dict[int, float]:
+    """Resident memory (MB) per process group, from /proc: a point's ranks and their
+    children share their first rank's group."""
+    page_mb = os.sysconf("SC_PAGE_SIZE") / 1e6
+    found: Dict[int, float] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid, "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        group, rss = int(fields[2]), int(fields[21])  # pgrp and rss (pages): proc(5)
+        found[group] = found.get(group, 0.0) + rss * page_mb
+    return found
+
+
+def watch(pack: Pack, point: Point, memory: Dict[int, float]) -> Optional[int]:
+    """The point's code once it ended; ends it past point_time, past its memory bound
+    (--mem-per-point) or when cancelled."""
     code = point.returncode()
     if code is not None:
         return code
-    limit = pack.get("point_time")
+    limit, bound = pack.get("point_time"), pack.get("mem_per_point_mb")
+    used = memory.get(point.procs[0].pid, 0.0) if point.procs else 0.0
     if limit and time.time() - point.started > limit:
         point.end("point-time")
+    elif bound and used > bound:
+        point.end("memory: %d MB above --mem-per-point %d MB" % (used, bound))
     elif os.path.exists(os.path.join(point.folder, CANCELLED_FILE)):
         point.end("cancelled")
     elif point.killed:
