@@ -126,3 +126,34 @@ def test_a_packed_points_end_is_the_agents_word(tmp_path: Path) -> None:
     assert (got["state"], got["exit_code"], got["reason"]) == ("FAILED", 143, "point-time")
     cancelled = packstatus.ended({"exit_code": 143, "reason": "cancelled"})
     assert cancelled["state"] == "CANCELLED"
+
+
+# --- LUMI's standard-g (a fake is unavoidable: the testbed has no LUMI; shared/LUMI.md) ---
+def test_a_lumi_pack_binds_each_gcd_slot_to_its_ccd(tmp_path: Path) -> None:
+    from hpclaunch.planning import preparing
+    from hpclaunch.records.runpaths import RunPaths
+    from hpclaunch.sweeps import packplan
+    from hpclaunch.sweeps.packing import PackOptions
+    from hpclaunch.sweeps.points import Point
+
+    cli = {"cluster": "lumi", "nodes": "2", "partition": "standard-g",
+           "account": "project_465000000", "time": "1:00:00"}  # fmt: skip
+    environ = {"USER": "alice", "HOME": "/users/alice", "PATH": "/usr/bin:/bin"}
+    resolved = preparing.prepare_spec(cli, ("python", "train.py"), tmp_path, environ)
+    sweep = RunPaths("S", tmp_path / "S", tmp_path / "S" / "checkpoints")
+    points = [Point(i, {"lr": i}) for i in range(20)]
+    pp = packplan.plan(resolved.spec, resolved.profile, PackOptions(), sweep, tmp_path, points,
+                       "TOKEN", None)  # fmt: skip
+    # GCD 0..7 -> cores 49-55, 57-63, 17-23, 25-31, 1-7, 9-15, 33-39, 41-47 (LUMI.md)
+    firsts = [49, 57, 17, 25, 1, 9, 33, 41]
+    assert [(s.gpus, s.cpus) for s in pp.slots[:8]] == [
+        ((g,), tuple(range(first, first + 7))) for g, first in enumerate(firsts)
+    ]
+    assert len(pp.slots) == 16
+    assert pp.instructions["gpu_vars"] == ["ROCR_VISIBLE_DEVICES"]
+    assert pp.instructions["gpu_unset"] == ["HIP_VISIBLE_DEVICES"]
+    facts = packplan.node_facts(resolved.spec, resolved.profile, 0)
+    script = packplan.batch_script(resolved.spec, sweep, tmp_path, pp, facts.cpus)
+    assert "#SBATCH --cpus-per-task=56\n" in script  # never the 64 a job cannot get
+    assert "#SBATCH --partition=standard-g\n" in script and "#SBATCH --no-kill\n" in script
+    assert "--cpus-per-task=56 python3 -I -S " in script

@@ -45,7 +45,9 @@ def node_facts(spec: JobSpec, profile: Profile, gpus_here: int) -> packing.NodeF
     partition's, else this machine's), its cores and memory, the GPUs' cores."""
     part = profile.partition(spec.partition or profile.default_partition_name())
     gpus = spec.gpus_per_node or gpus_on_node(profile, part) or gpus_here
-    cpus = (part.cpus if part else None) or profile.node.cpus or os.cpu_count() or 1
+    # The cores a job may ask: LUMI-G's 56 of 64 (a job asking 64 never runs, shared/LUMI.md)
+    node = profile.node
+    cpus = (part.cpus if part else None) or node.usable_cpus or node.cpus or os.cpu_count() or 1
     topo = profile.topology
     cores = tuple(tuple(c) for c in topo.cores()) if topo and topo.gpus >= gpus else ()
     memory = (part.memory_mb if part else None) or profile.node.memory_mb
