@@ -270,3 +270,20 @@ def test_a_point_above_its_memory_bound_is_ended_with_that_reason(tmp_path: Path
     [end] = [e for e in _events(tmp_path / "sweep" / "points" / "0") if e["event"] == "point_end"]
     assert end["reason"].startswith("memory: ") and "--mem-per-point 100 MB" in end["reason"]
     assert end["exit_code"] != 0
+
+
+def test_run_pack_commands_runs_each_line_as_a_run_of_its_own(tmp_path: Path) -> None:
+    commands = tmp_path / "commands.txt"
+    commands.write_text(
+        f"{sys.executable} -c 'import sys; print(sys.argv[1:])' 'a b' '$HOME'\necho one   two\n",
+        encoding="utf-8",
+    )
+    proc = _hpclaunch(tmp_path, "run", "--pack", "--cpus-per-point", "1", "--commands",
+                      str(commands))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sweep_dir = tmp_path / "runs" / "default" / proc.stdout.split()[1]
+    logs = [(sweep_dir / "points" / str(i) / "logs" / "rank-0.out").read_text() for i in (0, 1)]
+    assert logs == ["['a b', '$HOME']\n", "one two\n"]  # the configs file's quoting
+    refused = _hpclaunch(tmp_path, "run", "--pack", "--", "echo", "x")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("hpclaunch: error: --commands: ")

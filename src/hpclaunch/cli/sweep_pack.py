@@ -5,7 +5,7 @@ keyword arguments before the run options are read."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 import click
 
@@ -41,3 +41,44 @@ def take_pack_options(options: dict[str, Any]) -> dict[str, Any]:
     """The --pack values given (SweepOptions' fields), removed from `options`."""
     taken = {name: options.pop(name, None) for name in NAMES}
     return {name: value for name, value in taken.items() if value is not None}
+
+
+COMMANDS_OPTION = click.option(
+    "--commands",
+    metavar="FILE",
+    help="With --pack: an ensemble, one command a line (quoted as a --configs .txt line), "
+    "each a run of its own in the pack's slots.",
+)
+
+
+def run_commands(
+    program: tuple[str, ...],
+    commands: Optional[str],
+    packed: dict[str, Any],
+    given: dict[str, Any],
+    *,
+    dry_run: bool,
+    wait: bool,
+    as_json: bool,
+) -> int:
+    """`run --pack --commands FILE`: a packed sweep whose points are the file's lines.
+    Each line is the whole command: the points' program is `env --`, which runs it."""
+    import sys
+
+    from hpclaunch.api import request
+    from hpclaunch.cli.sweep_report import submit_and_report
+    from hpclaunch.errors import UserError
+    from hpclaunch.sweeps.plans import SweepOptions
+
+    if not (packed.get("pack") and commands) or program:
+        raise UserError(
+            "--pack" if commands else "--commands",
+            "run --pack takes --commands FILE and no program" if commands or program
+            else "run --pack needs --commands FILE",
+            "",
+            "hpclaunch run --pack --commands FILE (or hpclaunch sweep --pack ... -- PROGRAM)",
+        )  # fmt: skip
+    given.setdefault("job_name", "commands")
+    req = request(("env", "--"), given, argv=sys.argv)
+    opts = SweepOptions(configs=commands, **packed)
+    return submit_and_report(req, opts, dry_run=dry_run, wait=wait, as_json=as_json)
