@@ -287,3 +287,19 @@ def test_run_pack_commands_runs_each_line_as_a_run_of_its_own(tmp_path: Path) ->
     refused = _hpclaunch(tmp_path, "run", "--pack", "--", "echo", "x")
     assert refused.returncode == 2
     assert refused.stderr.startswith("hpclaunch: error: --commands: ")
+
+
+def test_max_parallel_caps_the_points_running_across_the_slots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--pack", "--cpus-per-point", "1", "--max-parallel", "1", "--repeat", "4"]
+    proc = _hpclaunch(tmp_path, "sweep", *argv, "--", sys.executable, PROGRAM, str(out), "0.3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sweep_dir = tmp_path / "runs" / "default" / proc.stdout.split()[1]
+    spans = []
+    for index in range(4):
+        events = _events(sweep_dir / "points" / str(index))
+        start = next(e["time"] for e in events if e["event"] == "point_start")
+        spans.append((start, next(e["time"] for e in events if e["event"] == "point_end")))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one at a time

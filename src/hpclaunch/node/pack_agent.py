@@ -80,6 +80,19 @@ def claim(pack_dir: str) -> Optional[int]:
     return None
 
 
+def at_most(pack: Pack, pack_dir: str) -> bool:
+    """Whether --max-parallel points run already (taken and not done, every allocation)."""
+    most = int(pack.get("max_parallel") or 0)
+    if not most:
+        return False
+    try:
+        taken = set(os.listdir(os.path.join(pack_dir, TAKEN)))
+        done = set(os.listdir(os.path.join(pack_dir, DONE)))
+    except OSError:
+        return False
+    return len(taken - done) >= most
+
+
 def requeue(pack_dir: str) -> None:
     """A new attempt of the allocation (--requeue): points taken and never done go back."""
     taken = os.path.join(pack_dir, TAKEN)
@@ -213,6 +226,8 @@ def run_node(pack: Pack, node: int) -> int:
         for slot in mine:
             if slot["slot"] in running or drained:
                 continue
+            if at_most(pack, pack_dir):
+                break  # --max-parallel points run across the allocations: wait for one
             index = claim(pack_dir)
             if index is None:
                 drained = True

@@ -64,6 +64,7 @@ def plan(
     token: str,
     ask: Optional[Sequence[str]],
     gpus_here: int = 0,
+    max_parallel: Optional[int] = None,
 ) -> PackPlan:
     if spec.container or spec.stage or spec.stage_out or spec.chain > 1:
         raise UserError(
@@ -103,6 +104,7 @@ def plan(
         "gpu_vars": list(profile.gpu_vars),
         "gpu_unset": list(profile.gpu_unset),
         "ask": list(ask) if ask else None,
+        "max_parallel": max_parallel,
     }
     agent = ("python3", *node.PYTHON_FLAGS, str(sweep.run_dir / AGENT), str(pack_dir / PACK_JSON))
     return PackPlan(tuple(planned), instructions, agent, opts.pack_jobs)

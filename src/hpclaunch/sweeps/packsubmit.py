@@ -45,7 +45,7 @@ def plan_packed(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
     here = local_gpus() if sp.local and not spec.gpus_per_node else 0
     pp = packplan.plan(
         spec, profile, pack_options(opts), sp.paths, sp.planned.code.cwd, sp.points, sp.token,
-        ask, here,
+        ask, here, opts.max_parallel,
     )  # fmt: skip
     cpus = packplan.node_facts(spec, profile, here).cpus
     text = packplan.batch_script(spec, sp.paths, sp.planned.code.cwd, pp, cpus)
