@@ -303,3 +303,27 @@ def test_max_parallel_caps_the_points_running_across_the_slots(tmp_path: Path) -
         spans.append((start, next(e["time"] for e in events if e["event"] == "point_end")))
     spans.sort()
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one at a time
+
+
+def test_an_agent_ended_by_a_signal_ends_its_running_points(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    slots = [{"node": 0, "slot": 0, "gpus": [], "cpus": sorted(os.sched_getaffinity(0))}]
+    pack = _pack_json(tmp_path, 1, slots)
+    data = json.loads(pack.read_text())
+    data["argv"] = [sys.executable, "-c", "import time; time.sleep(300)"]
+    pack.write_text(json.dumps(data))
+    agent = subprocess.Popen([sys.executable, "-I", "-S", AGENT, str(pack), "0"])
+    folder = tmp_path / "sweep" / "points" / "0"
+    deadline = time.time() + 30
+    while not [e for e in _events(folder) if e["event"] == "point_start"]:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    [start] = [e for e in _events(folder) if e["event"] == "point_start"]
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{start['pid']}") and time.time() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{start['pid']}")  # the point went with its agent

@@ -214,13 +214,23 @@ def _in_slot(cores: Set[int], group: int) -> Callable[[], None]:
     return enter
 
 
+RUNNING: Dict[int, "Point"] = {}  # this node's running points by slot, for the signal
+
+
+def _ended_by(signum: int, frame: Any) -> None:
+    """scancel, the time limit, Ctrl-C here: the running points' groups end too."""
+    for point in list(RUNNING.values()):
+        point.signal(signal.SIGTERM)
+    sys.exit(128 + signum)
+
+
 def run_node(pack: Pack, node: int) -> int:
     """Run this node's slots until the queue is empty and every point ended."""
     pack_dir = pack["pack_dir"]
     job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "local"
     job_no = int(job) if job.isdigit() else os.getpid()
     mine = [s for s in pack["slots"] if s["node"] == node]
-    running: Dict[int, Point] = {}  # slot number -> Point
+    running = RUNNING  # slot number -> Point
     drained = False
     while True:
         for slot in mine:
@@ -344,7 +354,8 @@ def main(argv: List[str]) -> int:
     os.umask(0o077)
     node = int(argv[2]) if len(argv) > 2 else int(os.environ.get("SLURM_NODEID") or 0)
     # scancel or the time limit: end every running point (its group), then exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _ended_by)
     return run_node(dict(pack), node)
 
 

@@ -47,6 +47,8 @@ def plan_packed(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
         spec, profile, pack_options(opts), sp.paths, sp.planned.code.cwd, sp.points, sp.token,
         ask, here, opts.max_parallel,
     )  # fmt: skip
+    if sp.local:  # the points' rendezvous on this machine
+        pp.instructions["master_addr"] = "127.0.0.1"
     cpus = packplan.node_facts(spec, profile, here).cpus
     text = packplan.batch_script(spec, sp.paths, sp.planned.code.cwd, pp, cpus)
     parts = [] if sp.local else packplan.array_parts(pp)
