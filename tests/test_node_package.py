@@ -63,7 +63,9 @@ SHARED = {
     node.VENV_PROBE: {"VENV_RECORD", "VENV_CONSTRAINTS", "LIST_ONLY"},
     node.GPU_WATCH: {"INPUT_BOUND"},
     node.WANDB_AGENT: {"HANDOFF", "WANDB_EXIT", "HPCLAUNCH_WANDB_POINT"},
-    node.PACK_AGENT: {"EVENTS", "PORT_BASE", "PORT_SPAN"},
+    node.PACK_AGENT: {
+        "EVENTS", "PORT_BASE", "PORT_SPAN", "HPCLAUNCH_LOCAL_PARENT", "HPCLAUNCH_LOCAL_RECORD",
+    },
 }  # fmt: skip
 # hpclaunch.node's names that only the host uses.
 HOST_ONLY = {

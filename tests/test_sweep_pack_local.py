@@ -148,8 +148,13 @@ def test_a_local_pack_refills_its_slots_and_retries_and_ends_points(tmp_path: Pa
         spans.sort()
         for (_, end), (start, _) in zip(spans, spans[1:]):
             assert 0 <= start - end < 1.0  # the next point started when the last ended
-    # each point a run of its own: its logs
+    # each point a run of its own: its logs, its node-local folder (removed at its end;
+    # the hanging point 4 never wrote what it saw)
     assert (sweep_dir / "points" / "1" / "logs" / "rank-0.out").exists()
+    seen = [json.loads(p.read_text()) for p in out.glob("p*-r0-t1.json")]
+    scratch = [s["env"]["HPCLAUNCH_LOCAL"] for s in seen]
+    assert all(s["local_is_dir"] for s in seen) and len(set(scratch)) == len(seen) == 6
+    assert not any(os.path.exists(path) for path in scratch)
 
 
 def test_bad_pack_requests_are_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -25,10 +25,17 @@ seen = {
     for k in (
         "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS",
         "SLURM_PROCID", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HPCLAUNCH_POINT",
-        "SLURMD_NODENAME", "OMP_NUM_THREADS",
+        "SLURMD_NODENAME", "OMP_NUM_THREADS", "HPCLAUNCH_LOCAL",
     )
 }  # fmt: skip
-record = {"env": seen, "cpus": sorted(os.sched_getaffinity(0)), "start": start, "end": time.time()}
+local = os.environ.get("HPCLAUNCH_LOCAL") or ""
+record = {
+    "env": seen,
+    "local_is_dir": os.path.isdir(local),
+    "cpus": sorted(os.sched_getaffinity(0)),
+    "start": start,
+    "end": time.time(),
+}
 with open(os.path.join(out, f"p{point}-r{rank}-t{tries}.json"), "w") as fh:
     json.dump(record, fh)
 if mode == "fail" or (mode == "fail-once" and tries == 1):

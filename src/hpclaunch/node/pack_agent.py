@@ -32,6 +32,8 @@ EVENTS = "events.jsonl"
 POINT_START, POINT_END = "point_start", "point_end"
 PORT_BASE, PORT_SPAN = 20000, 12000
 CANCELLED_FILE = "cancelled"
+HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
+HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"
 PARAMS_ENV = "params.env"
 QUEUE, TAKEN, DONE = "queue", "taken", "done"
 POLL_S = 0.2
@@ -149,6 +151,10 @@ class Point:
         for name in pack["gpu_unset"] if slot["gpus"] else ():
             env.pop(name, None)
         env.setdefault("OMP_NUM_THREADS", str(max(1, len(slot["cpus"]) // tasks)))
+        # the point's node-local folder, per try: the profile's default local_dir
+        parent = os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+        env[HPCLAUNCH_LOCAL_PARENT] = parent
+        env[HPCLAUNCH_LOCAL_RECORD] = os.path.join(self.folder, "nodelocal-%d" % self.tries)
         return env
 
     def start(self, port: int) -> None:

@@ -83,7 +83,10 @@ def plan(
         spec, nodes=1, tasks_per_node=opts.tasks_per_point, gpus_per_node=0, requeue=None
     )
     batch = render.plan_batch(one_rank, profile, point, cwd)
-    env = render.task_env_values(batch, one_rank, {})
+    # Every point gets node-local scratch of its own ($HPCLAUNCH_LOCAL, made by its first
+    # rank's bootstrap, removed when its ranks end): what the profile's values name there.
+    env = render.task_env_values(batch, one_rank, {node.HPCLAUNCH_LOCAL: node.LOCAL_UNSET})
+    env[node.HPCLAUNCH_LOCAL] = node.LOCAL_UNSET
     env.pop("OMP_NUM_THREADS", None)  # the agent's: the slot's cores per rank
     pack_dir = sweep.run_dir / PACK_DIR
     instructions = {
