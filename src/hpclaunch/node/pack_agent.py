@@ -327,17 +327,18 @@ def start_event(point: Point) -> Dict[str, Any]:
 
 
 def finish(pack: Pack, point: Point, code: int, why: str) -> None:
-    """The point's end: its event, done/ marker, and Optuna told."""
+    """The point's end: its event, Optuna told, then its done/ marker (an Optuna ask
+    elsewhere counts a point without it alive: its trial is not failed before it is told)."""
     end = {"event": POINT_END, "job": point.job, "job_id": os.environ.get("SLURM_JOB_ID", ""),
            "node": node_name(), "exit_code": code, "slot": point.slot["slot"]}  # fmt: skip
     if why:
         end["reason"] = why
     append_event(point.folder, end)
-    with contextlib.suppress(OSError):
-        os.close(os.open(os.path.join(pack["pack_dir"], DONE, str(point.index)), os.O_CREAT, 0o600))
     if pack.get("ask"):
         tell = [*pack["ask"], "tell", pack["sweep_dir"], str(point.index), str(code)]
         subprocess.run(tell, stdin=subprocess.DEVNULL, check=False)
+    with contextlib.suppress(OSError):
+        os.close(os.open(os.path.join(pack["pack_dir"], DONE, str(point.index)), os.O_CREAT, 0o600))
 
 
 def ask(pack: Pack, point: Point) -> bool:
