@@ -37,6 +37,10 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
         limits = stagecache.limits(planned.prepared.profile)
         stage.pack_all(spec.stage, limits=limits, environ=req.environ)
     _write_points(sp)
+    if sp.pack:  # pack.json, the node agent, the queue (sweeps/packplan.py)
+        from hpclaunch.sweeps import packplan
+
+        packplan.write(paths, sp.pack)
     data = {
         "sweep_id": paths.run_id,
         "exp": spec.exp,
@@ -52,6 +56,7 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
         "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
         **sp.backend.site_facts(),  # which sacct answers here: no call spent finding out
         "wandb_sweep": sp.wandb_sweep,
+        "pack": [s.to_record() for s in sp.pack.slots] if sp.pack else None,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
         "points": [
@@ -154,6 +159,8 @@ def point_records(
     point table's rows with each point's array task ("123_4") and command, and the record
     all points share, TOKEN where a point's number goes (its POINT_RECORD)."""
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    if sp.pack and job_ids:  # any allocation's agent may run any point: the array's id
+        task_of = {p.index: job_ids[0] for p in sp.points}
     secrets = sp.masked_secrets()
     program = list(sp.planned.spec.program)
     rows = []
@@ -172,6 +179,6 @@ def point_records(
     common = runrecord.new_record(
         spec, paths, backend, sweep_id=sp.paths.run_id, point=None, job_id=None,
         job_ids=[], attempts=1, state=State.PENDING.value, exit_code=None, command=[],
-        params={}, **sp.backend.site_facts(),
+        params={}, **sp.backend.site_facts(), **({"packed": True} if sp.pack else {}),
     )  # fmt: skip
     return rows, {"token": sp.token, "base": common.to_dict()}
