@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from hpclaunch.node import VENV_RECORD
+from hpclaunch.node import VENV_MOUNT, VENV_RECORD
+from hpclaunch.node import path as node_path
 from hpclaunch.payload import venvpack
 from test_cli import env as env
 from test_cli import hpclaunch
@@ -154,3 +157,48 @@ def test_a_squashfs_file_not_made_by_env_pack_is_refused(
     proc = _dry_run(tmp_path, env, "--venv", str(tmp_path / "d.sqsh"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "without hpclaunch-packed.json" in proc.stderr and "hpclaunch env pack" in proc.stderr
+
+
+FUSE = os.geteuid() == 0 and os.path.exists("/dev/fuse") and shutil.which("squashfuse")
+
+
+@pytest.mark.skipif(not FUSE, reason="squashfuse as root with /dev/fuse")
+def test_the_node_mount_serves_the_venv_at_its_path_until_told_to_stop(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    venv, image = _packed(tmp_path, env, {"image": None, "image_id": None})
+    shutil.rmtree(venv)  # only the image is left
+    marks = tmp_path / "marks"
+    mount = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(node_path(VENV_MOUNT)), str(image), str(venv),
+         str(marks)],
+        env={"PATH": env["PATH"], "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "7"},
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if (marks / "ready-n1.7.0").exists():
+                break
+            time.sleep(0.05)
+        assert (marks / "ready-n1.7.0").exists()
+        assert os.path.ismount(venv) and (marks.stat().st_mode & 0o777) == 0o700
+        code = "import sys, marker; print(sys.prefix, marker.WHERE)"
+        env_venv = {"PATH": env["PATH"], "PYTHONPATH": str(venv / "lib")}
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env_venv,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        assert done.stdout.split() == [str(venv), "packed"]
+    finally:
+        mount.send_signal(signal.SIGUSR1)
+        assert mount.wait(timeout=30) == 0
+    assert not os.path.ismount(venv) and venv.is_dir()  # the mount point stays
+    # A damaged image: a failed- marker saying why, exit 1, nothing mounted.
+    image.write_bytes(b"hsqs" + b"\0" * 100)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(node_path(VENV_MOUNT)), str(image), str(venv),
+         str(marks)],
+        env={"PATH": env["PATH"], "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "8"},
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "squashfuse" in (marks / "failed-n1.8.0").read_text()
+    assert done.stderr.startswith("hpclaunch: packed venv: squashfuse ") and not os.path.ismount(
+        venv
+    )
