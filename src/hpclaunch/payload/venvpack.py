@@ -1,8 +1,9 @@
 """`hpclaunch env pack`: a venv as one SquashFS file, and what a run learns from one.
 
 Thousands of small files read by every rank from a shared file system become one big
-file (LUMI's container docs, https://docs.lumi-supercomputer.eu/software/containers/
-singularity/, and CSCS's storage guide give the same advice). The image holds the venv's
+file (shared/LUMI.md "Containers": `-B env.sqsh:/user-software:image-src=/`; CSCS's
+storage guide, https://github.com/eth-cscs/cscs-docs/blob/main/docs/guides/storage.md,
+packs a venv with mksquashfs for the same reason). The image holds the venv's
 tree at its root plus PACKED_RECORD, which names the venv's original path: a job mounts
 the image there (Apptainer's `-B FILE:PATH:image-src=/`, else squashfuse on the node,
 node/venv_mount.py), so the venv's scripts and absolute paths keep working and the
