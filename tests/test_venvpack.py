@@ -110,8 +110,12 @@ def test_a_packed_venv_is_mounted_by_each_node_at_its_original_path(
     assert f"export HPCLAUNCH_VENV={venv}" in script  # sys.prefix: the original path
     mount = next(line for line in script.splitlines() if "venv_mount.py" in line)
     assert mount.startswith("srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 ")
-    marks = mount.split()[-2]
-    assert mount.endswith(f"{image} {venv} {marks} &") and marks.endswith("/venvmount")
+    marks, sent = mount.split()[-3:-1]
+    assert mount.endswith(f"{image} {venv} {marks} {sent} &") and marks.endswith("/venvmount")
+    # Sent once to every node with sbcast first (the mount reads this node's copy).
+    send = next(line for line in script.splitlines() if "stage_bcast.py" in line)
+    assert send.endswith(f"stage_bcast.py - {sent} {image}") and sent.endswith("broadcast.json")
+    assert script.index(send) < script.index(mount)
     # The mount is waited for before the ranks' step and ended after it.
     lines = script.splitlines()
     ranks = next(i for i, line in enumerate(lines) if "bootstrap.py" in line)

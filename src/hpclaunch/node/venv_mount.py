@@ -10,12 +10,15 @@ unmounts. The mount point is left in place: another node may still be using its 
 mount of the same shared path.
 
 Standard library only, never an import of hpclaunch; Python >= 3.6 (the nodes' python3).
-Usage: python3 -I -S venv_mount.py IMAGE MOUNT_POINT MARKERS_FOLDER
+Usage: python3 -I -S venv_mount.py IMAGE MOUNT_POINT MARKERS_FOLDER [BROADCAST_MAP]
+(the map: this node's copy of IMAGE sent by sbcast, node/stage_bcast.py, mounted instead)
 """
 
+import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -60,9 +63,21 @@ def _unmount(child: "subprocess.Popen[bytes]", mount: str) -> None:
                     break
 
 
+def broadcast_copy(image: str, sent: str) -> str:
+    """This node's copy of the image sent by sbcast (stage_bcast.py's map), or ''."""
+    try:
+        with open(sent) as handle:
+            copy = json.load(handle).get(image) or ""
+        info = os.lstat(copy)
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return copy if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() else ""
+
+
 def main(argv: List[str]) -> int:
-    image, mount, folder = argv
+    image, mount, folder = argv[:3]
     os.makedirs(folder, 0o700, exist_ok=True)
+    copy = broadcast_copy(image, argv[3]) if len(argv) > 3 else ""
     tool = shutil.which("squashfuse")
     if not tool:
         return _fail(folder, f"squashfuse not found on {_tag()} (a packed venv needs it)")
@@ -73,7 +88,7 @@ def main(argv: List[str]) -> int:
     stop: List[int] = []
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, lambda num, frame: stop.append(num))
-    child = subprocess.Popen([tool, "-f", image, mount], stderr=subprocess.PIPE)
+    child = subprocess.Popen([tool, "-f", copy or image, mount], stderr=subprocess.PIPE)
     deadline = time.monotonic() + WAIT_S
     while not os.path.ismount(mount):
         if child.poll() is not None or time.monotonic() > deadline or stop:
@@ -81,6 +96,8 @@ def main(argv: List[str]) -> int:
             why = child.stderr.read().decode("utf-8", "replace").strip() if child.stderr else ""
             return _fail(folder, f"squashfuse {image} {mount} failed: {why or 'no mount'}")
         time.sleep(0.05)
+    if copy:
+        os.unlink(copy)  # squashfuse holds it open: nothing is left on the node after it
     _mark(folder, READY)
     while not stop and child.poll() is None:
         time.sleep(0.2)

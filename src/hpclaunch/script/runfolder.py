@@ -15,7 +15,7 @@ from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import profiling, render, venvmount
+from hpclaunch.script import broadcast, profiling, render, venvmount
 
 SPEC_JSON = "spec.json"
 
@@ -30,7 +30,8 @@ def write_files(paths: RunPaths, spec: JobSpec, script: str, *, stage_json: bool
     if staging and stage_json:
         runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
     mounts = venvmount.mounts_on_nodes(spec)
-    for source in node.shipped(staging, bool(spec.watch_interval_s), mounts):
+    sends = broadcast.broadcasts(spec)
+    for source in node.shipped(staging, bool(spec.watch_interval_s), mounts, sends):
         shutil.copyfile(node.path(source), paths.shipped(source))
     precompile(paths.shipped(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks

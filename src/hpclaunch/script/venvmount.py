@@ -27,7 +27,7 @@ def start_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
         "srun", "--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
         "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0",
         profile.python, *node.PYTHON_FLAGS, str(paths.shipped(node.VENV_MOUNT)),
-        spec.venv_image, spec.venv, marks,
+        spec.venv_image, spec.venv, marks, str(paths.run_dir / node.BROADCAST_MAP),
     ]  # fmt: skip
     tag = '"$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"'
     quoted = shell.quote(marks)
