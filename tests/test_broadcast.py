@@ -20,6 +20,8 @@ import pytest
 
 from hpclaunch.node import stage_bcast, stage_guard
 from hpclaunch.payload import stage
+from test_cli import env as env
+from test_cli import hpclaunch
 from test_stage_packs import _guard_json, _tree
 
 SBCAST = (
@@ -115,3 +117,26 @@ def test_copies_must_be_this_users_regular_files(tmp_path: Path) -> None:
         {stage_guard.HPCLAUNCH_STAGE_BCAST: str(tmp_path / "map.json")}
     )
     assert found == {"/b": str(plain)}
+
+
+def test_the_batch_script_broadcasts_before_the_guards_on_more_than_one_node(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    _tree(tmp_path / "data")
+    scripts = {}
+    for nodes in ("1", "2"):
+        proc = hpclaunch(
+            ["run", "--dry-run", "--cluster", "lumi", "-N", nodes, "-A", "project_465000000",
+             "-p", "standard-g", "--stage", "data", "--", "python", "train.py"],
+            tmp_path, env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        scripts[nodes] = proc.stdout.splitlines()
+    assert not any("stage_bcast.py" in line for line in scripts["1"])  # nothing to share
+    lines = scripts["2"]
+    send = next(i for i, line in enumerate(lines) if "stage_bcast.py" in line)
+    guard = next(i for i, line in enumerate(lines) if "stage_node.py run" in line)
+    assert send < guard
+    words = lines[send].split()
+    assert words[-2].endswith("/stage.json") and words[-1].endswith("/broadcast.json")
+    assert lines[send - 1] == f"export HPCLAUNCH_STAGE_BCAST={words[-1]}"
