@@ -88,7 +88,11 @@ def main(argv: List[str]) -> int:
     stop: List[int] = []
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, lambda num, frame: stop.append(num))
-    child = subprocess.Popen([tool, "-f", copy or image, mount], stderr=subprocess.PIPE)
+    # Its own session: the signals srun forwards to the task (SIGUSR1 would kill it
+    # outright, leaving a dead mount) reach this script, which unmounts in order.
+    child = subprocess.Popen(
+        [tool, "-f", copy or image, mount], stderr=subprocess.PIPE, start_new_session=True
+    )
     deadline = time.monotonic() + WAIT_S
     while not os.path.ismount(mount):
         if child.poll() is not None or time.monotonic() > deadline or stop:
