@@ -54,6 +54,7 @@ def broadcast(files: List[str], parent: str, sbcast: str) -> Dict[str, str]:
                 "hpclaunch: note: sbcast of %s refused (%s): each node reads it and what "
                 "follows from the shared file system\n" % (path, why[0])
             )
+            sent[""] = copy  # what some nodes may hold of it: their guards remove it
             break
         sent[path] = copy
     return sent

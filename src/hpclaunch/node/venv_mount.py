@@ -74,6 +74,16 @@ def broadcast_copy(image: str, sent: str) -> str:
     return copy if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() else ""
 
 
+def drop_partial(sent: str) -> None:
+    """A refused sbcast's partial copy (the map's "" entry) that this node may hold."""
+    partial = broadcast_copy("", sent)
+    try:
+        if partial:
+            os.unlink(partial)
+    except OSError:
+        pass  # the stage guard removed it first
+
+
 def main(argv: List[str]) -> int:
     image, mount, folder = argv[:3]
     os.makedirs(folder, 0o700, exist_ok=True)
@@ -102,6 +112,8 @@ def main(argv: List[str]) -> int:
         time.sleep(0.05)
     if copy:
         os.unlink(copy)  # squashfuse holds it open: nothing is left on the node after it
+    if len(argv) > 3:
+        drop_partial(argv[3])
     _mark(folder, READY)
     while not stop and child.poll() is None:
         time.sleep(0.2)
