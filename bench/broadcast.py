@@ -38,6 +38,8 @@ USER = "hpcuser"
 USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 SIZE = 64 * 2**20
 READ = re.compile(r"^(?:\d+ +)?p?read(?:64)?\(\d+<([^>]*)>, .*\) = (\d+)$")
+# sbcast maps the whole file and sends it: the mapped length is what it reads.
+MMAP = re.compile(r"^(?:\d+ +)?mmap\([^,]+, (\d+), [^,]+, [^,]+, \d+<([^>]*)>, ")
 REFUSE = "#!/bin/sh\necho 'sbcast: error: refused (bench)' >&2\nexit 1\n"
 
 
@@ -46,7 +48,7 @@ def wrappers(folder: Path, traces: Path, refuse: bool) -> None:
     for tool in ("tar", "sbcast"):
         real = shutil.which(tool, path=USER_PATH)
         text = (
-            f'#!/bin/sh\nexec strace -f -qq -y -e trace=read,pread64 -o "{traces}/{tool}.'
+            f'#!/bin/sh\nexec strace -f -qq -y -e trace=read,pread64,mmap -o "{traces}/{tool}.'
             f'$(hostname).$$" {real} "$@"\n'
         )
         (folder / tool).write_text(REFUSE if refuse and tool == "sbcast" else text)
@@ -60,6 +62,9 @@ def bytes_read(traces: Path, shared: Path) -> int:
             match = READ.match(line)
             if match and match.group(1) == str(shared):
                 total += int(match.group(2))
+            mapped = MMAP.match(line)
+            if mapped and mapped.group(2) == str(shared):
+                total += int(mapped.group(1))
     return total
 
 
