@@ -107,6 +107,7 @@ class Parts:
     local_dir: str = ""
     container: Optional[ContainerJob] = None
     venv: str = ""
+    venv_image: str = ""  # a packed venv's SquashFS file, mounted at `venv` on the nodes
 
 
 NO_PARTS = Parts()
@@ -153,6 +154,8 @@ class JobSpec:
     cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
     container: Optional[ContainerJob] = None
     venv: str = ""  # absolute path of a venv every task activates
+    # A packed venv (`hpclaunch env pack`): its SquashFS file, mounted at `venv` on the nodes.
+    venv_image: str = ""
     stage: tuple[StageItem, ...] = ()
     stage_out: tuple[tuple[str, str], ...] = ()  # (SRC relative to HPCLAUNCH_LOCAL, absolute DEST)
     # The folder every node's tasks use for staged data ($HPCLAUNCH_LOCAL), as shell text.

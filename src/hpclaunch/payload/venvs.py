@@ -63,9 +63,15 @@ def check_venv(path: str, container: Optional[ContainerJob]) -> tuple[str, list[
             "",
             f"Make one: hpclaunch env create {how}PATH",
         )
-    record = read_record(venv)
+    return str(venv), check_record(str(venv), read_record(venv), container)
+
+
+def check_record(
+    venv: str, record: Optional[dict[str, Any]], container: Optional[ContainerJob]
+) -> list[str]:
+    """The venv guard: warnings, or a refusal when the venv was made for another image."""
     if record is None:
-        return str(venv), [f"--venv {venv} has no {VENV_RECORD}: cannot check it fits the image"]
+        return [f"--venv {venv} has no {VENV_RECORD}: cannot check it fits the image"]
     made_for = record.get("image_id")
     wanted = image_identity(container.image) if container else None
     if made_for != wanted:
@@ -80,7 +86,7 @@ def check_venv(path: str, container: Optional[ContainerJob]) -> tuple[str, list[
             else "Drop --container"
             + f", or make a venv for it: hpclaunch env create --container {now} NEW_PATH",
         )
-    return str(venv), []
+    return []
 
 
 def local_paths(requirements: Path) -> list[str]:

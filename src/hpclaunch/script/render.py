@@ -17,7 +17,15 @@ from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.profiles import Profile
 from hpclaunch.payload import containers, stagepack
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import containerlines, gpu_watch_lines, profiling, requeue, scriptend
+from hpclaunch.script import (
+    broadcast,
+    containerlines,
+    gpu_watch_lines,
+    profiling,
+    requeue,
+    scriptend,
+    venvmount,
+)
 from hpclaunch.script.containerlines import container_comment as container_comment
 from hpclaunch.script.defaultnotes import default_notes
 from hpclaunch.script.launchers import launcher_env, task_argv
@@ -313,8 +321,8 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         body += ["", *requeue.start_lines(spec.requeue)]
     elif spec.chain > 1:
         body += ["", *requeue.resume_lines(spec.chain)]
-    if staging:
-        body += stage_lines(spec, profile, paths)
+    body += broadcast.lines(spec, profile, paths) + venvmount.start_lines(spec, profile, paths)
+    body += stage_lines(spec, profile, paths) if staging else []
     srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)
     watch = gpu_watch_lines.watch_argv(spec, profile, paths) if spec.watch_interval_s else []
     body += scriptend.launch_lines(spec, watch, paths, srun_line)
