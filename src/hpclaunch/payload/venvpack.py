@@ -25,7 +25,7 @@ from typing import Any, Optional
 from hpclaunch.config.jobspec import Bind, ContainerJob
 from hpclaunch.errors import HpclaunchError, UserError
 from hpclaunch.node import VENV_RECORD
-from hpclaunch.payload.containers import image_kind
+from hpclaunch.payload.images import image_kind
 from hpclaunch.payload.venvs import check_record
 
 PACKED_RECORD = "hpclaunch-packed.json"  # at the image's root: {"venv": PATH, "record": ...}
