@@ -166,13 +166,10 @@ def submit_cmd(
     from hpclaunch.cli.sweep_report import submit_and_report
     from hpclaunch.sweeps.plans import SweepOptions
 
-    packed = take_pack_options(options)  # before the run options are read
-    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    points = (grids, configs, repeat, max_parallel, optuna, trials, metric, direction)
+    opts = SweepOptions(*points, wandb_sweep, count, **take_pack_options(options))
+    given = {k: v for k, v in options.items() if v is not None and v != ()}  # --pack's out
     req = request(program, given, argv=sys.argv)
-    opts = SweepOptions(
-        grids, configs, repeat, max_parallel, optuna, trials, metric, direction, wandb_sweep,
-        count, **packed,
-    )  # fmt: skip
     return submit_and_report(req, opts, dry_run=dry_run, wait=wait, as_json=as_json)
 
 
