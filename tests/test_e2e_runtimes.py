@@ -18,7 +18,10 @@ and image import are unit-tested (tests/test_runtimes.py) only.
 
 from __future__ import annotations
 
+import ast
+import fcntl
 import json
+import os
 import pwd
 import shutil
 import subprocess
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 
 import testbed
-from conftest import PROGRAMS, REPO, VENV_BIN, Hpc
+from conftest import PROGRAMS, REPO, VENV_BIN, Hpc, _user_folder
 
 pytestmark = pytest.mark.testbed
 
@@ -55,8 +58,29 @@ def squashfs(user_image: Path) -> Iterator[Path]:
     assert f": {image} (" in done.stderr and image.read_bytes()[:4] == b"hsqs"
     yield image
     shutil.rmtree(folder, ignore_errors=True)
-    uid = pwd.getpwnam(testbed.USER).pw_uid  # the stand-in's unpacked images (per node)
-    shutil.rmtree(f"/var/tmp/hpclaunch-spank-double-{uid}", ignore_errors=True)
+    _remove_unpacked(pwd.getpwnam(testbed.USER).pw_uid)
+
+
+def _remove_unpacked(uid: int) -> None:
+    """The stand-in's unpacked images (per node and step) that no task holds. Not all of
+    them: another pytest-xdist worker's jobs may be running in theirs, and removing a
+    folder that is a mount point in a container's namespace detaches that mount there
+    (Linux >= 3.18): its ranks lost their run folder mid-run (the requeue test failed)."""
+    for lock in Path(f"/var/tmp/hpclaunch-spank-double-{uid}").glob("*/*.lock"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a running step's
+        else:
+            shutil.rmtree(str(lock)[: -len(".lock")], ignore_errors=True)
+            for leftover in (lock, lock.with_suffix(".unpack")):
+                leftover.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +98,13 @@ def venv(squashfs: Path, slurm_conf: Path) -> Path:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (path / "bin" / "python").exists()
     return path
+
+
+@pytest.fixture
+def root(slurm_conf: Path) -> Iterator[Hpc]:
+    """A fresh shared folder of root's: squashfuse needs root here (no setuid fusermount)."""
+    yield from _user_folder(slurm_conf, "root", False)
+    _remove_unpacked(0)
 
 
 def _env(hpc: Hpc) -> dict[str, str]:
@@ -182,9 +213,11 @@ def test_an_option_the_runtime_does_not_know_fails_the_job_in_srun(
     assert status["state"] == "FAILED", status
 
 
-def test_requeue_inside_the_image_saves_and_resumes(hpc: Hpc, squashfs: Path) -> None:
-    """The time-limit signal reaches the program inside the Pyxis container (the task is
-    the program: enter-image and ch-run exec it), it saves, the next attempt resumes."""
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_requeue_inside_the_image_saves_and_resumes(hpc: Hpc, squashfs: Path, runtime: str) -> None:
+    """The time-limit signal reaches the program inside the container (the task is the
+    program: enter-image and ch-run exec it), it saves, the next attempt resumes (the CE's
+    requeued job reads the same EDF from the run folder)."""
     from test_e2e_requeue import _check_resumed
 
     shutil.copy(PROGRAMS / "count_steps.py", hpc.cwd / "count_steps.py")
@@ -192,19 +225,21 @@ def test_requeue_inside_the_image_saves_and_resumes(hpc: Hpc, squashfs: Path) ->
     proc = hpc.run(
         "run", "-N", "2", "--tasks-per-node", "2", "-t", "2", "--requeue",
         "--signal-before", "45", "--env", f"STEPS={steps}", "--wait",
-        "--container", str(squashfs), "--container-runtime", "pyxis",
+        "--container", str(squashfs), "--container-runtime", runtime,
         "--", "python3", "count_steps.py",
         env=_env(hpc), timeout=600,
     )  # fmt: skip
     _check_resumed(hpc, proc, ranks=4, steps=steps)
 
 
-def test_attach_container_enters_the_pyxis_image(hpc: Hpc, squashfs: Path) -> None:
-    """attach --container: a step with the job's --container-* options, on node2."""
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_attach_container_enters_the_image(hpc: Hpc, squashfs: Path, runtime: str) -> None:
+    """attach --container: a step with the job's --container-* options (the CE: the run's
+    EDF), on node2."""
     release = hpc.cwd / "release"
     proc = hpc.run(
         "run", "--json", "-N", "2", "--container", str(squashfs), "--container-runtime",
-        "pyxis", "--", "bash", "-c", f"until [ -e {release} ]; do sleep 0.2; done",
+        runtime, "--", "bash", "-c", f"until [ -e {release} ]; do sleep 0.2; done",
         env=_env(hpc),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -244,3 +279,44 @@ def test_stack_inside_the_image(hpc: Hpc, squashfs: Path, runtime: str) -> None:
         _check_groups(hpc, started["job_id"])
     finally:
         hpc.run("cancel", started["job_id"])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_packed_venv_inside_the_image(
+    root: Hpc, squashfs: Path, venv: Path, runtime: str
+) -> None:
+    """Issue 33 with these runtimes: the venv made for the image, packed (`env pack`), its
+    folder emptied; 2 ranks on 2 nodes run from it at its original path. The CE mounts the
+    file itself (the EDF's `FILE:PATH:sqsh`; the stand-in unpacks it per node, so the mount
+    itself is not shown); Pyxis binds the squashfuse mount each node made (as root: the
+    testbed has no setuid fusermount). The emptied folder stays as the mount point: the
+    venv lies inside the project folder, bound first, and ch-run (which the stand-in
+    enters the image with) makes no mount point under a bind."""
+    copy = root.cwd / "venv"
+    shutil.copytree(venv, copy, symlinks=True)  # the module's venv stays for the others
+    packed = root.run("env", "pack", str(copy))
+    assert packed.returncode == 0, packed.stderr
+    shutil.rmtree(copy)  # the nodes see the image only
+    copy.mkdir()
+    program = (
+        "import os, sys; print('IMPORTED', os.environ['RANK'], sys.prefix, [l.split()[2] "
+        "for l in open('/proc/self/mounts') if l.split()[1] == sys.prefix])"
+    )
+    proc = root.run(
+        "run", "-N", "2", "--wait", "--container", str(squashfs), "--container-runtime",
+        runtime, "--venv", f"{copy}.sqsh", "--", "python3", "-c", program,
+        env=_env(root), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = sorted(line.split("IMPORTED ")[1] for line in proc.stdout.splitlines()
+                  if "IMPORTED " in line)  # fmt: skip
+    assert [line.split()[:2] for line in seen] == [["0", str(copy)], ["1", str(copy)]], seen
+    script = (root.run_dirs()[-1] / "job.sh").read_text()
+    if runtime == "pyxis":  # squashfuse's mount on each node, bound in
+        # squashfuse's mount, bound in (twice: inside the bound project folder, and again).
+        kinds = [set(ast.literal_eval(line.split(" ", 2)[2])) for line in seen]
+        assert kinds == [{"fuse.squashfuse"}] * 2, seen
+        assert "venv_mount.py" in script
+    else:
+        edf = (root.run_dirs()[-1] / "container.toml").read_text()
+        assert f'"{copy}.sqsh:{copy}:sqsh"' in edf and "venv_mount.py" not in script

@@ -117,3 +117,18 @@ def test_node_side_expands_the_ce_env_as_documented(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1/x/${A}/"
     assert os.access(DOUBLE / "enter-image", os.X_OK) and os.access(SRUN, os.X_OK)
+
+
+def test_ce_sqsh_mounts_are_taken_other_mount_flags_refused(tmp_path: Path) -> None:
+    """The EDF's `FILE:DST:sqsh` (a SquashFS file mounted at DST, docs.cscs.ch/software/
+    container-engine/edf "mounts") reaches the node side, which unpacks it; flags the
+    double does not know exit 1 naming them."""
+    run_edf = tmp_path / "run.toml"
+    run_edf.write_text('image = "/i/x.sqsh"\nmounts = ["/v.sqsh:/v:sqsh"]\n')
+    rc, err, got = _srun(tmp_path, f"--environment={run_edf}", "true")
+    assert rc == 0, err
+    assert json.loads(got[-2])["mounts"] == ["/v.sqsh:/v:sqsh"]
+    run_edf.write_text('image = "/i/x.sqsh"\nmounts = ["/a:/a:bogus"]\n')
+    (tmp_path / "argv.json").unlink()
+    rc, err, got = _srun(tmp_path, f"--environment={run_edf}", "true")
+    assert rc == 1 and "mount flags 'bogus'" in err and got is None

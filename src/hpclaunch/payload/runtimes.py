@@ -135,6 +135,12 @@ def _pyxis_mount(bind: Bind) -> str:
     return f"{bind.src}:{bind.dst}" + (":ro" if bind.ro else "")
 
 
+def _edf_mount(bind: Bind) -> str:
+    """An EDF mount: a SquashFS file (a packed venv) is mounted by the CE itself with the
+    `sqsh` flag (github.com/eth-cscs/cscs-docs docs/software/container-engine/edf.md)."""
+    return f"{bind.src}:{bind.dst}:sqsh" if bind.image else _pyxis_mount(bind)
+
+
 def local_mount(prefix: str) -> Join:
     """PREFIX$HPCLAUNCH_LOCAL_PARENT:$HPCLAUNCH_LOCAL_PARENT, expanded by the batch shell."""
     return Join((prefix, Var(LOCAL_PARENT), ":", Var(LOCAL_PARENT)))
@@ -179,7 +185,7 @@ def edf_text(
     if job.base_environment:
         lines.append(f"base_environment = [{', '.join(_toml(b) for b in job.base_environment)}]")
     lines += [f"image = {_literal(job.image)}", f"workdir = {_literal(job.cwd)}"]
-    mounts = [_literal(_pyxis_mount(b)) for b in job.binds]
+    mounts = [_literal(_edf_mount(b)) for b in job.binds]
     if local:  # the CE expands ${VAR} from the host's environment
         mounts.append(_toml(f"${{{LOCAL_PARENT}}}:${{{LOCAL_PARENT}}}"))
     lines.append(f"mounts = [{', '.join(mounts)}]")

@@ -142,11 +142,20 @@ def check_packed(image: str, container: Optional[ContainerJob]) -> list[str]:
     return check_record(f"{image} (packed from {data['venv']})", record, container)
 
 
+# The runtimes that mount a SquashFS file themselves: Apptainer's image bind, the CSCS
+# Container Engine's EDF mount with the `sqsh` flag ("${SCRATCH}/data.sqsh:/data:sqsh",
+# github.com/eth-cscs/cscs-docs docs/software/container-engine/edf.md, "mounts"). Pyxis's
+# --container-mounts are bind mounts only (github.com/NVIDIA/pyxis README "Usage"), like
+# Charliecloud's --bind: squashfuse mounts the image on the node and the mount is bound in.
+MOUNTS_ITSELF = ("apptainer", "ce")
+
+
 def with_packed_venv(job: ContainerJob, image: str, mount: str) -> ContainerJob:
-    """Apptainer mounts the image itself (`-B FILE:PATH:image-src=/`, https://apptainer.org/
-    docs/user/latest/bind_paths_and_mounts.html#image-mounts) in place of a bind of the
-    path; Charliecloud binds PATH, which squashfuse mounted on the node (venv_mount.py)."""
-    if job.runtime == "apptainer":
+    """Apptainer and the CE mount the image itself (`-B FILE:PATH:image-src=/`, https://
+    apptainer.org/docs/user/latest/bind_paths_and_mounts.html#image-mounts; the EDF's
+    `FILE:PATH:sqsh`) in place of a bind of the path; Charliecloud, Pyxis and podman-hpc
+    bind PATH, which squashfuse mounted on the node (venv_mount.py)."""
+    if job.runtime in MOUNTS_ITSELF:
         binds = tuple(b for b in job.binds if not (b.origin == "venv" and b.src == mount))
         packed = Bind(src=image, dst=mount, ro=True, origin="venv", image=True)
         return replace(job, binds=(*binds, packed))
@@ -157,8 +166,8 @@ def with_packed_venv(job: ContainerJob, image: str, mount: str) -> ContainerJob:
 
 
 def mounts_on_nodes(job: Optional[ContainerJob], image: str) -> bool:
-    """Whether each node mounts the packed venv with squashfuse (no Apptainer to do it)."""
-    return bool(image) and (job is None or job.runtime != "apptainer")
+    """Whether each node mounts the packed venv with squashfuse (no runtime to do it)."""
+    return bool(image) and (job is None or job.runtime not in MOUNTS_ITSELF)
 
 
 def check_backend(job: Optional[ContainerJob], runs_here: bool) -> None:
