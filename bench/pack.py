@@ -76,6 +76,8 @@ def run_method(method: str, configs: Path, env: dict[str, str]) -> dict[str, flo
     if done.returncode != 0:
         raise RuntimeError(f"{method}: {done.stderr.strip()[-500:]}")
     rpcs = rpc_counts()
+    load = os.getloadavg()[0]  # how busy the machine was: its CPUs run both nodes
+    others = cluster.sh(["squeue", "-h", "-o", "%u"]).split()  # other users' jobs beside
     sweep_dir = Path(json.loads(done.stdout.splitlines()[0])["sweep_dir"])
     first, last = point_times(sweep_dir)
     return {
@@ -84,6 +86,8 @@ def run_method(method: str, configs: Path, env: dict[str, str]) -> dict[str, flo
         "submit_rpcs": float(rpcs.get("REQUEST_SUBMIT_BATCH_JOB", 0)),
         "step_rpcs": float(rpcs.get("REQUEST_JOB_STEP_CREATE", 0)),
         "all_rpcs": float(sum(v for k, v in rpcs.items() if k.startswith("REQUEST_"))),
+        "load_after": load,
+        "jobs_beside": float(len(others)),
     }
 
 
@@ -106,6 +110,15 @@ def _count(xs: list[float]) -> str:
     return f"{h.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
 
 
+def _load(method: str, c: dict[str, list[float]]) -> str:
+    """The 1-minute load average as each method ended, and the jobs in the queue then
+    (the testbed is shared with other work; its 2 CPUs run both nodes)."""
+    if "load_after" not in c:
+        return f"{method}: not recorded"
+    loads = ", ".join(f"{x:.2f}" for x in c["load_after"])
+    return f"{method}: 1-min load {loads} at its end, {max(c['jobs_beside']):.0f} jobs in the queue"
+
+
 def render(data: dict[str, Any]) -> str:
     ideal = float(data["ideal"])
     cols = {m: h.columns(data["reps"][m]) for m in METHODS}
@@ -124,6 +137,8 @@ def render(data: dict[str, Any]) -> str:
         f"1-10 s (seeded), total {ideal * SLOTS:.0f} s of work on {SLOTS} slots: ideal "
         f"makespan {ideal:.1f} s. Makespan = sbatch to the last point's end; running = first "
         "point's start to the last one's end. RPCs: sdiag, reset before each method.",
+        "",
+        "Load: " + "; ".join(_load(m, cols[m]) for m in METHODS) + ".",
         "",
         *h.table(
             [
