@@ -206,3 +206,18 @@ def test_the_node_mount_serves_the_venv_at_its_path_until_told_to_stop(
     assert done.stderr.startswith("hpclaunch: packed venv: squashfuse ") and not os.path.ismount(
         venv
     )
+
+
+def test_a_packed_sweep_refuses_a_packed_venv_in_one_line(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """sweep --pack's script has no squashfuse step: a packed venv is refused there before
+    anything is queued (its points would find no venv), the folder still works."""
+    venv, image = _packed(tmp_path, env, {"image": None, "image_id": None})
+    sweep = ["sweep", "--dry-run", "--cluster", "lumi", "-A", "project_465000000",
+             "-p", "standard-g", "--pack", "--repeat", "2"]  # fmt: skip
+    proc = hpclaunch([*sweep, "--venv", str(image), "--", "python", "t.py"], tmp_path, env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("hpclaunch: error: --pack") and "packed venv" in proc.stderr
+    proc = hpclaunch([*sweep, "--venv", str(venv), "--", "python", "t.py"], tmp_path, env)
+    assert proc.returncode == 0, proc.stderr

@@ -66,12 +66,14 @@ def plan(
     gpus_here: int = 0,
     max_parallel: Optional[int] = None,
 ) -> PackPlan:
-    if spec.container or spec.stage or spec.stage_out or spec.chain > 1:
+    # A packed venv (--venv FILE.sqsh) is mounted by the batch script's own steps, which
+    # the pack's script has not: its points would find no venv.
+    if spec.container or spec.stage or spec.stage_out or spec.chain > 1 or spec.venv_image:
         raise UserError(
             "--pack",
-            "with --container, --stage or --chain is not supported yet",
+            "with --container, --stage, --chain or a packed venv is not supported yet",
             "",
-            "Drop --pack (each point is then one array task)",
+            "Drop --pack (each point is then one array task), or give the venv's folder",
         )
     facts = node_facts(spec, profile, gpus_here)
     packing.check(opts, facts, len(points))
