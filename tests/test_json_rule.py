@@ -42,6 +42,9 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
     "rerun": [(["rerun", "{run}", "--json", "--dry-run"], ONE),
               (["rerun", "{run}", "--json"], LINES)],
     "env create": [(["env", "create", "--json", "{venv}"], ONE)],
+    "image import": [(["image", "import", "--json", "--container-runtime", "pyxis", "nothere"],
+                      REFUSED)],
+    "env pack": [(["env", "pack", "--json", "{venv}"], ONE)],  # the venv env create made
     "clean": [(["clean", "--json", "--dry-run"], ONE)],
     "doctor": [(["doctor", "--json"], ONE)],
     "plot": [(["plot", "{run}", "--json"], ONE)],

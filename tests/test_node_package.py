@@ -36,6 +36,9 @@ PROMISED = {
     node.GPU_WATCH: (3, 6),
     node.STACK_PROBE: (3, 6),
     node.WANDB_AGENT: (3, 6),
+    node.PACK_AGENT: (3, 8),
+    node.VENV_MOUNT: (3, 6),
+    node.STAGE_BCAST: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {
@@ -58,17 +61,24 @@ SHARED = {
         "EVENTS", "STAGE_READY", "STAGE_DONE", "STAGE_MARKS", "READY", "FAILED", "DIRECTORY",
         "ARCHIVE", "SQUASHFS", "FILE", "PACK_PART", "LOCAL_PREFIX", "HPCLAUNCH_LOCAL",
         "HPCLAUNCH_LOCAL_PARENT", "HPCLAUNCH_LOCAL_RECORD", "HPCLAUNCH_ATTEMPT",
-        "HPCLAUNCH_STAGE_MARKS", "LINKS_PART",
+        "HPCLAUNCH_STAGE_MARKS", "LINKS_PART", "HPCLAUNCH_STAGE_BCAST",
     },
     node.VENV_PROBE: {"VENV_RECORD", "VENV_CONSTRAINTS", "LIST_ONLY"},
     node.GPU_WATCH: {"INPUT_BOUND"},
     node.WANDB_AGENT: {"HANDOFF", "WANDB_EXIT", "HPCLAUNCH_WANDB_POINT"},
+    node.PACK_AGENT: {
+        "EVENTS", "PORT_BASE", "PORT_SPAN", "HPCLAUNCH_LOCAL_PARENT", "HPCLAUNCH_LOCAL_RECORD",
+    },
+    node.VENV_MOUNT: {"READY", "FAILED"},
+    node.STAGE_BCAST: {"DIRECTORY", "ARCHIVE", "SQUASHFS", "FILE"},
 }  # fmt: skip
 # hpclaunch.node's names that only the host uses.
 HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
     "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
     "PROFILES", "PYSPY", "LOCAL_RECORDS", "STACK_PROBE", "RANK_PLACEHOLDERS", "WANDB_AGENT",
+    "PACK_AGENT",
+    "VENV_MOUNT", "VENV_MARKS", "STAGE_BCAST", "BROADCAST_MAP",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

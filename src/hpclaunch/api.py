@@ -61,7 +61,9 @@ def run(
     setup: Optional[StrList] = None,
     sbatch_arg: Optional[StrList] = None,
     container: Optional[str] = None,
-    container_runtime: Optional[Literal["apptainer", "charliecloud"]] = None,
+    container_runtime: Optional[
+        Literal["apptainer", "charliecloud", "pyxis", "ce", "podman-hpc"]
+    ] = None,
     bind: Optional[StrList] = None,
     venv: Optional[str] = None,
     stage: Optional[StrList] = None,

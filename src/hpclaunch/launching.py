@@ -290,7 +290,7 @@ def _write_run_files(
     req: LaunchRequest,
     code: dict[str, Any],
 ) -> None:
-    runfolder.write_files(paths, spec, batch.script)
+    runfolder.write_files(paths, spec, batch.script, files=batch.files)
     created = runrecord.new_record(
         spec,
         paths,

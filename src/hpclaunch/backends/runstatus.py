@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpclaunch.backends import for_record
+from hpclaunch.backends import for_record, packstatus
 from hpclaunch.basics import states
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.observe.jobend import JobStatus, chain_status, job_exit_code
@@ -100,11 +100,15 @@ def _settled(record: RunRecord, backend: Backend) -> RunRecord:
 
 
 def _job_ids(record: RunRecord) -> list[str]:
-    """A --chain run's members, else its one job."""
+    """A --chain run's members, a packed point's allocation, else its one job."""
+    if packstatus.is_packed(record):
+        return [packstatus.allocation(record)]
     return record.job_ids if len(record.job_ids) > 1 else [str(record.job_id)]
 
 
 def _status(record: RunRecord, found: Mapping[str, JobStatus]) -> Optional[JobStatus]:
+    if packstatus.is_packed(record):
+        return found.get(packstatus.allocation(record))
     if len(record.job_ids) > 1 and "_" not in str(record.job_id):
         ran = [a.number for a in record.events.attempts]
         return chain_status(record.job_ids, found, ran)
@@ -122,6 +126,8 @@ def _ended(record: RunRecord, end: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _updated(record: RunRecord, status: Optional[JobStatus], backend: Backend) -> RunRecord:
+    if packstatus.is_packed(record):  # a run in a slot of the pack's allocation
+        return _write(record, packstatus.changes(record, status))
     end = runrecord.job_event(record.path, runrecord.JOB_END, str(record.job_id))
     if status is None:  # the scheduler forgot it: the job's own word, if it left one
         return _write(record, _ended(record, end)) if end is not None else record

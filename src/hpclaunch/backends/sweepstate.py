@@ -106,6 +106,7 @@ def point_row(sweep: Sweep, rec: RunRecord) -> dict[str, Any]:
         "result": sweeprecord.result(rec.path),
         "attempts": int(rec.extra.get("attempts", 1)),
         "job": rec.job_id,
+        "reason": rec.reason,  # a packed point's node, slot and GPUs while it runs
     }
 
 

@@ -26,7 +26,7 @@ from hpclaunch.cli.common import environ
 @click.option("--container", metavar="IMAGE", help="Also check this image on the nodes.")
 @click.option(
     "--container-runtime",
-    type=click.Choice(["apptainer", "charliecloud"]),
+    type=click.Choice(["apptainer", "charliecloud", "pyxis", "ce", "podman-hpc"]),
     default=None,
     help="The image's runtime (default: the profile's).",
 )

@@ -3,6 +3,7 @@ image's own packages (torch, jax, ...)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -39,8 +40,8 @@ def env_group() -> None:
 @click.option("--container", metavar="IMAGE", help="Image path, name or $SIF.")
 @click.option(
     "--container-runtime",
-    type=click.Choice(("apptainer", "charliecloud")),
-    help="Runtime (default: the profile's).",
+    type=click.Choice(("apptainer", "charliecloud", "pyxis", "podman-hpc")),
+    help="Runtime (default: the profile's; pyxis: in a one-task srun job).",
 )
 @click.option("--cluster", metavar="NAME", help="Cluster profile (default as for run).")
 @click.option(
@@ -100,4 +101,43 @@ def create_cmd(
     use = f"--container {job.image} " if job else ""
     click.echo(f"hpclaunch: venv ready at {venv}{where}", err=True)
     click.echo(f"  use it: hpclaunch run {use}--venv {venv} -- python train.py", err=True)
+    return 0
+
+
+PACK_HELP = """Pack the venv VENV into one SquashFS file (default VENV.sqsh beside it).
+
+\b
+`hpclaunch run --venv FILE.sqsh` mounts it on the nodes at VENV's path, so its scripts
+and absolute paths keep working: every rank opens one file on the shared file system
+instead of thousands (docs/scale.md). Apptainer mounts it itself; without a container,
+or with Charliecloud, each node mounts it with squashfuse. The venv guard holds: a
+venv made for one image is refused for another. Needs squashfs-tools (mksquashfs).
+
+\b
+Example:
+  hpclaunch env pack /project/project_465000000/venvs/torch
+  hpclaunch run --container torch.sif --venv /project/project_465000000/venvs/torch.sqsh \\
+      -- python train.py
+"""
+
+
+@env_group.command("pack", help=PACK_HELP)
+@click.option("-o", "--output", metavar="FILE.sqsh", help="Where to write the image.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the venv and its image.")
+@click.argument("venv")
+def pack_cmd(venv: str, output: Optional[str], as_json: bool) -> int:
+    from hpclaunch.payload import venvpack
+    from hpclaunch.records import runpaths
+
+    cwd = Path.cwd()
+    folder = Path(os.path.normpath(runpaths.absolute(venv, cwd)))
+    target = venvpack.pack(folder, runpaths.absolute(output, cwd) if output else None)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"venv": str(folder), "image": str(target)}))
+        return 0
+    size = target.stat().st_size / 2**20
+    click.echo(f"hpclaunch: packed {folder} into {target} ({size:.1f} MiB)", err=True)
+    click.echo(f"  use it: hpclaunch run --venv {target} -- python train.py", err=True)
     return 0

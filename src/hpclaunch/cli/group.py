@@ -34,6 +34,7 @@ COMMANDS = {
     "plot": "hpclaunch.cli.plot_cmd:plot_cmd",
     "remote": "hpclaunch.cli.remote_cmd:remote_group",
     "profile": "hpclaunch.cli.profile_cmd:profile_group",
+    "image": "hpclaunch.cli.image_cmd:image_group",
 }
 
 

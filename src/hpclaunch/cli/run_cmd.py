@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import click
 
+from hpclaunch.cli.sweep_pack import COMMANDS_OPTION, pack_options
 from hpclaunch.config.options import OPTIONS, Option
 
 RUN_HELP = """Run PROGRAM [ARGS...] on N nodes with T ranks each.
@@ -83,6 +84,8 @@ def with_options_named(*names: str) -> Callable[[Callable[..., Any]], Callable[.
     "run directory; with --dry-run the script and command); attached (--wait, or a local "
     "run) a second line when the run ends: state, exit code (docs/json.md).",
 )
+@pack_options
+@COMMANDS_OPTION
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="-- PROGRAM [ARGS]...")
 def run_cmd(
     program: tuple[str, ...], dry_run: bool, wait: bool, as_json: bool, **options: Any
@@ -91,8 +94,14 @@ def run_cmd(
 
     from hpclaunch.api import request
     from hpclaunch.cli.reporting import run_and_report
+    from hpclaunch.cli.sweep_pack import run_commands, take_pack_options
 
+    packed, commands = take_pack_options(options), options.pop("commands", None)
     given = {k: v for k, v in options.items() if v is not None and v != ()}
+    if packed or commands:  # an ensemble in a pack's slots (cli/sweep_pack.py)
+        return run_commands(
+            program, commands, packed, given, dry_run=dry_run, wait=wait, as_json=as_json
+        )
     req = request(program, given, argv=sys.argv)
     if req.environ.get("HPCLAUNCH_WANDB_POINT") and not dry_run:
         # The command of a W&B sweep, run by `wandb agent` inside a sweep point: the

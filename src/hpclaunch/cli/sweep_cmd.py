@@ -11,6 +11,7 @@ import click
 
 from hpclaunch.cli.common import all_projects_flag
 from hpclaunch.cli.run_cmd import _with_options
+from hpclaunch.cli.sweep_pack import pack_options, take_pack_options
 
 SWEEP_HELP = """Run PROGRAM once per point of a hyper-parameter sweep: one Slurm job array.
 
@@ -135,6 +136,7 @@ def sweep_group() -> None:
     "`hpclaunch run -- ...` command starts the point's ranks (see sweep wandb-template).",
 )
 @click.option("--count", type=int, metavar="N", help="W&B: the number of points (agent runs).")
+@pack_options
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -164,11 +166,10 @@ def submit_cmd(
     from hpclaunch.cli.sweep_report import submit_and_report
     from hpclaunch.sweeps.plans import SweepOptions
 
-    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    points = (grids, configs, repeat, max_parallel, optuna, trials, metric, direction)
+    opts = SweepOptions(*points, wandb_sweep, count, **take_pack_options(options))
+    given = {k: v for k, v in options.items() if v is not None and v != ()}  # --pack's out
     req = request(program, given, argv=sys.argv)
-    opts = SweepOptions(
-        grids, configs, repeat, max_parallel, optuna, trials, metric, direction, wandb_sweep, count
-    )
     return submit_and_report(req, opts, dry_run=dry_run, wait=wait, as_json=as_json)
 
 

@@ -20,14 +20,20 @@ if TYPE_CHECKING:
 def submit_and_report(
     req: LaunchRequest, opts: SweepOptions, *, dry_run: bool, wait: bool, as_json: bool
 ) -> int:
-    sp = submit.plan_sweep(req, opts)
+    if opts.pack:  # the points in slots of whole-node allocations (sweeps/packsubmit.py)
+        from hpclaunch.sweeps import packsubmit
+
+        sp = packsubmit.plan_packed(req, opts)
+    else:
+        sp = submit.plan_sweep(req, opts)
     for note in sp.planned.notes:
         print(note, file=sys.stderr)
     if dry_run:
         if as_json:
             print(json.dumps(_dry_json(sp), indent=2))
         else:
-            sys.stdout.write(submit.describe(sp, req.environ))
+            text = packsubmit.describe(sp) if sp.pack else submit.describe(sp, req.environ)
+            sys.stdout.write(text)
         return 0
     data = submit.start(req, sp)
     job_ids = [str(a["job_id"]) for a in data.get("arrays") or []]
@@ -46,6 +52,8 @@ def submit_and_report(
         where = f"arrays {','.join(job_ids)}" if job_ids else "local"
         print(f"sweep {sp.paths.run_id}  {where}  {len(sp.points)} points  {sp.paths.run_dir}")
     sys.stdout.flush()
+    if sp.local and sp.pack:
+        return packsubmit.run_here(sp, req.environ, sys.stderr if as_json else sys.stdout)
     if sp.local:
         return _run_here(req, sp, sys.stderr if as_json else sys.stdout)
     if not wait:
@@ -172,7 +180,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         (
             str(r["index"]),
             _params(r),
-            str(r["state"]),
+            _state(r),
             "-" if r["exit_code"] is None else str(r["exit_code"]),
             " ".join(f"{k}={_short(v)}" for k, v in (r.get("result") or {}).items()) or "-",
             str(r.get("attempts", 1)),
@@ -182,6 +190,15 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
     return "\n".join(lines) + "\n"
+
+
+def _state(row: Mapping[str, Any]) -> str:
+    """The state; a running packed point's with where it runs (backends/packstatus.py)."""
+    from hpclaunch.basics.states import State
+
+    reason = str(row.get("reason") or "")
+    running = row["state"] == State.RUNNING and reason.startswith("node ")
+    return f"{row['state']} ({reason})" if running else str(row["state"])
 
 
 def retry_and_report(ref: str, failed: bool, points: Optional[str], as_json: bool = False) -> int:

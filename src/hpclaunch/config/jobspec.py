@@ -42,9 +42,9 @@ class Bind:
 class ContainerJob:
     """A job's container, resolved and checked on the submitting host (containers.py)."""
 
-    runtime: str  # apptainer | charliecloud
-    command: str  # apptainer, singularity or ch-run
-    image: str  # absolute path
+    runtime: str  # apptainer | charliecloud | pyxis | ce | podman-hpc
+    command: str  # apptainer, singularity, ch-run, srun (pyxis, ce) or podman-hpc
+    image: str  # absolute path (podman-hpc: an image name in its storage)
     binds: tuple[Bind, ...] = ()
     flags: tuple[str, ...] = ()
     activate: str = ""
@@ -52,6 +52,9 @@ class ContainerJob:
     pass_env: tuple[str, ...] = ()
     # Destinations missing in a directory image the user may write: made before submitting.
     mount_points: tuple[str, ...] = ()
+    # The CSCS Container Engine's EDF: what it inherits and its annotations (runtimes.py).
+    base_environment: tuple[str, ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class Parts:
     local_dir: str = ""
     container: Optional[ContainerJob] = None
     venv: str = ""
+    venv_image: str = ""  # a packed venv's SquashFS file, mounted at `venv` on the nodes
 
 
 NO_PARTS = Parts()
@@ -150,6 +154,8 @@ class JobSpec:
     cpu_bind: str = ""  # the --cpu-bind value srun gets, "" = Slurm's default
     container: Optional[ContainerJob] = None
     venv: str = ""  # absolute path of a venv every task activates
+    # A packed venv (`hpclaunch env pack`): its SquashFS file, mounted at `venv` on the nodes.
+    venv_image: str = ""
     stage: tuple[StageItem, ...] = ()
     stage_out: tuple[tuple[str, str], ...] = ()  # (SRC relative to HPCLAUNCH_LOCAL, absolute DEST)
     # The folder every node's tasks use for staged data ($HPCLAUNCH_LOCAL), as shell text.

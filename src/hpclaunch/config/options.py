@@ -262,11 +262,15 @@ class RunOptions:
         "--container lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif",
         metavar="IMAGE",
     )
-    container_runtime: Optional[Literal["apptainer", "charliecloud"]] = _row(
+    container_runtime: Optional[
+        Literal["apptainer", "charliecloud", "pyxis", "ce", "podman-hpc"]
+    ] = _row(
         "choice",
-        "Container runtime (default: the profile's; LUMI: apptainer, found as singularity).",
+        "Container runtime (default: the profile's; LUMI: apptainer, found as singularity): "
+        "pyxis (srun --container-image), ce (CSCS Container Engine: srun --environment), "
+        "podman-hpc (NERSC).",
         "--container-runtime charliecloud",
-        choices=("apptainer", "charliecloud"),
+        choices=("apptainer", "charliecloud", "pyxis", "ce", "podman-hpc"),
     )
     bind: tuple[str, ...] = _row(
         "list",

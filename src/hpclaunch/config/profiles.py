@@ -117,7 +117,7 @@ PASS_ENV = (
 class ContainerSettings(_Record):
     """How a site runs containers: the runtime, where images live, what every job binds."""
 
-    runtime: Literal["apptainer", "charliecloud"] = "apptainer"
+    runtime: Literal["apptainer", "charliecloud", "pyxis", "ce", "podman-hpc"] = "apptainer"
     # The runtime's program; "" = apptainer, else singularity, whichever is on PATH.
     command: str = ""
     image_dirs: tuple[str, ...] = ()  # where a bare image name is looked up
@@ -131,6 +131,11 @@ class ContainerSettings(_Record):
     network_plugin: str = ""
     binds: tuple[ContainerBind, ...] = ()
     pass_env: tuple[str, ...] = PASS_ENV
+    # CSCS Container Engine only (docs.cscs.ch/software/container-engine/edf): the EDFs the
+    # run's EDF inherits (base_environment) and its [annotations] (the site's hooks, e.g.
+    # com.hooks.aws_ofi_nccl.enabled = "true").
+    base_environment: tuple[str, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

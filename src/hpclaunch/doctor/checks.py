@@ -141,7 +141,7 @@ def _seen_here(spec: JobSpec, profile: Profile) -> list[Check]:
     checks: list[Check] = []
     job = spec.container
     if job is not None:
-        ok = os.path.exists(job.image)
+        ok = os.path.exists(job.image) or job.runtime == "podman-hpc"  # a name in its store
         fix = "" if ok else "Fix --container, or the profile's container image_dirs"
         checks.append(Check("image", PASS if ok else FAIL, job.image, fix))
     missing = [b.path for b in profile.container.binds if not os.path.exists(b.path)]

@@ -16,6 +16,12 @@ These files are shipped out of this package:
   per node (the nodes' ``python3``) and as every rank's program (the image's).
 - ``callrank.py``: `hpclaunch.call`'s rank (Python >= 3.8), run from the run folder's
   ``call/``: the standard library plus the caller's cloudpickle shipped beside it.
+- ``pack_agent.py``: a packed sweep's node agent (`sweep --pack`), one srun task per node
+  running that node's slots from the sweep's queue (the nodes' ``python3``, >= 3.8).
+- ``venv_mount.py``: a packed venv (`hpclaunch env pack`) mounted with squashfuse at its
+  original path, once per node beside the ranks, when no Apptainer mounts it (>= 3.6).
+- ``stage_bcast.py``: staged files and a packed venv sent once to every node with sbcast,
+  by the batch script before the guards start (>= 3.6).
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 
@@ -50,6 +56,9 @@ GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
 WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
+PACK_AGENT = "pack_agent.py"  # a packed sweep's node agent (sweep --pack), in the sweep folder
+VENV_MOUNT = "venv_mount.py"  # squashfuse of a packed venv, one per node (the nodes' python3)
+STAGE_BCAST = "stage_bcast.py"  # sbcast of staged files and a packed venv (the nodes' python3)
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
 BOOTSTRAP_MODULE = "hpclaunch_bootstrap"
@@ -59,6 +68,8 @@ RUN_DIR_NAME = {
     STAGE_GUARD: "stage_node.py",
     GPU_WATCH: "gpu_watch.py",
     WANDB_AGENT: "wandb_agent.py",
+    VENV_MOUNT: "venv_mount.py",
+    STAGE_BCAST: "stage_bcast.py",
 }
 # How they are started: isolated, no site (they need only the standard library).
 PYTHON_FLAGS = ("-I", "-S")
@@ -74,6 +85,7 @@ RANK_FILE = "rank-%d.%s"  # in logs/: rank-R.out, rank-R.err, rank-R.exit
 OUT, ERR, EXIT = "out", "err", "exit"
 STAGE_MARKS = "stage"  # folder of the guards' markers: ready-<node>, failed-<node>
 READY, FAILED = "ready-", "failed-"
+VENV_MARKS = "venvmount"  # folder of the packed venv mounts' markers (venv_mount.py)
 
 # --- the GPU watch: <run>/metrics/gpu-<node>.csv, its input-bound verdict as an event
 METRICS = "metrics"
@@ -137,6 +149,8 @@ HPCLAUNCH_POINT_PROGRAM = "HPCLAUNCH_POINT_PROGRAM"  # a W&B point's whole progr
 HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"  # --requeue: 0, 1, ... (rank events carry it)
 HPCLAUNCH_REQUEUE_SIGNAL = "HPCLAUNCH_REQUEUE_SIGNAL"  # --requeue: USR1 or USR2
 HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
+HPCLAUNCH_STAGE_BCAST = "HPCLAUNCH_STAGE_BCAST"  # the map of sbcast's node-local copies
+BROADCAST_MAP = "broadcast.json"  # in the run directory: {shared path: node-local copy}
 
 # --- a W&B point: what wandb_agent.py hands the batch shell (sweeps/wandb.py reads it)
 HANDOFF = "wandb-run.json"  # the sweep's command, the agent's WANDB_*, the parameters
@@ -149,10 +163,13 @@ VENV_CONSTRAINTS = "hpclaunch-constraints.txt"
 LIST_ONLY = "list_only"
 
 
-def shipped(staging: bool, watching: bool) -> list[str]:
-    """The shipped files a run folder gets: always the bootstrap, and the stage guard and
-    the GPU watch when the job runs them."""
-    return [LOADER, BOOTSTRAP] + [STAGE_GUARD] * staging + [GPU_WATCH] * watching
+def shipped(
+    staging: bool, watching: bool, venv_mount: bool = False, broadcast: bool = False
+) -> list[str]:
+    """The shipped files a run folder gets: always the bootstrap, and the stage guard,
+    the GPU watch, the packed venv's mount and the broadcast when the job runs them."""
+    files = [LOADER, BOOTSTRAP] + [STAGE_GUARD] * staging + [GPU_WATCH] * watching
+    return files + [VENV_MOUNT] * venv_mount + [STAGE_BCAST] * broadcast
 
 
 def path(name: str) -> Path:

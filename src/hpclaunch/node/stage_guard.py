@@ -66,6 +66,7 @@ HPCLAUNCH_LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
 HPCLAUNCH_LOCAL_RECORD = "HPCLAUNCH_LOCAL_RECORD"
 HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"
 HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
+HPCLAUNCH_STAGE_BCAST = "HPCLAUNCH_STAGE_BCAST"  # the map of sbcast's node-local copies
 
 # hpclaunch-<jobid>[-a<N>].<random> (a Slurm job's, attempt N of a --requeue job), and
 # hpclaunch-local-<id>-p<pid>.<random> (a local run's, supervised by process <pid>).
@@ -205,22 +206,57 @@ def clean_leftovers(folder: str, user: str, tag: str, dry_run: bool = False) -> 
     return removed
 
 
+# Shared path -> this node's copy, sent by sbcast (stage_bcast.py; the batch script names
+# its map in $HPCLAUNCH_STAGE_BCAST): read instead of the shared file, removed once used.
+COPIES = {}  # type: Dict[str, str]
+
+
+def broadcast_copies(env: Mapping[str, str]) -> Dict[str, str]:
+    """The map's copies that are on this node, regular files and this user's."""
+    try:
+        with open(env.get(HPCLAUNCH_STAGE_BCAST) or "") as handle:
+            sent = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    found = {}  # type: Dict[str, str]
+    for shared, copy in sent.items() if isinstance(sent, dict) else ():
+        with contextlib.suppress(OSError):
+            info = os.lstat(copy)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                found[shared] = copy
+    return found
+
+
+def source(path: str) -> str:
+    """What to read for a shared file: this node's broadcast copy where there is one."""
+    return COPIES.get(path, path)
+
+
+def drop_copies(paths: List[str]) -> None:
+    for path in paths:
+        copy = COPIES.pop(path, "")
+        if copy:
+            with contextlib.suppress(OSError):
+                os.unlink(copy)
+
+
 def unpack(item: Mapping[str, Any], local: str) -> None:
     target = os.path.join(local, "data", item["name"])
     os.makedirs(target, exist_ok=True)
     kind, archive = item["kind"], item["archive"]
     if kind == FILE:
-        shutil.copy2(archive, os.path.join(target, item["file"]))
-        return
-    if kind == SQUASHFS:
+        shutil.copy2(source(archive), os.path.join(target, item["file"]))
+    elif kind == SQUASHFS:
         if item.get("bound"):
             return  # the container runtime mounts the image itself
-        run_all([["unsquashfs", "-q", "-f", "-n", "-d", target, archive]], 1)
+        run_all([["unsquashfs", "-q", "-f", "-n", "-d", target, source(archive)]], 1)
     elif kind == DIRECTORY:
         unpack_pack(archive, item.get("parts") or [], target)
+        return
     else:  # ARCHIVE
         # GNU tar finds gzip/zstd/xz compression by itself when reading a file.
-        run_all([["tar", "-xf", archive, "-C", target]], 1)
+        run_all([["tar", "-xf", source(archive), "-C", target]], 1)
+    drop_copies([archive])
 
 
 def checked_parts(folder, recorded):
@@ -258,8 +294,8 @@ def unpack_pack(folder, recorded, target):
     """A folder's pack: part 00 holds the folders, the other parts the files, unpacked side
     by side, one per CPU this task may use (the ranks wait for it); the symlinks come
     last, made here from links.tar once each is known to point inside the tree."""
-    names = checked_parts(folder, recorded)
-    tars = [["tar", "-xf", os.path.join(folder, n), "-C", target]
+    names = checked_parts(folder, recorded)  # the shared parts' sizes and times
+    tars = [["tar", "-xf", source(os.path.join(folder, n)), "-C", target]
             for n in sorted(n for n in names if n != LINKS_PART)]  # fmt: skip
     # Folders first, so that parallel tars never race to create the same parent, and
     # writable meanwhile; part 00 again at the end restores their modes and times.
@@ -270,8 +306,9 @@ def unpack_pack(folder, recorded, target):
             os.chmod(top, mode | 0o700)
     run_all(tars[1:], cpus())
     if LINKS_PART in names:
-        make_links(os.path.join(folder, LINKS_PART), target)
+        make_links(source(os.path.join(folder, LINKS_PART)), target)
     run_all(tars[:1], 1)
+    drop_copies([os.path.join(folder, n) for n in names])
 
 
 def bad_name(name):
@@ -487,6 +524,7 @@ def prepare(spec: Mapping[str, Any], local: str) -> None:
 def finish(spec: Mapping[str, Any], local: str, node: str, record: str = "") -> bool:
     """Step 4: --stage-out, then the node-local folder goes; returns whether both worked."""
     ok = stage_out(spec, local, node)
+    drop_copies(list(COPIES))  # what a failed unpack left
     shutil.rmtree(local, ignore_errors=True)
     if record:
         with contextlib.suppress(OSError):
@@ -535,6 +573,7 @@ def run(spec_path: str) -> int:
     local = record = ""
     try:
         local, record = open_local(env, node)
+        COPIES.update(broadcast_copies(env))
         prepare(spec, local)
     except OSError as exc:
         say("staging failed on %s: %s" % (node, exc))

@@ -36,7 +36,7 @@ from hpclaunch.node import (
     PYTHON_FLAGS,
     RUN_DIR_NAME,
 )
-from hpclaunch.payload import containers
+from hpclaunch.payload import containers, runtimes
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.slurm import commands
 
@@ -286,13 +286,25 @@ def in_container(
     """The task line of the job's tasks with an exec-only bootstrap: it takes the
     environment from the pipe (the names the job passes, the run's, TERM), activates
     the venv, and becomes the command."""
-    inner = [IMAGE_PYTHON, *PYTHON_FLAGS, str(bootstrap), f"{ENV_FD_FLAG}{containers.ENV_FD}"]
-    argv = containers.wrap(job, [*inner, EXEC_FLAG, *command])
+    inner = [IMAGE_PYTHON, *PYTHON_FLAGS, str(bootstrap)]
+    fd = containers.env_fd(job)  # Pyxis, the CE, podman-hpc: the environment crosses itself
+    inner += [f"{ENV_FD_FLAG}{fd}"] if fd else []
+    argv = containers.wrap(job, [*inner, EXEC_FLAG, *command], [*names, "TERM"])
     passed = containers.pass_list(job, [*names, "TERM"])
     return [str(w) for w in argv], {HPCLAUNCH_CONTAINER_PASS: passed}
 
 
-def srun_argv(target: Target, pty: bool, cwd: str, command: Sequence[str]) -> list[str]:
+def container_flags(job: Optional[ContainerJob], folder: Path, names: Sequence[str]) -> list[str]:
+    """srun's options that enter the image (Pyxis's, the CE's EDF the job's folder holds)."""
+    if job is None:
+        return []
+    flags = runtimes.srun_flags(job, [*names, "TERM"], str(folder / runtimes.EDF_NAME))
+    return [str(flag) for flag in flags]  # no node-local folder here: plain words
+
+
+def srun_argv(
+    target: Target, pty: bool, cwd: str, command: Sequence[str], flags: Sequence[str] = ()
+) -> list[str]:
     argv = [
         "srun",
         f"--jobid={target.job_id}",
@@ -306,7 +318,7 @@ def srun_argv(target: Target, pty: bool, cwd: str, command: Sequence[str]) -> li
         argv.append(f"--chdir={cwd}")
     if pty:
         argv.append("--pty")
-    return [*argv, *command]
+    return [*argv, *flags, *command]
 
 
 def plan_attach(
@@ -323,6 +335,7 @@ def plan_attach(
     extra = run_env(record, spec)
     venv = str(spec.get("venv") or "")
     wanted = list(command) or shell_argv(environ, in_image=container)
+    flags: list[str] = []
     if container:
         if job is None:
             raise UserError(
@@ -337,11 +350,12 @@ def plan_attach(
         names = [*extra, *(str(k) for k in spec.get("env") or {})]
         wanted, passing = in_container(job, bootstrap, wanted, names)
         extra.update(passing)
+        flags = container_flags(job, sweep_dir(record) or record.path, names)
     elif venv:
         # What `activate` does (the bootstrap does the same for the job's tasks).
         extra["VIRTUAL_ENV"] = venv
         extra["PATH"] = f"{venv}/bin:{environ.get('PATH', '/usr/bin:/bin')}"
-    argv = srun_argv(target, pty, job_cwd(record, job), wanted)
+    argv = srun_argv(target, pty, job_cwd(record, job), wanted, flags)
     env = step_env(environ, extra)
     return Plan(target, tuple(argv), env, pty, container, tuple(command))
 

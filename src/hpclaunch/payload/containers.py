@@ -1,7 +1,8 @@
 """Container jobs on the submitting side: the runtime, the image, the binds, and the
 command line that starts each task inside the image.
 
-Every task enters the container the same way, whatever the runtime:
+Apptainer and Charliecloud tasks enter the container this way (Pyxis, the CSCS
+Container Engine and podman-hpc pass the environment themselves: runtimes.py):
 
     bash -c WRAPPER hpclaunch-task  <runtime> <binds> IMAGE  [activation]  python3 bootstrap
 
@@ -23,13 +24,17 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch.basics.shell import Word
-from hpclaunch.basics.users import _uid_name
 from hpclaunch.config.jobspec import Bind, ContainerJob, StageItem
 from hpclaunch.config.options import RunOptions
 from hpclaunch.config.profiles import ContainerSettings, Profile
 from hpclaunch.errors import UserError, show
 from hpclaunch.node import SQUASHFS
-from hpclaunch.records import runpaths
+from hpclaunch.payload import runtimes
+from hpclaunch.payload.images import SIF_MAGIC as SIF_MAGIC  # re-exported: stage, tests
+from hpclaunch.payload.images import SQUASHFS_MAGIC as SQUASHFS_MAGIC
+from hpclaunch.payload.images import _absolute, image_kind, runtime_image
+from hpclaunch.payload.images import image_notes as image_notes
+from hpclaunch.payload.images import resolve_image as resolve_image
 
 ENV_FD = 3
 # Static text (no user value in it): export the task's whole environment into fd 3, then
@@ -51,8 +56,6 @@ ALWAYS_PASS = (
     "PYTHONUNBUFFERED",
     "PYTHONNOUSERSITE",
 )
-SIF_MAGIC = b"SIF_MAGIC"
-SQUASHFS_MAGIC = b"hsqs"
 # Paths every runtime already shares with the host: binding into them fails (ch-run) or
 # is pointless (Apptainer binds /tmp by default).
 SHARED = ("/tmp", "/dev", "/proc", "/sys")
@@ -69,96 +72,10 @@ def _bad_path(field: str, path: str) -> None:
             )
 
 
-def _absolute(path: str, cwd: Path) -> str:
-    return os.path.normpath(runpaths.absolute(path, cwd))
-
-
-def image_kind(path: Path) -> str:
-    """directory, sif, squashfs or other (ext3, or an unknown file)."""
-    if path.is_dir():
-        return "directory"
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(128)
-    except OSError:
-        return "other"
-    if head.startswith(SQUASHFS_MAGIC):
-        return "squashfs"
-    if SIF_MAGIC in head:
-        return "sif"
-    return "other"
-
-
-def resolve_image(
-    value: str, settings: ContainerSettings, environ: Mapping[str, str], cwd: Path
-) -> Path:
-    """`$VAR` (a container module's $SIF) is read from the environment first. Then a value
-    with a slash (`./NAME.sif`, `../x.sif`, `/abs/x.sif`) is that file; a bare name is
-    looked up only in the profile's image folders (NAME, then NAME.sif), never in the
-    current folder, where another user of a group folder could have put one."""
-    if value.startswith("$"):
-        name = value.strip("${}")
-        if not environ.get(name):
-            raise UserError(
-                "--container",
-                f"{value} is not set",
-                f"container modules set {', '.join(settings.image_vars) or 'SIF'}",
-                "Load the container module first, or give the image's path",
-            )
-        value = environ[name]
-    if "/" in value:
-        path = Path(_absolute(value, cwd))
-        if path.exists():
-            return path
-        raise UserError(
-            "--container", f"image {show(value)} not found", f"no {path}", "Give the image's path"
-        )
-    names = (value,) if value.endswith(".sif") else (value, f"{value}.sif")
-    folders = [_absolute(folder, cwd) for folder in settings.image_dirs]
-    for folder in folders:
-        for name in names:
-            if os.path.exists(os.path.join(folder, name)):
-                return Path(folder, name)
-    searched = ", ".join(folders) if folders else "none: the profile sets no [container] image_dirs"
-    here = f"./{value}" if os.path.exists(cwd / value) else f"./{names[-1]}"
-    raise UserError(
-        "--container",
-        f"image {show(value)} not found",
-        f"a bare name is looked up only in the profile's image folders: {searched}",
-        f"Write {here} for a file in the current folder, or give the image's path",
-    )
-
-
-def image_notes(value: str, image: str) -> list[str]:
-    """What --dry-run and the start say about the image: the file used and where it was
-    found; a warning when someone other than the user (or root) can change it. The site's
-    images (the profile's folders, a container module's $SIF) belong to whatever account
-    the site keeps them under: only their write permissions are checked."""
-    origin = ""
-    if value.startswith("$"):
-        origin = f" (from {value})"
-    elif "/" not in value:
-        origin = f" (found in the profile's image folder {os.path.dirname(image)})"
-    notes = [f"hpclaunch: container image {image}{origin}"]
-    try:
-        info = os.stat(image)
-    except OSError:
-        return notes
-    problems = []
-    if not origin and info.st_uid not in (0, os.getuid()):
-        problems.append(f"owned by {_uid_name(info.st_uid) or info.st_uid}")
-    writers = [who for who, bit in (("group", 0o020), ("others", 0o002)) if info.st_mode & bit]
-    if writers:
-        problems.append("writable by " + " and ".join(writers))
-    if problems:
-        notes.append(
-            f"container image {image} is {' and '.join(problems)}: someone else can change "
-            "what your job runs (use an image only you or root can write: chmod go-w, or a copy)"
-        )
-    return notes
-
-
 def runtime_command(runtime: str, settings: ContainerSettings) -> str:
+    other = runtimes.command(runtime, settings.command)
+    if other:
+        return other
     if runtime == "charliecloud":
         return "ch-run"
     if settings.command:
@@ -205,9 +122,10 @@ def job_binds(
     nodes: int,
     own: Iterable[tuple[str, str]],
     user: list[Bind],
+    shared: tuple[str, ...] = SHARED,
 ) -> list[Bind]:
     """The profile's binds, hpclaunch's own folders (origin, path) and the user's, without
-    a folder that an earlier one already holds at the same place."""
+    a folder that an earlier one already holds at the same place or the runtime shares."""
     own = [(origin, os.path.normpath(p)) for origin, p in own if p]
     touched = [p for _, p in own] + [b.src for b in user]
     out: list[Bind] = []
@@ -218,7 +136,7 @@ def job_binds(
             continue
         out.append(Bind(src=item.path, dst=item.dst or item.path, ro=item.ro, origin="profile"))
     for origin, path in own:
-        if any(_under(path, s) for s in SHARED):
+        if any(_under(path, s) for s in shared):
             continue
         if any(b.src == b.dst and _under(path, b.src) for b in out + user):
             continue
@@ -281,25 +199,22 @@ def resolve(
         if user_binds:
             raise UserError("--bind", "given without --container", "", "Add --container IMAGE")
         return None
-    image = resolve_image(image_value, settings, environ, cwd)
-    kind = image_kind(image)
-    if runtime == "charliecloud" and kind not in ("directory", "squashfs"):
-        raise UserError(
-            "--container",
-            f"{image} is a {kind} image",
-            "ch-run runs directory and SquashFS images",
-            "Convert it (ch-convert), or use --container-runtime apptainer",
-        )
+    runtimes.refuse_local(runtime, profile.kind)
+    image = runtime_image(runtime, image_value, settings, environ, cwd)
     user = [parse_bind(b, cwd, runtime) for b in user_binds]
     for bind in user:
         _bad_path("--bind", bind.src)
         _bad_path("--bind", bind.dst)
-    binds = job_binds(settings, nodes, own, user)
+    # Pyxis/enroot, the CE and podman give the container its own /tmp.
+    shared = SHARED if runtime in runtimes.PIPED else SHARED[1:]
+    binds = job_binds(settings, nodes, own, user, shared)
     for bind in binds:
         _bad_path("--container", bind.src)
     flags = list(settings.flags)
     if runtime == "apptainer" and gpus:
         flags += settings.gpu_flags
+    if runtime == "podman-hpc" and gpus:  # NERSC: podman-hpc run --gpu
+        flags += settings.gpu_flags or ("--gpu",)
     return ContainerJob(
         runtime=runtime,
         command=runtime_command(runtime, settings),
@@ -309,6 +224,8 @@ def resolve(
         activate=settings.activate,
         cwd=str(cwd),
         pass_env=settings.pass_env,
+        base_environment=settings.base_environment if runtime == "ce" else (),
+        annotations=tuple(settings.annotations.items()) if runtime == "ce" else (),
     )
 
 
@@ -366,7 +283,12 @@ def make_mount_points(job: ContainerJob) -> None:
 def runtime_argv(job: ContainerJob, clean: bool = True) -> list[str]:
     """The runtime's command line up to and including what starts Python inside.
     clean=False keeps the host's environment (`env create`: pip's proxies and index)."""
-    if job.runtime == "charliecloud":
+    runtimes.refuse_outside_srun(job)
+    if job.runtime == "pyxis":
+        argv = runtimes.one_task_srun(job)
+    elif job.runtime == "podman-hpc":
+        argv = [str(w) for w in runtimes.podman_argv(job, list(job.pass_env), clean)]
+    elif job.runtime == "charliecloud":
         argv = [job.command, *(["--unset-env=*"] if clean else []), f"--cd={job.cwd}"]
         argv += [f"--bind={b.src}:{b.dst}" for b in job.binds]
         argv += [*job.flags, job.image, "--"]
@@ -382,7 +304,23 @@ def runtime_argv(job: ContainerJob, clean: bool = True) -> list[str]:
     return argv
 
 
-def wrap(job: ContainerJob, inner: list[Word]) -> list[Word]:
+def env_fd(job: Optional[ContainerJob]) -> int:
+    """The descriptor the task's environment crosses on (0: none, it crosses by itself)."""
+    return ENV_FD if job is not None and job.runtime in runtimes.PIPED else 0
+
+
+def wrap(
+    job: ContainerJob, inner: list[Word], names: Iterable[str] = (), local: bool = False
+) -> list[Word]:
+    """One task's command line: Pyxis and the CE enter the image in srun (the command is
+    the inner one); podman-hpc in front of it, passing the names pass_list gives, with
+    `local` the node-local folder's parent bound in."""
+    if job.runtime in runtimes.IN_SRUN:
+        return list(inner)
+    if job.runtime == "podman-hpc":
+        passed = pass_list(job, names).split()
+        extra = [runtimes.local_mount("--volume=")] if local else []
+        return [*runtimes.podman_argv(job, passed, extra=extra), *inner]
     return ["bash", "-c", WRAPPER, "hpclaunch-task", *runtime_argv(job), *inner]
 
 

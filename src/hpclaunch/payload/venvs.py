@@ -33,7 +33,10 @@ _CAUSE = re.compile(r"^\s*(\S.* depends on .*|The user requested (?!\(constraint
 
 def image_identity(image: str) -> str:
     """What a venv remembers of its image: the real path, and for a file its size and
-    time (a SIF replaced in place is another image). None of a directory's contents."""
+    time (a SIF replaced in place is another image). None of a directory's contents.
+    A podman-hpc image is a name in its storage: the name."""
+    if not image.startswith("/"):
+        return image
     real = os.path.realpath(image)
     info = os.stat(real)
     if os.path.isdir(real):
@@ -60,9 +63,15 @@ def check_venv(path: str, container: Optional[ContainerJob]) -> tuple[str, list[
             "",
             f"Make one: hpclaunch env create {how}PATH",
         )
-    record = read_record(venv)
+    return str(venv), check_record(str(venv), read_record(venv), container)
+
+
+def check_record(
+    venv: str, record: Optional[dict[str, Any]], container: Optional[ContainerJob]
+) -> list[str]:
+    """The venv guard: warnings, or a refusal when the venv was made for another image."""
     if record is None:
-        return str(venv), [f"--venv {venv} has no {VENV_RECORD}: cannot check it fits the image"]
+        return [f"--venv {venv} has no {VENV_RECORD}: cannot check it fits the image"]
     made_for = record.get("image_id")
     wanted = image_identity(container.image) if container else None
     if made_for != wanted:
@@ -77,7 +86,7 @@ def check_venv(path: str, container: Optional[ContainerJob]) -> tuple[str, list[
             else "Drop --container"
             + f", or make a venv for it: hpclaunch env create --container {now} NEW_PATH",
         )
-    return str(venv), []
+    return []
 
 
 def local_paths(requirements: Path) -> list[str]:
@@ -208,8 +217,8 @@ def image_packages(
             return {str(k): str(v) for k, v in data.items()}
     except (OSError, ValueError):
         pass
-    if not shutil.which(container.command):
-        return None
+    if container.runtime in ("pyxis", "ce") or not shutil.which(container.command):
+        return None  # Pyxis and the CE start images only in srun
     bare = replace(container, binds=(), cwd="/")  # nothing of the host is needed
     argv = _command(bare, python, ["-", "-", json.dumps({LIST_ONLY: True})])
     try:

@@ -16,7 +16,7 @@ from hpclaunch.config.jobspec import NO_PARTS, ContainerJob, JobSpec, Parts, Sta
 from hpclaunch.config.options import SLURM_FLAGS, RunOptions
 from hpclaunch.config.profiles import Profile, load_profile
 from hpclaunch.errors import UserError
-from hpclaunch.payload import containers, project, stage, venvs
+from hpclaunch.payload import containers, project, stage, venvpack, venvs
 from hpclaunch.planning import dependencies, siterules
 from hpclaunch.planning.validate import Checked, check
 from hpclaunch.records import runpaths
@@ -53,7 +53,9 @@ def prepare_spec(
     checked = check(profile, options, sources, program, environ, allocation, project.name(cwd))
     after = tuple(dependencies.resolve(options.after, environ))
     staged = _staging(checked, options, cwd, allocation)
-    job, venv, warnings = _container(checked, staged.stage, options, environ, cwd)
+    job, venv, venv_image, warnings = _container(checked, staged.stage, options, environ, cwd)
+    if venv_image:
+        venvpack.check_backend(job, runs_here=chosen.runs_here or allocation)
     limit = options.snapshot_limit
     # The JobSpec, built once: the checked request and each feature's typed part.
     parts = Parts(
@@ -65,6 +67,7 @@ def prepare_spec(
         local_dir=staged.local_dir,
         container=job,
         venv=venv,
+        venv_image=venv_image,
     )
     spec = checked.spec(parts)
     siterules.check(spec, profile)  # the site's own refusals, in its words, before sbatch
@@ -174,17 +177,21 @@ def _container(
     options: RunOptions,
     environ: Mapping[str, str],
     cwd: Path,
-) -> tuple[Optional[ContainerJob], str, list[str]]:
-    """--container, --bind, --venv: the image, its binds and the venv, all checked."""
+) -> tuple[Optional[ContainerJob], str, str, list[str]]:
+    """--container, --bind, --venv: the image, its binds, the venv (its path; a packed
+    venv's SquashFS file too), all checked."""
     profile, res = checked.profile, checked.res
     venv = str(runpaths.absolute(options.venv, cwd)) if options.venv else ""
+    # A packed venv (env pack's FILE.sqsh) is seen at its original path, where it mounts.
+    packed = venvpack.mount_path(venv) if venv and venvpack.is_packed(venv) else ""
+    image = ""
     ckpt = checked.checkpoint_root
     own = [
         ("run", str(runpaths.absolute(checked.run_root, cwd))),
         ("checkpoints", str(runpaths.absolute(ckpt, cwd)) if ckpt else ""),
         ("project", str(project.root(cwd))),
         ("cwd", str(cwd)),
-        ("venv", venv),
+        ("venv", packed or venv),
     ]
     job = containers.resolve(
         profile, options, environ, cwd, nodes=res.nodes, gpus=res.gpus_per_node, own=own
@@ -192,15 +199,19 @@ def _container(
     warnings: list[str] = []
     if job is not None:
         warnings += containers.image_notes(options.container or "", job.image)
-    if venv:
+    if packed:
+        warnings += venvpack.check_packed(venv, job)
+        venv, image = packed, venv
+    elif venv:
         venv, warnings = venvs.check_venv(venv, job)
     if job is not None:
         job = containers.check_mount_points(job, profile.container)
         job = containers.with_staged_images(job, staged)
+        job = venvpack.with_packed_venv(job, image, venv) if image else job
         line = venvs.shadow_warning(job, venv, profile.python, environ)
         if line:
             warnings.append(line)
-    return job, venv, warnings
+    return job, venv, image, warnings
 
 
 def _with_discovered(profile: Profile) -> Profile:

@@ -295,6 +295,7 @@ class Checked:
             local_dir=parts.local_dir,
             container=parts.container,
             venv=parts.venv,
+            venv_image=parts.venv_image,
             sources=self.sources,
         )
 

@@ -4,7 +4,7 @@ environment sbatch runs with. Pure: no I/O, so --dry-run prints exactly what wou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,16 @@ from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.profiles import Profile
 from hpclaunch.payload import containers, stagepack
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import gpu_watch_lines, profiling, requeue, scriptend
+from hpclaunch.script import (
+    broadcast,
+    containerlines,
+    gpu_watch_lines,
+    profiling,
+    requeue,
+    scriptend,
+    venvmount,
+)
+from hpclaunch.script.containerlines import container_comment as container_comment
 from hpclaunch.script.defaultnotes import default_notes
 from hpclaunch.script.launchers import launcher_env, task_argv
 
@@ -36,6 +45,8 @@ class BatchPlan:
     # The GPU watch's step (gpu_watch_lines.py), empty without one: the batch script starts it,
     # and so does a backend that runs the ranks as a step of an allocation.
     watch_argv: tuple[str, ...] = ()
+    # Files the job reads beside the shipped ones (name, text): the CE's EDF.
+    files: tuple[tuple[str, str], ...] = ()
 
 
 def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
@@ -126,8 +137,7 @@ def task_env(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[tuple[str
     env += [(k, v) for k, v in spec.public_env()]
     env += data_env(spec)
     if spec.container:
-        names = [k for k, _ in env] + [k for k, _ in spec.secret_env()]
-        names += [*profile.gpu_vars, *profile.gpu_unset]
+        names = containerlines.names(spec, profile, env)
         env.append((node.HPCLAUNCH_CONTAINER_PASS, containers.pass_list(spec.container, names)))
     return env
 
@@ -253,7 +263,7 @@ def local_lines(profile: Profile, paths: RunPaths) -> list[str]:
     ]
 
 
-def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
+def srun_argv(spec: JobSpec, argv: list[Word], flags: Sequence[Word] = ()) -> list[Word]:
     head: list[Word] = [
         "srun",
         "--kill-on-bad-exit=1",
@@ -264,16 +274,16 @@ def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
     ]
     if spec.cpu_bind:
         head.append(f"--cpu-bind={spec.cpu_bind}")
-    return [*head, *argv]
+    return [*head, *flags, *argv]
 
 
 def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
-    fd = containers.ENV_FD if spec.container else 0
-    argv = task_argv(spec, profile.python, str(paths.bootstrap), fd)
-    if spec.container:
-        argv = containers.wrap(spec.container, argv)
+    argv = task_argv(spec, profile.python, str(paths.bootstrap), containers.env_fd(spec.container))
     env = task_env(spec, profile, paths)
-    srun = srun_argv(spec, argv)
+    argv, flags, files = containerlines.enter(
+        spec, profile, paths, argv, env, uses_local(spec, env)
+    )
+    srun = srun_argv(spec, argv, flags)
     body: list[str] = ["#!/bin/bash", *directives(spec, paths, cwd)]
     body += [
         shell.comment(
@@ -311,8 +321,8 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         body += ["", *requeue.start_lines(spec.requeue)]
     elif spec.chain > 1:
         body += ["", *requeue.resume_lines(spec.chain)]
-    if staging:
-        body += stage_lines(spec, profile, paths)
+    body += broadcast.lines(spec, profile, paths) + venvmount.start_lines(spec, profile, paths)
+    body += stage_lines(spec, profile, paths) if staging else []
     srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)
     watch = gpu_watch_lines.watch_argv(spec, profile, paths) if spec.watch_interval_s else []
     body += scriptend.launch_lines(spec, watch, paths, srun_line)
@@ -325,23 +335,8 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         srun_argv=tuple(srun),
         chain=spec.chain,
         watch_argv=tuple(watch),
+        files=files,
     )
-
-
-def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
-    """What one rank runs inside its task, readable, above the srun line."""
-    job = spec.container
-    assert job is not None
-    inner = argv[4:]  # after: bash -c WRAPPER hpclaunch-task
-    return [
-        "",
-        shell.comment(f"Each task enters the image with {job.command} ({job.runtime}), which"),
-        "# cleans the environment; the variables HPCLAUNCH_CONTAINER_PASS names reach the",
-        f"# program through file descriptor {containers.ENV_FD}, a pipe (never a command line "
-        "or a file).",
-        "# What one rank runs, after the runtime's bash -c wrapper opened that pipe:",
-        shell.comment("  " + shell.command(inner)),
-    ]
 
 
 def preview(plan_: BatchPlan, environ: Mapping[str, str]) -> str:

@@ -15,24 +15,36 @@ from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import profiling, render
+from hpclaunch.script import broadcast, profiling, render, venvmount
 
 SPEC_JSON = "spec.json"
 
 
-def write_files(paths: RunPaths, spec: JobSpec, script: str, *, stage_json: bool = True) -> None:
+def write_files(
+    paths: RunPaths,
+    spec: JobSpec,
+    script: str,
+    *,
+    stage_json: bool = True,
+    files: tuple[tuple[str, str], ...] = (),
+) -> None:
     """job.sh (the batch script or a sweep's array script), the shipped files (one copy
     in a sweep folder for all its points), py-spy, spec.json; stage.json with staging
-    unless `stage_json` is False (a sweep's points have their own)."""
+    unless `stage_json` is False (a sweep's points have their own); the plan's `files`
+    (the CE's EDF) beside the shipped ones."""
     # Arguments may hold any bytes (surrogate-escaped in Python): write them back as bytes.
     paths.job_sh.write_bytes(script.encode("utf-8", "surrogateescape"))
     staging = bool(spec.stage or spec.stage_out)
     if staging and stage_json:
         runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
-    for source in node.shipped(staging, bool(spec.watch_interval_s)):
+    mounts = venvmount.mounts_on_nodes(spec)
+    sends = broadcast.broadcasts(spec)
+    for source in node.shipped(staging, bool(spec.watch_interval_s), mounts, sends):
         shutil.copyfile(node.path(source), paths.shipped(source))
     precompile(paths.shipped(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks
+    for name, text in files:
+        ((paths.shipped_dir or paths.run_dir) / name).write_text(text)
     runrecord.write_json(paths.run_dir / SPEC_JSON, spec.to_record())
 
 

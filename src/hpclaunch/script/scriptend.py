@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import gpu_watch_lines, requeue
+from hpclaunch.script import gpu_watch_lines, requeue, venvmount
 
 
 def launch_lines(
@@ -16,6 +16,7 @@ def launch_lines(
     decision about the next attempt; with --chain, the end of this member (a done
     program cancels the rest)."""
     staging = bool(spec.stage or spec.stage_out)
+    mounting = venvmount.mounts_on_nodes(spec)
     chain = spec.chain > 1
     watch = gpu_watch_lines.start_lines(spec, watch_argv, paths) if watch_argv else []
     body: list[str] = [""]
@@ -25,7 +26,8 @@ def launch_lines(
         body += [srun_line + " &", "HPCLAUNCH_STEP_PID=$!", *watch]
         body += ['wait "$HPCLAUNCH_STEP_PID"', "HPCLAUNCH_RC=$?"]
     else:
-        body += [srun_line, "HPCLAUNCH_RC=$?"] if staging or chain else [srun_line]
+        ended = staging or chain or mounting
+        body += [srun_line, "HPCLAUNCH_RC=$?"] if ended else [srun_line]
     if watch:
         body += gpu_watch_lines.stop_lines()
     if staging:
@@ -35,10 +37,12 @@ def launch_lines(
             'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
             'wait "$HPCLAUNCH_STAGE_PID"',
         ]
+    if mounting:
+        body += venvmount.end_lines()
     if spec.requeue:
         body += requeue.end_lines(spec.requeue, paths.run_dir, spec.time_s)
     elif chain:
         body += requeue.chain_end_lines(paths.run_dir)
-    elif staging or watch:
+    elif staging or watch or mounting:
         body.append('exit "$HPCLAUNCH_RC"')
     return body

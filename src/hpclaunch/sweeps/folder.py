@@ -28,7 +28,7 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     paths, spec, planned = sp.paths, sp.planned.spec, sp.planned
     code = codeplan.write_code(planned.code, paths, runpaths.absolute(spec.run_root, req.cwd))
     # The array script, the shipped files once for every point, spec.json: as for a run.
-    runfolder.write_files(paths, spec, sp.array_script, stage_json=False)
+    runfolder.write_files(paths, spec, sp.array_script, stage_json=False, files=_edf(sp))
     if sp.wandb_sweep:  # the agent's side, run where each point's job runs
         shutil.copyfile(node.path(node.WANDB_AGENT), paths.shipped(node.WANDB_AGENT))
     if spec.stage:  # before the points' stage.json, which lists the parts packed
@@ -37,6 +37,10 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
         limits = stagecache.limits(planned.prepared.profile)
         stage.pack_all(spec.stage, limits=limits, environ=req.environ)
     _write_points(sp)
+    if sp.pack:  # pack.json, the node agent, the queue (sweeps/packplan.py)
+        from hpclaunch.sweeps import packplan
+
+        packplan.write(paths, sp.pack)
     data = {
         "sweep_id": paths.run_id,
         "exp": spec.exp,
@@ -52,6 +56,7 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
         "kind": "wandb" if sp.wandb_sweep else "optuna" if sp.space else "grid",
         **sp.backend.site_facts(),  # which sacct answers here: no call spent finding out
         "wandb_sweep": sp.wandb_sweep,
+        "pack": [s.to_record() for s in sp.pack.slots] if sp.pack else None,
         "arrays": [],
         "space": [dict(p.__dict__) for p in sp.space],
         "points": [
@@ -61,6 +66,15 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     }
     sweeprecord.write(paths.run_dir, data)
     return data
+
+
+def _edf(sp: SweepPlan) -> tuple[tuple[str, str], ...]:
+    """The CSCS Container Engine's EDF, one for every point (their srun lines name it)."""
+    spec = sp.planned.spec
+    if spec.container is None or spec.container.runtime != "ce":
+        return ()
+    point = script.point_paths(sp.paths, sp.token)
+    return render.plan_batch(spec, sp.planned.prepared.profile, point, sp.planned.code.cwd).files
 
 
 def _write_points(sp: SweepPlan) -> None:
@@ -145,6 +159,8 @@ def point_records(
     point table's rows with each point's array task ("123_4") and command, and the record
     all points share, TOKEN where a point's number goes (its POINT_RECORD)."""
     task_of = {pt: f"{j}_{pt - p.offset}" for p, j in zip(sp.parts, job_ids) for pt in p.points()}
+    if sp.pack and job_ids:  # any allocation's agent may run any point: the array's id
+        task_of = {p.index: job_ids[0] for p in sp.points}
     secrets = sp.masked_secrets()
     program = list(sp.planned.spec.program)
     rows = []
@@ -163,6 +179,6 @@ def point_records(
     common = runrecord.new_record(
         spec, paths, backend, sweep_id=sp.paths.run_id, point=None, job_id=None,
         job_ids=[], attempts=1, state=State.PENDING.value, exit_code=None, command=[],
-        params={}, **sp.backend.site_facts(),
+        params={}, **sp.backend.site_facts(), **({"packed": True} if sp.pack else {}),
     )  # fmt: skip
     return rows, {"token": sp.token, "base": common.to_dict()}

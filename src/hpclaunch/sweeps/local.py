@@ -193,28 +193,35 @@ def _run_point(
     paths = _point_paths(ls, point.index)
     if not _claim(paths.run_dir):
         return None
-    # Running from before its ask: another point's ask fails the trials of points not
-    # running (trials._fail_gone), and this one's trial is RUNNING once asked.
+    # Running from before its ask until after its tell: another point's ask fails the
+    # trials of points not running (trials._fail_gone); this one's trial is RUNNING from
+    # its ask until its tell (a point left before telling had its trial failed under load).
     with lock:
         running.add(point.index)
     try:
-        if ls.space:
-            point = _ask(ls, point, running, lock)
-        env = dict(ls.environ)
-        env.update(script.point_env(ls.sweep_id, len(ls.points), point))
-        env[script.HPCLAUNCH_POINT] = str(point.index)
-        plan = render.plan_batch(ls.spec, ls.profile, paths, ls.cwd)
-        job_id = ls.backend.start(Launch(ls.spec, plan, paths, ls.cwd, env))
-        now = runrecord.update(
-            paths.run_dir, job_id=job_id, job_ids=[job_id], **ls.backend.record_extra(job_id)
-        )
-        if now.get(CANCEL_REQUESTED):  # a cancel came before the task groups were known
-            ls.backend.cancel(job_id)
-        with open(os.devnull, "w") as sink:  # each point's output is in its own logs/
-            code, state = ls.backend.wait(job_id, paths, sink, sink)
+        return _start_and_tell(ls, point, paths, running, lock)
     finally:
         with lock:
             running.discard(point.index)
+
+
+def _start_and_tell(
+    ls: LocalSweep, point: Point, paths: RunPaths, running: set[int], lock: threading.Lock
+) -> int:
+    if ls.space:
+        point = _ask(ls, point, running, lock)
+    env = dict(ls.environ)
+    env.update(script.point_env(ls.sweep_id, len(ls.points), point))
+    env[script.HPCLAUNCH_POINT] = str(point.index)
+    plan = render.plan_batch(ls.spec, ls.profile, paths, ls.cwd)
+    job_id = ls.backend.start(Launch(ls.spec, plan, paths, ls.cwd, env))
+    now = runrecord.update(
+        paths.run_dir, job_id=job_id, job_ids=[job_id], **ls.backend.record_extra(job_id)
+    )
+    if now.get(CANCEL_REQUESTED):  # a cancel came before the task groups were known
+        ls.backend.cancel(job_id)
+    with open(os.devnull, "w") as sink:  # each point's output is in its own logs/
+        code, state = ls.backend.wait(job_id, paths, sink, sink)
     if runrecord.read_raw(paths.run_dir).get(CANCEL_REQUESTED):
         cancelled = states.State.CANCELLED
         code, state = states.exit_code_for(cancelled) or 1, cancelled.value

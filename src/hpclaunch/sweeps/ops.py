@@ -122,6 +122,10 @@ def cancel(sweep_dir: Path, points: Optional[Sequence[int]]) -> list[str]:
         for r in sweep.points
         if is_open(r) and (chosen is None or int(r.extra.get("point", -1)) in chosen)
     ]
+    if chosen is not None and sweep.data.get("pack"):  # a packed point: its slot goes on
+        from hpclaunch.sweeps import packplan
+
+        return packplan.cancel_points(sweep_dir, open_)
     return backend_of(sweep).cancel_records(open_, whole=chosen is None)
 
 
@@ -238,13 +242,18 @@ def _resubmit(
     max_array, _ = arrays.limits_from_config(discover.slurm_config() or {})
     parallel = (sweep.data.get("sweep") or {}).get("max_parallel")
     parts = arrays.split(wanted, max_array, parallel)
+    if sweep.data.get("pack"):  # the points back in the queue, one pack (sweeps/packplan.py)
+        from hpclaunch.sweeps import packplan
+
+        packplan.queue_again(sweep.sweep_dir, wanted)
+        parts = [arrays.ArrayPart(0, (0,), None)]
     launch = array_launch(sweep.sweep_dir / "job.sh", parts, environ)
     job_ids = backend_of(sweep).start_array(launch)
     attempt = 1 + max((int(a.get("attempt", 1)) for a in sweep.data.get("arrays") or []), default=1)
     for part, job_id in zip(parts, job_ids):
-        for point in part.points():
+        for point in wanted if sweep.data.get("pack") else part.points():
             rec = by_index[point]
-            job = f"{job_id}_{point - part.offset}"
+            job = job_id if sweep.data.get("pack") else f"{job_id}_{point - part.offset}"
             runrecord.update(
                 rec.path,
                 job_id=job,

@@ -14,6 +14,7 @@ from hpclaunch.sweeps.points import Point
 
 if TYPE_CHECKING:
     from hpclaunch.backends.base import Backend
+    from hpclaunch.sweeps.packplan import PackPlan
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,15 @@ class SweepOptions:
     direction: str = "minimize"
     wandb_sweep: Optional[str] = None
     count: Optional[int] = None
+    # --pack: the points run in slots of whole-node allocations (sweeps/packing.py)
+    pack: bool = False
+    gpus_per_point: Optional[int] = None
+    cpus_per_point: Optional[int] = None
+    tasks_per_point: int = 1
+    retries: int = 0
+    point_time: Optional[str] = None
+    pack_jobs: int = 1
+    mem_per_point: Optional[str] = None
 
     def to_record(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -45,6 +55,7 @@ class SweepPlan:
     space: tuple[Any, ...] = ()  # Optuna's SpaceParam entries
     wandb_sweep: Optional[str] = None  # W&B: each point runs `wandb agent --count 1` this
     secret_env: tuple[tuple[str, str], ...] = ()  # sbatch's environment only (the API key)
+    pack: Optional[PackPlan] = None  # --pack: slots, the agent's pack.json (sweeps/packplan)
 
     @property
     def paths(self) -> runpaths.RunPaths:

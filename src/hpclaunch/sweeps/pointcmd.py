@@ -39,6 +39,11 @@ def space_of(data: dict[str, Any]) -> tuple[SpaceParam, ...]:
 def alive_points(data: dict[str, Any]) -> Any:
     """alive(indices) for trials.ask: which of those points Slurm still holds (one call)."""
 
+    if data.get("pack"):  # a packed sweep's: taken by a slot and not done (no squeue)
+        from hpclaunch.sweeps import packplan
+
+        return packplan.running_points(Path(str(data["sweep_dir"])))
+
     def alive(indices: Sequence[int]) -> set[int]:
         offsets = {str(a["job_id"]): int(a["offset"]) for a in data.get("arrays") or []}
         if not offsets:

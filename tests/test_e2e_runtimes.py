@@ -1,0 +1,322 @@
+"""Pyxis/enroot and the CSCS Container Engine on the real testbed, through the srun test
+double tests/doubles/spank/srun (neither plugin installs here: tests/doubles/README.md):
+the image made by `hpclaunch image import` from a local root file system, 2 nodes x 2
+ranks inside it with --stage and the rank contract checked as for Charliecloud
+(tests/test_e2e_containers.py), the stand-in's refusal of an unknown option, a requeue
+inside the container (the program saves on the signal), attach --container.
+
+Why a wrapper on the job's PATH and not a SPANK plugin built against libslurm-dev: the
+plugin would go into the shared testbed's plugstack.conf, on every node, for every
+developer's jobs; the wrapper only changes the jobs that ask for it, and the real srun
+still places the tasks and delivers the signals. What these tests cannot show: enroot's
+own import and its user namespace, read-only mounts (ch-run binds read-write), the CE's
+hooks (aws-ofi-nccl, CXI), a registry pull, a real GPU (the testbed's are fake).
+podman-hpc: not installed here (Debian has podman, PyPI has podman-hpc, but rootless
+podman needs subuid ranges and a storage the testbed does not set up): its job script
+and image import are unit-tested (tests/test_runtimes.py) only.
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import testbed
+from conftest import PROGRAMS, REPO, VENV_BIN, Hpc, _user_folder
+
+pytestmark = pytest.mark.testbed
+
+SPANK = REPO / "tests" / "doubles" / "spank"
+RUNTIMES = ["pyxis", "ce"]
+
+
+@pytest.fixture(scope="module")
+def squashfs(user_image: Path) -> Iterator[Path]:
+    """`hpclaunch image import` of the test user's directory image, as that user."""
+    folder = testbed.work_dir() / f"sqsh-{user_image.name}"
+    folder.mkdir(exist_ok=True)
+    shutil.chown(folder, testbed.USER, testbed.USER)
+    image = folder / "image.sqsh"
+    image.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["runuser", "-u", testbed.USER, "--", f"{VENV_BIN}/hpclaunch", "image", "import",
+         "--container-runtime", "pyxis", "-o", str(image), str(user_image)],
+        cwd=folder, capture_output=True, text=True, timeout=600, check=False,
+        env={"PATH": f"{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(folder)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f": {image} (" in done.stderr and image.read_bytes()[:4] == b"hsqs"
+    yield image
+    shutil.rmtree(folder, ignore_errors=True)
+    _remove_unpacked(pwd.getpwnam(testbed.USER).pw_uid)
+
+
+def _remove_unpacked(uid: int) -> None:
+    """The stand-in's unpacked images (per node and step) that no task holds. Not all of
+    them: another pytest-xdist worker's jobs may be running in theirs, and removing a
+    folder that is a mount point in a container's namespace detaches that mount there
+    (Linux >= 3.18): its ranks lost their run folder mid-run (the requeue test failed)."""
+    for lock in Path(f"/var/tmp/hpclaunch-spank-double-{uid}").glob("*/*.lock"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a running step's
+        else:
+            shutil.rmtree(str(lock)[: -len(".lock")], ignore_errors=True)
+            for leftover in (lock, lock.with_suffix(".unpack")):
+                leftover.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def venv(squashfs: Path, slurm_conf: Path) -> Path:
+    """`hpclaunch env create` for the Pyxis image: made inside it, in a one-task srun job
+    (Pyxis enters images only in srun), through the stand-in."""
+    path = squashfs.parent / "venv"
+    done = subprocess.run(
+        ["runuser", "-u", testbed.USER, "--", f"{VENV_BIN}/hpclaunch", "env", "create",
+         "--container-runtime", "pyxis", "--container", str(squashfs), str(path)],
+        cwd=squashfs.parent, capture_output=True, text=True, timeout=600, check=False,
+        env={"PATH": f"{SPANK}:{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+             "HOME": str(squashfs.parent), "SLURM_CONF": str(slurm_conf), "USER": testbed.USER},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (path / "bin" / "python").exists()
+    return path
+
+
+@pytest.fixture
+def root(slurm_conf: Path) -> Iterator[Hpc]:
+    """A fresh shared folder of root's: squashfuse needs root here (no setuid fusermount)."""
+    yield from _user_folder(slurm_conf, "root", False)
+    _remove_unpacked(0)
+
+
+def _env(hpc: Hpc) -> dict[str, str]:
+    return {"PATH": f"{SPANK}:{hpc.env['PATH']}"}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_two_by_two_in_the_image(hpc: Hpc, squashfs: Path, venv: Path, runtime: str) -> None:
+    """2 nodes x 2 ranks in the image with --stage, --venv, a --bind to a path the image
+    lacks: the rank contract, the TCP rendezvous, the data, the venv, no secret in files."""
+    shutil.copy(PROGRAMS / "container_probe.py", hpc.cwd / "probe.py")
+    # A barrier first: each node unpacks the image before its ranks start (as enroot
+    # does), so the nodes' ranks start seconds apart, longer than the probe's 5 s wait.
+    (hpc.cwd / "run.sh").write_text(
+        'touch "$1/started-$RANK"\n'
+        'until [ "$(ls "$1" | grep -c started-)" -ge 4 ]; do sleep 0.2; done\n'
+        'exec python3 probe.py "$1" "$HPCLAUNCH_DATA_DATA/data.txt" "$2"\n'
+    )
+    out = hpc.folder("out")
+    data = hpc.folder("data")
+    (data / "data.txt").write_text("staged")
+    other = hpc.folder("other")
+    (other / "file.txt").write_text("mapped")
+    env = {**_env(hpc), "HOST_ONLY_VARIABLE": "host", "WANDB_API_KEY": "s3cr3t-value-42"}
+    proc = hpc.run(
+        "run", "-N", "2", "--tasks-per-node", "2", "--wait", "--container", str(squashfs),
+        "--container-runtime", runtime, "--stage", f"{data}:DATA", "--venv", str(venv),
+        "--bind", f"{other}:/hpclaunch-mapped/deeper", "--env", "WANDB_API_KEY",
+        "--", "bash", "run.sh", str(out), "/hpclaunch-mapped/deeper/file.txt",
+        env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = sorted(
+        (json.loads(p.read_text()) for p in out.glob("probe-*.json")),
+        key=lambda r: int(r["env"]["RANK"]),
+    )
+    run_dir = hpc.run_dirs()[-1]
+    assert len(reports) == 4
+    env_seen = [r["env"] for r in reports]
+    assert [e["RANK"] for e in env_seen] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in env_seen] == ["0", "1", "0", "1"]
+    assert [e["NODE_RANK"] for e in env_seen] == ["0", "0", "1", "1"]
+    assert [e["SLURM_PROCID"] for e in env_seen] == ["0", "1", "2", "3"]
+    assert {e["WORLD_SIZE"] for e in env_seen} == {"4"}
+    nodes = [e["SLURMD_NODENAME"] for e in env_seen]
+    if testbed.layout() == "netns":
+        assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    assert {e["MASTER_ADDR"] for e in env_seen} == {nodes[0]}
+    assert {r["total"] for r in reports} == {6}  # TCP over MASTER_ADDR:MASTER_PORT
+    # Inside the image (ch-run under the double), the host's environment passed as
+    # Pyxis and the CE pass it (not cleaned, unlike Apptainer/Charliecloud).
+    assert {e["CH_RUNNING"] for e in env_seen} == {"Weird Al Yankovic"}
+    assert {e["HOST_ONLY_VARIABLE"] for e in env_seen} == {"host"}
+    assert {e["PYTHONNOUSERSITE"] for e in env_seen} == {"1"}
+    assert {e["WANDB_API_KEY"] for e in env_seen} == {"s3cr3t-value-42"}
+    # The venv made in the same image (the bootstrap activated it in every rank).
+    assert {e["VIRTUAL_ENV"] for e in env_seen} == {str(venv)}
+    assert {r["executable"] for r in reports} == {f"{venv}/bin/python3"}
+    # The staged data (a node-local folder under the host's /tmp, bound in), the bind.
+    assert {r["bind"] for r in reports} == {"staged"}
+    assert {r["mapped"] for r in reports} == {"mapped"}
+    assert {e["HPCLAUNCH_RUN_DIR"] for e in env_seen} == {str(run_dir)}
+    assert sorted(p.name for p in run_dir.glob("written-by-*")) == [
+        f"written-by-{n}" for n in range(4)
+    ]
+    assert {r["cwd"] for r in reports} == {str(hpc.cwd)}
+    assert {tuple(r["secret_in_cmdlines"]) for r in reports} == {()}
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert b"s3cr3t-value-42" not in path.read_bytes(), path
+    if runtime == "ce":
+        assert (run_dir / "container.toml").is_file()
+
+
+def _profile_flags(hpc: Hpc, *flags: str) -> None:
+    """The user's own profile file adds runtime flags (config layers: a site's profile)."""
+    clusters = hpc.cwd / "xdg" / "hpclaunch" / "clusters"
+    clusters.mkdir(parents=True, exist_ok=True)
+    (clusters / "slurm.toml").write_text(f"[container]\nflags = {json.dumps(list(flags))}\n")
+    shutil.chown(clusters.parent, testbed.USER, testbed.USER)
+    for path in (clusters, clusters / "slurm.toml"):
+        shutil.chown(path, testbed.USER, testbed.USER)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "flag", "said"),
+    [
+        ("pyxis", "--container-foo=1", "srun: unrecognized option '--container-foo=1'"),
+        ("ce", "--environment-file=x", "srun: unrecognized option '--environment-file=x'"),
+    ],
+)
+def test_an_option_the_runtime_does_not_know_fails_the_job_in_srun(
+    hpc: Hpc, squashfs: Path, runtime: str, flag: str, said: str
+) -> None:
+    """A site flag the runtime does not know reaches srun, which refuses it: the run
+    ends FAILED with srun's line in its batch log (the stand-in's refusal, as srun's)."""
+    _profile_flags(hpc, flag)
+    proc = hpc.run(
+        "run", "--wait", "--container", str(squashfs), "--container-runtime", runtime,
+        "--", "true", env=_env(hpc), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    run_dir = hpc.run_dirs()[-1]
+    assert said in (run_dir / "logs" / "batch.out").read_text()
+    status = json.loads(hpc.run("status", run_dir.name, "--json").stdout)
+    assert status["state"] == "FAILED", status
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_requeue_inside_the_image_saves_and_resumes(hpc: Hpc, squashfs: Path, runtime: str) -> None:
+    """The time-limit signal reaches the program inside the container (the task is the
+    program: enter-image and ch-run exec it), it saves, the next attempt resumes (the CE's
+    requeued job reads the same EDF from the run folder)."""
+    from test_e2e_requeue import _check_resumed
+
+    shutil.copy(PROGRAMS / "count_steps.py", hpc.cwd / "count_steps.py")
+    steps = 200
+    proc = hpc.run(
+        "run", "-N", "2", "--tasks-per-node", "2", "-t", "2", "--requeue",
+        "--signal-before", "45", "--env", f"STEPS={steps}", "--wait",
+        "--container", str(squashfs), "--container-runtime", runtime,
+        "--", "python3", "count_steps.py",
+        env=_env(hpc), timeout=600,
+    )  # fmt: skip
+    _check_resumed(hpc, proc, ranks=4, steps=steps)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_attach_container_enters_the_image(hpc: Hpc, squashfs: Path, runtime: str) -> None:
+    """attach --container: a step with the job's --container-* options (the CE: the run's
+    EDF), on node2."""
+    release = hpc.cwd / "release"
+    proc = hpc.run(
+        "run", "--json", "-N", "2", "--container", str(squashfs), "--container-runtime",
+        runtime, "--", "bash", "-c", f"until [ -e {release} ]; do sleep 0.2; done",
+        env=_env(hpc),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    started = json.loads(proc.stdout.splitlines()[-1])
+    run_id, run_dir = started["run_id"], Path(started["run_dir"])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            events = run_dir / "events.jsonl"
+            if events.exists() and events.read_text().count('"rank_start"') >= 2:
+                break
+            time.sleep(0.5)
+        probe = "cat /hpclaunch-test-image; echo $HPCLAUNCH_RUN_DIR; echo $CH_RUNNING"
+        shown = hpc.run(
+            "attach", run_id, "--container", "--node", "node2", "--", "sh", "-c", probe,
+            env=_env(hpc), timeout=300,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert shown.stdout.splitlines()[:3] == ["yes", str(run_dir), "Weird Al Yankovic"]
+    finally:
+        release.write_text("")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_stack_inside_the_image(hpc: Hpc, squashfs: Path, runtime: str) -> None:
+    """py-spy on the nodes reads the ranks inside the image: enroot (and ch-run under the
+    stand-in) keep the host's PID namespace, so the recorded pids are the host's."""
+    from test_e2e_stack import _check_groups, _start
+
+    if not (VENV_BIN / "py-spy").exists():
+        pytest.skip("py-spy is not installed in .venv: pip install -e '.[test]'")
+    started = _start(
+        hpc, "--container", str(squashfs), "--container-runtime", runtime, env=_env(hpc)
+    )
+    assert started["logs"].count(" image\n") == 4, started["logs"]  # the ranks run in it
+    try:
+        _check_groups(hpc, started["job_id"])
+    finally:
+        hpc.run("cancel", started["job_id"])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_packed_venv_inside_the_image(
+    root: Hpc, squashfs: Path, venv: Path, runtime: str
+) -> None:
+    """Issue 33 with these runtimes: the venv made for the image, packed (`env pack`), its
+    folder emptied; 2 ranks on 2 nodes run from it at its original path. The CE mounts the
+    file itself (the EDF's `FILE:PATH:sqsh`; the stand-in unpacks it per node, so the mount
+    itself is not shown); Pyxis binds the squashfuse mount each node made (as root: the
+    testbed has no setuid fusermount). The emptied folder stays as the mount point: the
+    venv lies inside the project folder, bound first, and ch-run (which the stand-in
+    enters the image with) makes no mount point under a bind."""
+    copy = root.cwd / "venv"
+    shutil.copytree(venv, copy, symlinks=True)  # the module's venv stays for the others
+    packed = root.run("env", "pack", str(copy))
+    assert packed.returncode == 0, packed.stderr
+    shutil.rmtree(copy)  # the nodes see the image only
+    copy.mkdir()
+    program = (
+        "import os, sys; print('IMPORTED', os.environ['RANK'], sys.prefix, [l.split()[2] "
+        "for l in open('/proc/self/mounts') if l.split()[1] == sys.prefix])"
+    )
+    proc = root.run(
+        "run", "-N", "2", "--wait", "--container", str(squashfs), "--container-runtime",
+        runtime, "--venv", f"{copy}.sqsh", "--", "python3", "-c", program,
+        env=_env(root), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = sorted(line.split("IMPORTED ")[1] for line in proc.stdout.splitlines()
+                  if "IMPORTED " in line)  # fmt: skip
+    assert [line.split()[:2] for line in seen] == [["0", str(copy)], ["1", str(copy)]], seen
+    script = (root.run_dirs()[-1] / "job.sh").read_text()
+    if runtime == "pyxis":  # squashfuse's mount on each node, bound in
+        # squashfuse's mount, bound in (twice: inside the bound project folder, and again).
+        kinds = [set(ast.literal_eval(line.split(" ", 2)[2])) for line in seen]
+        assert kinds == [{"fuse.squashfuse"}] * 2, seen
+        assert "venv_mount.py" in script
+    else:
+        edf = (root.run_dirs()[-1] / "container.toml").read_text()
+        assert f'"{copy}.sqsh:{copy}:sqsh"' in edf and "venv_mount.py" not in script
