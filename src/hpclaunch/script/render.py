@@ -61,6 +61,8 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     lines += [sbatch_line(name, value, spellings) for name, value in spec.slurm_flags]
     if spec.exclusive:
         lines.append(shell.sbatch_line("--exclusive"))
+    if spec.overcommit:  # https://slurm.schedmd.com/sbatch.html#OPT_overcommit
+        lines.append(shell.sbatch_line("--overcommit"))
     lines += [
         # sbatch expands %j, %x, ... in file names; %% is a literal % (a run root may hold one).
         shell.sbatch_line("--output", str(paths.logs / "batch.out").replace("%", "%%")),
@@ -264,6 +266,8 @@ def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
     ]
     if spec.cpu_bind:
         head.append(f"--cpu-bind={spec.cpu_bind}")
+    if spec.overcommit:  # the step too: https://slurm.schedmd.com/srun.html#OPT_overcommit
+        head.append("--overcommit")
     return [*head, *argv]
 
 
