@@ -40,6 +40,11 @@ def test_overcommit_reaches_sbatch_and_the_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     batch = plan_batch(spec, load_profile("slurm"), RunPaths("r1", run, run / "ckpt"), tmp_path)
     assert "#SBATCH --overcommit\n" in batch.script
+    # Slurm 22.05 refuses --ntasks-per-node=40 on 2-core nodes even with --overcommit:
+    # the job asks for its total, the step places 40 per node.
+    assert "#SBATCH --ntasks=80\n" in batch.script
+    assert "#SBATCH --ntasks-per-node" not in batch.script
+    assert "--ntasks-per-node=40" in batch.srun_argv
     assert "--overcommit" in batch.srun_argv
     plain = cli_spec({"nodes": 2}, "slurm")
     batch = plan_batch(plain, load_profile("slurm"), RunPaths("r2", run, run / "ckpt"), tmp_path)

@@ -43,7 +43,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     lines = [
         shell.sbatch_line("--job-name", spec.job_name),
         shell.sbatch_line("--nodes", str(spec.nodes)),
-        shell.sbatch_line("--ntasks-per-node", str(spec.ntasks // spec.nodes)),
+        _tasks_line(spec),
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
     if spec.gpus_per_node:
@@ -82,6 +82,16 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
         lines.append(shell.sbatch_line("--kill-on-invalid-dep", "yes"))
     lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args]
     return lines
+
+
+def _tasks_line(spec: JobSpec) -> str:
+    """The job's tasks: per node, but with --overcommit the total (Slurm 22.05 refuses
+    --ntasks-per-node above a node's CPUs even with --overcommit, "Requested node
+    configuration is not available", and grants --ntasks; seen on the testbed). The step's
+    srun still places them --ntasks-per-node, block by block."""
+    if spec.overcommit:
+        return shell.sbatch_line("--ntasks", str(spec.ntasks))
+    return shell.sbatch_line("--ntasks-per-node", str(spec.ntasks // spec.nodes))
 
 
 def _slurm_cpus(spec: JobSpec) -> int:
