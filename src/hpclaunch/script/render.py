@@ -17,7 +17,7 @@ from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.profiles import Profile
 from hpclaunch.payload import containers, stagepack
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import gpu_watch_lines, profiling, requeue, scriptend
+from hpclaunch.script import gpu_watch_lines, profiling, requeue, scriptend, tasklines
 from hpclaunch.script.defaultnotes import default_notes
 from hpclaunch.script.launchers import launcher_env, task_argv
 
@@ -43,7 +43,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     lines = [
         shell.sbatch_line("--job-name", spec.job_name),
         shell.sbatch_line("--nodes", str(spec.nodes)),
-        _tasks_line(spec),
+        *tasklines.job_lines(spec),
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
     if spec.gpus_per_node:
@@ -61,8 +61,6 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     lines += [sbatch_line(name, value, spellings) for name, value in spec.slurm_flags]
     if spec.exclusive:
         lines.append(shell.sbatch_line("--exclusive"))
-    if spec.overcommit:  # https://slurm.schedmd.com/sbatch.html#OPT_overcommit
-        lines.append(shell.sbatch_line("--overcommit"))
     lines += [
         # sbatch expands %j, %x, ... in file names; %% is a literal % (a run root may hold one).
         shell.sbatch_line("--output", str(paths.logs / "batch.out").replace("%", "%%")),
@@ -82,16 +80,6 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
         lines.append(shell.sbatch_line("--kill-on-invalid-dep", "yes"))
     lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args]
     return lines
-
-
-def _tasks_line(spec: JobSpec) -> str:
-    """The job's tasks: per node, but with --overcommit the total (Slurm 22.05 refuses
-    --ntasks-per-node above a node's CPUs even with --overcommit, "Requested node
-    configuration is not available", and grants --ntasks; seen on the testbed). The step's
-    srun still places them --ntasks-per-node, block by block."""
-    if spec.overcommit:
-        return shell.sbatch_line("--ntasks", str(spec.ntasks))
-    return shell.sbatch_line("--ntasks-per-node", str(spec.ntasks // spec.nodes))
 
 
 def _slurm_cpus(spec: JobSpec) -> int:
@@ -276,9 +264,7 @@ def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
     ]
     if spec.cpu_bind:
         head.append(f"--cpu-bind={spec.cpu_bind}")
-    if spec.overcommit:  # the step too: https://slurm.schedmd.com/srun.html#OPT_overcommit
-        head.append("--overcommit")
-    return [*head, *argv]
+    return [*head, *tasklines.step_flags(spec), *argv]
 
 
 def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
