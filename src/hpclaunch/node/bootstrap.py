@@ -606,12 +606,14 @@ def end_pump(wait_s: float = 5.0) -> None:
     closed the pipe); a process the program left behind that holds the pipe open keeps
     it going, so at most `wait_s`."""
     deadline = time.monotonic() + wait_s
+    pause = 0.0005  # the pump ends within a millisecond or so: ask often, then less
     while _Pump.pid:
         done, _ = posix.waitpid(_Pump.pid, posix.WNOHANG)
         if done or time.monotonic() >= deadline:
             _Pump.pid = 0
             return
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def rank_logs(log_dir: str, rank: int, node: str, local_rank: int, shared: bool) -> Tuple[int, int]:
