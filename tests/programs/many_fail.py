@@ -20,6 +20,6 @@ if rank % 10 == 3:
                 break
         time.sleep(0.1)
     print("RuntimeError: CUDA out of memory (simulated)", file=sys.stderr, flush=True)
-    time.sleep(1.0)
+    time.sleep(3.0)  # every failing rank prints before the first exit ends the step
     sys.exit(1)
 time.sleep(120)

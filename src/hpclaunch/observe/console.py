@@ -13,7 +13,7 @@ from typing import Callable
 
 from hpclaunch.observe.nodelogs import LOOKS_BAD, show_ranks, split_tag
 
-WINDOW_S = 1.0
+WINDOW_S = 2.0
 HOLD_MAX_S = 10.0  # a line that ranks keep joining is shown after this long all the same
 
 
