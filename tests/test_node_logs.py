@@ -9,12 +9,13 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from builders import cli_spec
+from builders import cli_spec, local_env
 from hpclaunch import node
 from hpclaunch.config.profiles import Profile
 from hpclaunch.errors import UserError
@@ -180,3 +181,32 @@ def test_a_local_label_is_a_file_name(tmp_path: Path, **_: Any) -> None:
     [name] = [p.name for p in (tmp_path / "logs").glob("node-*.log")]
     assert "/" not in name and nodelogs.NODE_FILE_RE.match(name)
     assert nodelogs.node_file("vm/node1") == "node-vm_node1.log"
+
+
+LOCAL_PROGRAM = (
+    "import os, sys\n"
+    "rank = int(os.environ['RANK'])\n"
+    "print('hello from', rank)\n"
+    "if rank in (1, 3):\n"
+    "    print('RuntimeError: boom', file=sys.stderr)\n"
+)
+
+
+def test_a_local_run_above_the_profiles_key_from_the_project_file(tmp_path: Path) -> None:
+    """node_logs_above through the layers (a project file's [clusters.local]): a local
+    -N 2 run of 4 ranks writes node files, and the console shows rank 0 and the error
+    of ranks 1 and 3 once."""
+    (tmp_path / "hpclaunch.toml").write_text("[clusters.local]\nnode_logs_above = 2\n")
+    (tmp_path / "prog.py").write_text(LOCAL_PROGRAM)
+    argv = [sys.executable, "-m", "hpclaunch", "run", "-N", "2", "--tasks-per-node", "2",
+            "--", sys.executable, "prog.py"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=tmp_path, env=local_env(tmp_path), capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    [logs] = (tmp_path / "runs").glob("*/*/logs")
+    names = sorted(p.name for p in logs.iterdir())
+    assert names[:1] == ["exits.jsonl"] and names[-1] == "ranks.tsv", names
+    assert len([n for n in names if n.startswith("node-")]) == 2 and "rank-0.out" not in names
+    assert "hello from 0" in proc.stdout and "hello from 2" not in proc.stdout
+    assert proc.stdout.count("RuntimeError: boom") == 1, proc.stdout
+    assert "ranks 1, 3 (2 ranks): RuntimeError: boom" in proc.stdout
