@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +213,49 @@ def test_a_local_run_above_the_profiles_key_from_the_project_file(tmp_path: Path
     assert "hello from 0" in proc.stdout and "hello from 2" not in proc.stdout
     assert proc.stdout.count("RuntimeError: boom") == 1, proc.stdout
     assert "ranks 1, 3 (2 ranks): RuntimeError: boom" in proc.stdout
+
+
+LAST_WORDS = (
+    "import signal, sys, time\n"
+    "def term(signum, frame):\n"
+    "    print('last words on SIGTERM', flush=True)\n"
+    "    sys.exit(3)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+def test_the_pump_outlives_the_tasks_signal_and_keeps_the_last_words(tmp_path: Path) -> None:
+    """Slurm signals every process of a task (srun's end, scancel): the pump ignores it
+    and still writes what the program prints as it goes down."""
+    program = tmp_path / "last.py"
+    program.write_text(LAST_WORDS)
+    logs = tmp_path / "logs"
+    env = base_env(HPCLAUNCH_LOG_DIR=str(logs), SLURM_PROCID="4", SLURMD_NODENAME="nid7",
+                   **{node.HPCLAUNCH_NODE_LOGS: "1"})  # fmt: skip
+    boot = subprocess.Popen(boot_cmd(PY, str(program)), env=env, start_new_session=True)
+    path = logs / "node-nid7.log"
+    deadline = time.monotonic() + 30
+    while "ready" not in (path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline and boot.poll() is None
+        time.sleep(0.05)
+    os.killpg(boot.pid, signal.SIGTERM)  # the task's every process, as Slurm does
+    assert boot.wait(timeout=30) == 3
+    assert path.read_text().splitlines() == ["[nid7 4] ready", "[nid7 4] last words on SIGTERM"]
+    [record] = (logs / "exits.jsonl").read_text().splitlines()
+    assert json.loads(record)["returncode"] == 3
+
+
+def test_a_process_left_holding_the_pipe_holds_the_rank_5_s_at_most(tmp_path: Path) -> None:
+    """A program that leaves a process behind with its stdout: the rank ends anyway (the
+    bootstrap waits for the pump at most 5 s), its exit record written."""
+    program = "import subprocess; subprocess.Popen(['sleep', '20']); print('left one')"
+    logs = tmp_path / "logs"
+    env = base_env(HPCLAUNCH_LOG_DIR=str(logs), **{node.HPCLAUNCH_NODE_LOGS: "1"})
+    start = time.monotonic()
+    proc = subprocess.run(boot_cmd(PY, "-c", program), env=env, timeout=60)
+    assert proc.returncode == 0 and time.monotonic() - start < 15
+    assert len((logs / "exits.jsonl").read_text().splitlines()) == 1
+    [node_log] = logs.glob("node-*.log")
+    assert node_log.read_text().endswith("] left one\n")
