@@ -51,6 +51,7 @@ def run(
     exclude: Optional[str] = None,
     nodelist: Optional[str] = None,
     exclusive: Optional[bool] = None,
+    overcommit: Optional[bool] = None,
     job_name: Optional[str] = None,
     launcher: Optional[Literal["srun", "torchrun"]] = None,
     gpu_visibility: Optional[Literal["all", "per-task"]] = None,

@@ -132,6 +132,8 @@ class JobSpec:
     # The profile's [sbatch_lines]: option name -> its #SBATCH line on this site ("{}": value).
     sbatch_spellings: tuple[tuple[str, str], ...] = ()
     exclusive: bool = False
+    overcommit: bool = False  # Slurm's --overcommit: more tasks than cores (job and step)
+    node_logs: bool = False  # one log file a node (profile's node_logs_above), not a rank
     job_name: str = ""
     launcher: Launcher = "srun"
     gpu_visibility: Visibility = "all"

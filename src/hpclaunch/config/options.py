@@ -194,6 +194,12 @@ class RunOptions:
         "Whole nodes for this job alone (enables CPU binding on partial-node partitions).",
         "--exclusive",
     )
+    overcommit: bool = _row(
+        "flag",
+        "More ranks per node than it has cores: Slurm's own --overcommit for the job and"
+        " its step (up to Slurm's MaxTasksPerNode, 512 by default).",
+        "--overcommit",
+    )
     job_name: Optional[str] = _row(
         "str",
         "Slurm job name (default: the program's name).",

@@ -56,6 +56,18 @@ def _poll_floor(cls: Any, value: Any) -> Any:
     return int(value)
 
 
+def _node_logs_above(cls: Any, value: Any) -> Any:
+    """node_logs_above: a rank count, 0 or more (0: node files for every job)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(
+            "node_logs_above",
+            f"{show(value)} is not a rank count",
+            "a whole number, 0 or more",
+            "Write e.g. node_logs_above = 64",
+        )
+    return value
+
+
 def _memory(cls: Any, value: Any) -> Any:
     return parse_memory(value, "node.memory") if isinstance(value, str) else value
 
@@ -214,6 +226,10 @@ class Profile(_Record):
     # The fewest seconds between two status calls of any wait (run --wait, logs --follow,
     # Run.wait(), sweep wait, top): a site whose usage policy asks for fewer calls sets it.
     min_poll_interval: int = field(default=0, metadata={"before": _poll_floor})
+    # Above this many ranks the ranks of a node share one log file (node-<node>.log, lines
+    # tagged "[node rank]") instead of two files a rank: a file per rank floods a
+    # parallel file system's metadata servers (docs/scale-runs.md).
+    node_logs_above: int = field(default=64, metadata={"before": _node_logs_above})
     arch: Literal["x86_64", "aarch64"] = "x86_64"  # the compute nodes' CPUs (wheels, py-spy)
     # Appended to the first node's name for MASTER_ADDR (JSC: "i", the InfiniBand name).
     rendezvous_suffix: str = ""

@@ -83,6 +83,11 @@ LOGS = "logs"
 RANKS_TSV = "ranks.tsv"  # in logs/: rank<TAB>node<TAB>local_rank<TAB>pid, one line a rank
 RANK_FILE = "rank-%d.%s"  # in logs/: rank-R.out, rank-R.err, rank-R.exit
 OUT, ERR, EXIT = "out", "err", "exit"
+# Above the profile's node_logs_above ranks (script/render.py): one file a node, lines
+# tagged "[node rank] " (observe/nodelogs.py reads them), and one file of exit records.
+HPCLAUNCH_NODE_LOGS = "HPCLAUNCH_NODE_LOGS"  # "1": node files, not rank files
+NODE_FILE = "node-%s.log"  # in logs/: the node's name, "/" as "_" (a local run's label)
+EXITS = "exits.jsonl"  # in logs/: one rank-R.exit record a line
 STAGE_MARKS = "stage"  # folder of the guards' markers: ready-<node>, failed-<node>
 READY, FAILED = "ready-", "failed-"
 VENV_MARKS = "venvmount"  # folder of the packed venv mounts' markers (venv_mount.py)

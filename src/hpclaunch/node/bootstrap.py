@@ -45,6 +45,11 @@ RANK_START, RANK_END = "rank_start", "rank_end"
 RANKS_TSV = "ranks.tsv"
 RANK_FILE = "rank-%d.%s"
 OUT, ERR, EXIT = "out", "err", "exit"
+# Above the profile's node_logs_above ranks: the ranks of a node share one file of lines
+# tagged "[node rank] ", and every rank's exit record is one line of one file.
+HPCLAUNCH_NODE_LOGS = "HPCLAUNCH_NODE_LOGS"  # "1": node files, not rank files
+NODE_FILE = "node-%s.log"  # in logs/: the node's name, "/" as "_" (a local run's label)
+EXITS = "exits.jsonl"  # in logs/: one rank-R.exit record a line
 PORT_BASE, PORT_SPAN = 20000, 12000
 ENV_FD_FLAG = "--hpclaunch-env-fd="
 EXEC_FLAG = "--hpclaunch-exec"
@@ -504,16 +509,21 @@ def node_label(env: Env, node: str) -> str:
     return env.pop(HPCLAUNCH_NODE_LABEL, "") or node
 
 
+def _append(path: str, data: bytes) -> None:
+    """One write on O_APPEND: the lines of many ranks never interleave."""
+    fd = posix.open(path, posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o666)
+    try:
+        posix.write(fd, data)
+    finally:
+        posix.close(fd)
+
+
 def open_logs(log_dir: str, rank: int, node: str, local_rank: int) -> Tuple[int, int]:
     """Append this rank's line to ranks.tsv and open rank-R.out/.err (append mode)."""
     flags = posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND
     _makedirs(log_dir)
     line = "%d\t%s\t%d\t%d\n" % (rank, node, local_rank, posix.getpid())
-    fd = posix.open(_join(log_dir, RANKS_TSV), flags, 0o666)
-    try:
-        posix.write(fd, _fsencode(line))  # one write on O_APPEND: lines never interleave
-    finally:
-        posix.close(fd)
+    _append(_join(log_dir, RANKS_TSV), _fsencode(line))
     # The file name is formatted before the join: a log folder may hold a "%".
     out = posix.open(_join(log_dir, RANK_FILE % (rank, OUT)), flags, 0o666)
     try:
@@ -521,6 +531,104 @@ def open_logs(log_dir: str, rank: int, node: str, local_rank: int) -> Tuple[int,
     except OSError:
         posix.close(out)
         raise
+
+
+def node_file(node: str) -> str:
+    return NODE_FILE % node.replace("/", "_")
+
+
+class _Pump:
+    """Above node_logs_above ranks, the program's output reaches the node's file through a
+    pipe and a forked copy of this process that tags each line "[node rank] " and appends
+    whole lines (one write on O_APPEND: never mixed with the other ranks' lines). The
+    copy ignores the task's signals and ends when the last writer closes the pipe."""
+
+    pid = 0
+    LINE_MAX = 64 << 10  # a line longer than this is written in pieces
+
+
+def open_node_log(log_dir: str, rank: int, node: str, local_rank: int) -> int:
+    """Append this rank's ranks.tsv line, start the pump into node-<node>.log; return the
+    pipe's end that the program writes to (stdout and stderr alike)."""
+    _makedirs(log_dir)
+    line = "%d\t%s\t%d\t%d\n" % (rank, node, local_rank, posix.getpid())
+    _append(_join(log_dir, RANKS_TSV), _fsencode(line))
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND
+    target = posix.open(_join(log_dir, node_file(node)), flags, 0o666)
+    read_end, write_end = posix.pipe()
+    pid = posix.fork()
+    if pid == 0:  # the pump
+        code = 0
+        try:
+            posix.close(write_end)
+            for name in HANDLED_SIGNALS:
+                if hasattr(_signal, name):
+                    _signal.signal(getattr(_signal, name), _signal.SIG_IGN)
+            pump(read_end, target, _fsencode("[%s %d] " % (node, rank)))
+        except BaseException:  # a pump that fails loses lines, never the rank
+            code = 1
+        posix._exit(code)
+    posix.close(read_end)
+    posix.close(target)
+    _Pump.pid = pid
+    return write_end
+
+
+def pump(source: int, target: int, tag: bytes) -> None:
+    """Copy `source` to `target` until its end, each line behind `tag`."""
+    partial = b""
+    while True:
+        chunk = posix.read(source, 1 << 16)
+        if not chunk:
+            break
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        while len(partial) > _Pump.LINE_MAX:
+            lines.append(partial[: _Pump.LINE_MAX])
+            partial = partial[_Pump.LINE_MAX :]
+        if lines:
+            _write_lines(target, b"".join(tag + line + b"\n" for line in lines))
+    if partial:  # the program's last line without its newline: ended here
+        _write_lines(target, tag + partial + b"\n")
+
+
+def _write_lines(target: int, data: bytes) -> None:
+    """A full disk loses lines, never the program: the pump keeps reading (a pump that
+    stopped would end the program with SIGPIPE)."""
+    try:  # noqa: SIM105 - contextlib would be one more import
+        _write_all(target, data)
+    except OSError:
+        pass
+
+
+def end_pump(wait_s: float = 5.0) -> None:
+    """Wait for the pump to write the program's last lines (it ends once every writer
+    closed the pipe); a process the program left behind that holds the pipe open keeps
+    it going, so at most `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.0005  # the pump ends within a millisecond or so: ask often, then less
+    while _Pump.pid:
+        done, _ = posix.waitpid(_Pump.pid, posix.WNOHANG)
+        if done or time.monotonic() >= deadline:
+            _Pump.pid = 0
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def rank_logs(log_dir: str, rank: int, node: str, local_rank: int, shared: bool) -> Tuple[int, int]:
+    """The program's stdout and stderr: its rank files, the pipe to its node file's pump
+    (`shared`), or (-1, -1) when there is no log folder or it cannot be written."""
+    if not log_dir:
+        return -1, -1
+    try:
+        if shared:
+            pipe = open_node_log(log_dir, rank, node, local_rank)
+            return pipe, pipe
+        return open_logs(log_dir, rank, node, local_rank)
+    except OSError as exc:  # run anyway, output stays in the job's log
+        _say("cannot write logs in %s: %s" % (log_dir, exc.strerror))
+        return -1, -1
 
 
 def _json_str(text: str) -> str:
@@ -557,9 +665,12 @@ def _write_file(path: str, data: bytes) -> None:
     posix.replace(tmp, path)
 
 
-def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None:
-    """rank-R.exit, written to a temporary name and renamed so readers never see half."""
-    path = _join(log_dir, RANK_FILE % (rank, EXIT))
+def write_exit_file(
+    log_dir: str, rank: int, node: str, returncode: int, shared: bool = False
+) -> None:
+    """rank-R.exit, written to a temporary name and renamed so readers never see half;
+    `shared` (node files): the same record as one line appended to exits.jsonl."""
+    path = _join(log_dir, EXITS if shared else RANK_FILE % (rank, EXIT))
     data = '{"rank": %d, "node": %s, "returncode": %d, "time": %r}\n' % (
         rank,
         _json_str(node),
@@ -567,7 +678,10 @@ def write_exit_file(log_dir: str, rank: int, node: str, returncode: int) -> None
         time.time(),
     )
     try:
-        _write_file(path, data.encode("ascii"))
+        if shared:
+            _append(path, data.encode("ascii"))
+        else:
+            _write_file(path, data.encode("ascii"))
     except OSError as exc:
         _say("cannot write %s: %s" % (path, exc.strerror))
 
@@ -1053,12 +1167,8 @@ def run(argv: List[str]) -> int:
     log_dir = env.get(HPCLAUNCH_LOG_DIR) or ""
     run_dir = env.get(HPCLAUNCH_RUN_DIR) or ""
     attempt = env.get(HPCLAUNCH_ATTEMPT, "")
-    out = err = -1
-    if log_dir:
-        try:
-            out, err = open_logs(log_dir, rank, shown, _int(env["LOCAL_RANK"], 0))
-        except OSError as exc:  # run anyway, output stays in the job's log
-            _say("cannot write logs in %s: %s" % (log_dir, exc.strerror))
+    shared = env.pop(HPCLAUNCH_NODE_LOGS, "") == "1"
+    out, err = rank_logs(log_dir, rank, shown, _int(env["LOCAL_RANK"], 0), shared)
     if run_dir:
         # Where rank 0 may leave its result (JSON) for the submitter: Run.result().
         env.setdefault(HPCLAUNCH_RESULT_FILE, run_dir + "/" + RESULT_JSON)
@@ -1086,9 +1196,11 @@ def run(argv: List[str]) -> int:
         remove_local(env, local, lock, node)
     if out >= 0:
         posix.close(out)
-        posix.close(err)
+        if err != out:
+            posix.close(err)
+    end_pump()
     if log_dir:
-        write_exit_file(log_dir, rank, shown, returncode)
+        write_exit_file(log_dir, rank, shown, returncode, shared)
     if run_dir:
         rank_event(run_dir, RANK_END, rank, shown, "returncode", returncode, attempt)
     return returncode

@@ -7,8 +7,6 @@ with real files and a scripted source.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -20,8 +18,8 @@ from hpclaunch.basics import states
 # Re-exported: callers take these from here.
 from hpclaunch.basics.states import EXIT_OTHER_FAILURE as EXIT_OTHER_FAILURE
 from hpclaunch.basics.states import EXIT_UNKNOWN as EXIT_UNKNOWN
-from hpclaunch.observe import waiting
-from hpclaunch.observe.logs import RANK_FILE, AttemptFollower, safe_write
+from hpclaunch.observe import nodelogs, waiting
+from hpclaunch.observe.logs import AttemptFollower, safe_write
 
 _LOG_POLL_S = 0.2
 _DRAIN_WAIT_S = 2.0
@@ -33,28 +31,11 @@ def exit_code_of(returncode: int) -> int:
 
 
 def first_failure(log_dir: Path) -> int | None:
-    """Exit code of the rank that failed first (earliest `time` in rank-*.exit), or None."""
-    best: tuple[float, int, int] | None = None
-    try:
-        with os.scandir(log_dir) as it:
-            names = [e.name for e in it]
-    except OSError:
-        return None
-    for name in names:
-        m = RANK_FILE.match(name)
-        if m is None or m.group(2) != "exit":
-            continue
-        try:
-            record = json.loads((Path(log_dir) / name).read_text(encoding="utf-8"))
-            rc, when = record["returncode"], float(record["time"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # unreadable or foreign: the other ranks still tell the story
-        if not isinstance(rc, int) or isinstance(rc, bool) or rc == 0:
-            continue
-        key = (when, int(m.group(1)), exit_code_of(rc))  # ties: the lower rank
-        if best is None or key < best:
-            best = key
-    return None if best is None else best[2]
+    """Exit code of the rank that failed first (earliest `time` in its exit record: a
+    rank-R.exit file or an exits.jsonl line; ties: the lower rank), or None. Unreadable
+    or foreign records are passed over: the other ranks still tell the story."""
+    first = nodelogs.first_failed(log_dir)
+    return None if first is None else exit_code_of(first.returncode)
 
 
 def _slurm_exit(code: str | None) -> int | None:
@@ -229,7 +210,10 @@ def wait_and_stream(
             break
         sleep(_LOG_POLL_S)
     follower.drain()
-    return job_exit_code(seen.state, follower.rank_dir, seen.status.exit_code), seen.state
+    code = job_exit_code(seen.state, follower.rank_dir, seen.status.exit_code)
+    if code != 0 and len(follower.nodes) > 1:  # many ranks: which failed first, and how
+        safe_write(err, "".join(line + "\n" for line in nodelogs.digest(follower.rank_dir)))
+    return code, seen.state
 
 
 class _Seen:

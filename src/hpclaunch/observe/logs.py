@@ -1,6 +1,7 @@
 """Follow a run's per-rank log files and print their new lines tagged `[node rank]`.
 
-Files and their layout: docs/internals.md (logs/rank-R.out|err, ranks.tsv, batch.out).
+Files and their layout: docs/internals.md (logs/rank-R.out|err, ranks.tsv, batch.out;
+node-<node>.log and exits.jsonl above node_logs_above ranks: nodelogs.py, console.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
-from hpclaunch.node import ERR, EXIT, OUT, RANKS_TSV
+from hpclaunch.node import ERR, EXIT, EXITS, OUT, RANKS_TSV
 from hpclaunch.node import RANK_FILE as RANK_NAME
+from hpclaunch.observe import nodelogs
+from hpclaunch.observe.console import NodeLines
+from hpclaunch.observe.terminal import safe_write as safe_write
+from hpclaunch.observe.terminal import terminal_safe as terminal_safe
 from hpclaunch.records.runpaths import ATTEMPT_PREFIX, attempt_numbers
 
 # rank-R.out|err|exit, as node.RANK_FILE names them: group 1 the rank, group 2 the kind.
@@ -27,11 +32,12 @@ _MAX_LINE = 64 << 10  # a line longer than this is printed in pieces (bounds mem
 class _Tail:
     """How far one log file has been read, and its unfinished last line."""
 
-    __slots__ = ("ino", "offset", "partial", "path", "rank", "shown", "to_err")
+    __slots__ = ("ino", "node", "offset", "partial", "path", "rank", "shown", "to_err")
 
-    def __init__(self, path: Path, rank: int | None, to_err: bool) -> None:
+    def __init__(self, path: Path, rank: int | None, to_err: bool, node: bool = False) -> None:
         self.path = path
-        self.rank = rank  # None: batch.out
+        self.rank = rank  # None: batch.out or a node file
+        self.node = node  # a node file: every line tagged `[node rank] ` in the file
         self.to_err = to_err
         self.offset = 0
         self.ino: int | None = None
@@ -45,6 +51,8 @@ class LogFollower:
     Each poll lists the folder once and stats each followed file once; only the bytes that
     grew since the last poll are read, so thousands of rank files stay cheap. `rank` limits
     the rank files followed; `include_batch` decides about `batch.out` independently.
+    A job's node files (above node_logs_above ranks) give one rank's lines with `rank`,
+    else what console.py lets through (rank 0, warnings and errors grouped).
     """
 
     def __init__(
@@ -66,6 +74,8 @@ class LogFollower:
         self._tails: dict[str, _Tail] = {}
         self._order: list[_Tail] = []
         self._ranks_tsv = _Tail(self._dir / RANKS_TSV, None, False)
+        self._exits = _Tail(self._dir / EXITS, None, False)
+        self._node_lines = NodeLines(rank)
         self._nodes: dict[int, str] = {}
         self._exited: set[int] = set()
         self._live: _Tail | None = None  # whose progress the terminal's last line shows
@@ -82,9 +92,10 @@ class LogFollower:
 
     def poll(self) -> int:
         """Print the complete lines that are new since the last call; return how many."""
-        self._discover()
         self._read_ranks()
+        self._discover()
         printed = sum(self._pump(tail) for tail in self._order)
+        printed += self._write_held(final=False)
         for tail in self._order:
             self._draw_progress(tail)
         if printed:
@@ -99,6 +110,7 @@ class LogFollower:
             if tail.partial:
                 printed += self._write(tail, [tail.partial])
                 tail.partial = b""
+        printed += self._write_held(final=True)
         self._out.flush()
         self._err.flush()
         return printed
@@ -109,6 +121,8 @@ class LogFollower:
             names = [RANK_NAME % (self._rank, kind) for kind in (OUT, ERR)]
             if (self._dir / (RANK_NAME % (self._rank, EXIT))).exists():
                 self._exited.add(self._rank)
+            if self._rank in self._nodes:  # node files: the one of its node
+                names.append(nodelogs.node_file(self._nodes[self._rank]))
         else:
             try:
                 with os.scandir(self._dir) as it:
@@ -123,6 +137,8 @@ class LogFollower:
                 continue
             if name == "batch.out":
                 tail = _Tail(self._dir / name, None, True)
+            elif nodelogs.NODE_FILE_RE.match(name):
+                tail = _Tail(self._dir / name, None, False, node=True)
             else:
                 m = RANK_FILE.match(name)
                 if m is None:
@@ -136,7 +152,7 @@ class LogFollower:
         if added:
             self._order = sorted(
                 self._tails.values(),
-                key=lambda t: (-1 if t.rank is None else t.rank, t.to_err),
+                key=lambda t: (-2 + t.node if t.rank is None else t.rank, t.to_err, t.path.name),
             )
 
     def _grown(self, tail: _Tail) -> int:
@@ -180,9 +196,30 @@ class LogFollower:
             yield lines
 
     def _pump(self, tail: _Tail) -> int:
-        return sum(self._write(tail, lines) for lines in self._lines(tail))
+        write = self._write_node if tail.node else self._write
+        return sum(write(tail, lines) for lines in self._lines(tail))
+
+    def _write_node(self, tail: _Tail, lines: list[bytes]) -> int:
+        """A node file's lines: one rank's (`rank`), else what the console shows."""
+        shown = self._node_lines.shown(lines)
+        for node, rank, _ in shown:
+            self._nodes.setdefault(rank, node)
+        return sum(self._write(_Tail(tail.path, rank, False), [text]) for _, rank, text in shown)
+
+    def _write_held(self, final: bool) -> int:
+        """The warnings and errors of other ranks whose grouping window has passed."""
+        if lines := self._node_lines.due(final):
+            self._clear_progress()
+            terminal = _is_terminal(self._out)
+            texts = [terminal_safe(line) if terminal else line for line in lines]
+            safe_write(self._out, "".join(text + "\n" for text in texts))
+        return len(lines)
 
     def _read_ranks(self) -> None:
+        for lines in self._lines(self._exits):  # node files: one exit record a line
+            for record in map(nodelogs.parse_exit, (b.decode("utf-8", "replace") for b in lines)):
+                if record is not None and self._rank in (None, record.rank):
+                    self._exited.add(record.rank)
         for lines in self._lines(self._ranks_tsv):
             for line in lines:
                 fields = line.decode("utf-8", "replace").split("\t")
@@ -220,7 +257,7 @@ class LogFollower:
         """On a terminal, a rank's unfinished line that a `\r` rewrites (tqdm) is shown as
         it comes: its latest segment, tagged, redrawn in place while it stays the last line
         drawn (another rank's bar ends it with a newline). Pipes wait for the whole line."""
-        segment = _progress_segment(tail.partial) if self._tag else b""
+        segment = _progress_segment(tail.partial) if self._tag and not tail.node else b""
         stream = self._err if tail.to_err else self._out
         if not segment or segment == tail.shown or not _is_terminal(stream):
             return
@@ -336,30 +373,6 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
-# What a rank may not send to the user's terminal: ESC unless it starts a colour (SGR)
-# sequence `ESC [ digits;: m`, every other C0 control but TAB, LF, CR and BS, DEL, and the
-# C1 controls (U+0080-U+009F; some terminals act on U+009B as CSI). A program's output
-# could otherwise retitle the window, move the cursor over earlier lines, or send the
-# OSC / DCS sequences some terminals answer by typing text into the user's shell.
-_SGR = re.compile(r"\x1b\[[0-9;:]*m")
-_CONTROL = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]")  # ESC aside
-_UNSAFE = re.compile(r"\x1b(?!\[[0-9;:]*m)|" + _CONTROL.pattern)
-_ESCAPED = {chr(code): f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
-
-
-def terminal_safe(text: str) -> str:
-    """Rank output as it may be shown on a terminal: colours, `\\r` and `\\b` kept, every
-    other control character shown as the text `\\xNN` (so `ESC ] 0 ; t BEL` reads
-    `\\x1b]0;t\\x07`). Only for a terminal: log files and pipes keep the bytes."""
-    # Fast paths, each one pass in C (the full substitution is several times slower):
-    # most lines are printable; most others only add colours, tabs, \r or \b.
-    if text.isprintable():
-        return text
-    if not _CONTROL.search(text) and text.count("\x1b") == len(_SGR.findall(text)):
-        return text
-    return _UNSAFE.sub(lambda found: _ESCAPED[found.group()], text)
-
-
 def _progress_segment(partial: bytes) -> bytes:
     """The latest `\r` segment of an unfinished line that holds a `\r`, else b""."""
     if b"\r" not in partial:
@@ -385,12 +398,3 @@ def _visible(text: str, tagged: bool) -> str:
         return text
     text = text.rstrip("\r")
     return text.rsplit("\r", 1)[-1] if "\r" in text else text
-
-
-def safe_write(stream: TextIO, text: str) -> None:
-    """Write text even to a stream whose encoding cannot hold it (e.g. ASCII locale)."""
-    try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        enc = getattr(stream, "encoding", None) or "ascii"
-        stream.write(text.encode(enc, "replace").decode(enc, "replace"))

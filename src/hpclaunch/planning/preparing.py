@@ -91,7 +91,8 @@ def prepare_spec(
 
 
 # Options that only Slurm acts on: a local run names them once instead of dropping them.
-_SLURM_ONLY = ("mem", "mem_per_gpu", "partition", "account", "exclusive", "sbatch_arg",
+_SLURM_ONLY = ("mem", "mem_per_gpu", "partition", "account", "exclusive", "overcommit",
+               "sbatch_arg",
                *(opt.dest for opt in SLURM_FLAGS))  # fmt: skip
 
 

@@ -75,7 +75,9 @@ def check_resources(req: ResourceRequest) -> Resources:
     if req.local:
         _check_local_ranks(nodes, tasks, req.sources)
     cpus = _cpus_per_task(req, gpus, tasks)
-    if req.submitted:
+    if req.options.overcommit and not req.local:
+        _check_overcommit(req, tasks)
+    elif req.submitted:
         _check_cpus_per_node(tasks, cpus, _usable_cpus(req), req.sources)
     mem, mem_per_gpu = _memory(req, gpus)
     return Resources(
@@ -255,6 +257,30 @@ def _check_cpus_per_node(
         f"nodes have {usable} usable cores",
         fix,
     )
+
+
+# Slurm's MaxTasksPerNode default: the most tasks a step may start on one node, whatever
+# --overcommit says (https://slurm.schedmd.com/slurm.conf.html#OPT_MaxTasksPerNode).
+MAX_TASKS_PER_NODE = 512
+
+
+def _check_overcommit(req: ResourceRequest, tasks: int) -> None:
+    """--overcommit lifts the cores-per-node check, within what Slurm still refuses."""
+    launcher = req.options.launcher or req.profile.launcher
+    if launcher == "torchrun":
+        raise UserError(
+            "--overcommit",
+            "with --launcher torchrun",
+            "torchrun is one Slurm task per node holding every rank's CPUs: nothing to overcommit",
+            "Use --launcher srun with --overcommit, or drop --overcommit",
+        )
+    if tasks > MAX_TASKS_PER_NODE:
+        raise UserError(
+            "--tasks-per-node",
+            f"{_count(tasks, 'task')} per node with --overcommit",
+            f"Slurm starts at most {MAX_TASKS_PER_NODE} (MaxTasksPerNode's default)",
+            f"Ask for {MAX_TASKS_PER_NODE} or fewer per node, or more nodes",
+        )
 
 
 def _memory(req: ResourceRequest, gpus: int) -> tuple[Optional[int], Optional[int]]:

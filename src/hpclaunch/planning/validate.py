@@ -268,6 +268,8 @@ class Checked:
             slurm_flags=self.slurm_flags,
             sbatch_spellings=self.sbatch_spellings,
             exclusive=options.exclusive,
+            overcommit=options.overcommit,
+            node_logs=res.nodes * res.tasks_per_node > profile.node_logs_above,
             job_name=self.job_name,
             launcher=self.launcher,
             gpu_visibility=options.gpu_visibility or profile.gpu_visibility,

@@ -17,6 +17,7 @@ from hpclaunch.node import (
     EXEC_FLAG,
     HPCLAUNCH_ARGV,
     HPCLAUNCH_FORWARD_SIGNALS,
+    HPCLAUNCH_NODE_LOGS,
     PYTHON_FLAGS,
 )
 
@@ -69,6 +70,8 @@ def task_argv(spec: JobSpec, python: str, bootstrap: str, env_fd: int = 0) -> li
 def launcher_env(spec: JobSpec) -> dict[str, str]:
     """Variables the bootstrap reads to know how it was started."""
     env: dict[str, str] = {"HPCLAUNCH_LAUNCHER": spec.launcher}
+    if spec.node_logs:  # above the profile's node_logs_above ranks: a log file a node
+        env[HPCLAUNCH_NODE_LOGS] = "1"
     if via_environment(spec.program):
         env[HPCLAUNCH_ARGV] = encode_argv(spec.program)
     if spec.launcher == "torchrun":

@@ -24,6 +24,7 @@ from hpclaunch.script import (
     profiling,
     requeue,
     scriptend,
+    tasklines,
     venvmount,
 )
 from hpclaunch.script.containerlines import container_comment as container_comment
@@ -54,7 +55,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     lines = [
         shell.sbatch_line("--job-name", spec.job_name),
         shell.sbatch_line("--nodes", str(spec.nodes)),
-        shell.sbatch_line("--ntasks-per-node", str(spec.ntasks // spec.nodes)),
+        *tasklines.job_lines(spec),
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
     if spec.gpus_per_node:
@@ -274,7 +275,7 @@ def srun_argv(spec: JobSpec, argv: list[Word], flags: Sequence[Word] = ()) -> li
     ]
     if spec.cpu_bind:
         head.append(f"--cpu-bind={spec.cpu_bind}")
-    return [*head, *flags, *argv]
+    return [*head, *tasklines.step_flags(spec), *flags, *argv]
 
 
 def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:

@@ -35,6 +35,8 @@ MODELED = {
     "-e": "(hpclaunch's run directory)",
     "--error": "(hpclaunch's run directory)",
     "--exclusive": "--exclusive",
+    "-O": "--overcommit",
+    "--overcommit": "--overcommit",
     "--wrap": "(the program after --)",
     "-D": "(the directory you run hpclaunch in)",
     "--chdir": "(the directory you run hpclaunch in)",
