@@ -36,6 +36,7 @@ PROMISED = {
     node.GPU_WATCH: (3, 6),
     node.STACK_PROBE: (3, 6),
     node.WANDB_AGENT: (3, 6),
+    node.PREFLIGHT: (3, 8),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {
@@ -63,12 +64,14 @@ SHARED = {
     node.VENV_PROBE: {"VENV_RECORD", "VENV_CONSTRAINTS", "LIST_ONLY"},
     node.GPU_WATCH: {"INPUT_BOUND"},
     node.WANDB_AGENT: {"HANDOFF", "WANDB_EXIT", "HPCLAUNCH_WANDB_POINT"},
+    node.PREFLIGHT: {"EVENTS", "NODE_BAD"},
 }  # fmt: skip
 # hpclaunch.node's names that only the host uses.
 HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
     "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
     "PROFILES", "PYSPY", "LOCAL_RECORDS", "STACK_PROBE", "RANK_PLACEHOLDERS", "WANDB_AGENT",
+    "PREFLIGHT",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

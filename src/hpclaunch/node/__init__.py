@@ -18,6 +18,9 @@ These files are shipped out of this package:
   ``call/``: the standard library plus the caller's cloudpickle shipped beside it.
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
+- ``preflight.py``: --preflight's node checks (one task a node), and on the batch host
+  the verdict, the ranks' placement around bad nodes (--spares) and a node fault's
+  finding (the nodes' ``python3``, >= 3.8).
 
 Rules for those files, checked by tests/test_node_package.py:
 
@@ -50,6 +53,7 @@ GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
 WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
+PREFLIGHT = "preflight.py"  # --preflight/--spares: the nodes' checks, placement, faults
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
 BOOTSTRAP_MODULE = "hpclaunch_bootstrap"
@@ -59,6 +63,7 @@ RUN_DIR_NAME = {
     STAGE_GUARD: "stage_node.py",
     GPU_WATCH: "gpu_watch.py",
     WANDB_AGENT: "wandb_agent.py",
+    PREFLIGHT: "preflight.py",
 }
 # How they are started: isolated, no site (they need only the standard library).
 PYTHON_FLAGS = ("-I", "-S")
@@ -79,6 +84,7 @@ READY, FAILED = "ready-", "failed-"
 METRICS = "metrics"
 GPU_CSV = "gpu-%s.csv"
 INPUT_BOUND = "input_bound"
+NODE_BAD = "node_bad"  # preflight.py: {"node", "why", "attempt"}, a node not to use again
 
 # --- staging: the kinds of --stage items (stage.json's "kind"), a directory's pack
 DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
@@ -149,10 +155,11 @@ VENV_CONSTRAINTS = "hpclaunch-constraints.txt"
 LIST_ONLY = "list_only"
 
 
-def shipped(staging: bool, watching: bool) -> list[str]:
-    """The shipped files a run folder gets: always the bootstrap, and the stage guard and
-    the GPU watch when the job runs them."""
-    return [LOADER, BOOTSTRAP] + [STAGE_GUARD] * staging + [GPU_WATCH] * watching
+def shipped(staging: bool, watching: bool, placing: bool = False) -> list[str]:
+    """The shipped files a run folder gets: always the bootstrap, and the stage guard,
+    the GPU watch and the preflight (--preflight, --spares) when the job runs them."""
+    files = [LOADER, BOOTSTRAP] + [STAGE_GUARD] * staging + [GPU_WATCH] * watching
+    return files + [PREFLIGHT] * placing
 
 
 def path(name: str) -> Path:

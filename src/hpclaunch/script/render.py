@@ -17,7 +17,7 @@ from hpclaunch.config.options import sbatch_line
 from hpclaunch.config.profiles import Profile
 from hpclaunch.payload import containers, stagepack
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import gpu_watch_lines, profiling, requeue, scriptend
+from hpclaunch.script import badnodes, gpu_watch_lines, profiling, requeue, scriptend
 from hpclaunch.script.defaultnotes import default_notes
 from hpclaunch.script.launchers import launcher_env, task_argv
 
@@ -42,7 +42,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     spellings = dict(spec.sbatch_spellings)  # the site's own #SBATCH spellings
     lines = [
         shell.sbatch_line("--job-name", spec.job_name),
-        shell.sbatch_line("--nodes", str(spec.nodes)),
+        shell.sbatch_line("--nodes", str(spec.nodes + spec.spares)),  # --spares: N more
         shell.sbatch_line("--ntasks-per-node", str(spec.ntasks // spec.nodes)),
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
@@ -78,7 +78,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     if spec.dependency or spec.chain > 1:
         # A dependency that can never be met ends the job instead of leaving it PENDING.
         lines.append(shell.sbatch_line("--kill-on-invalid-dep", "yes"))
-    lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args]
+    lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args] + badnodes.directives(spec)
     return lines
 
 
@@ -264,7 +264,7 @@ def srun_argv(spec: JobSpec, argv: list[Word]) -> list[Word]:
     ]
     if spec.cpu_bind:
         head.append(f"--cpu-bind={spec.cpu_bind}")
-    return [*head, *argv]
+    return [*head, *badnodes.srun_flags(spec), *argv]
 
 
 def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
@@ -315,7 +315,7 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         body += stage_lines(spec, profile, paths)
     srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)
     watch = gpu_watch_lines.watch_argv(spec, profile, paths) if spec.watch_interval_s else []
-    body += scriptend.launch_lines(spec, watch, paths, srun_line)
+    body += scriptend.launch_lines(spec, watch, paths, srun_line, profile.local_dir)
     return BatchPlan(
         script=shell.lines(body),
         sbatch_argv=("sbatch", "--parsable", str(paths.job_sh)),

@@ -15,7 +15,7 @@ from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import profiling, render
+from hpclaunch.script import badnodes, profiling, render
 
 SPEC_JSON = "spec.json"
 
@@ -29,7 +29,8 @@ def write_files(paths: RunPaths, spec: JobSpec, script: str, *, stage_json: bool
     staging = bool(spec.stage or spec.stage_out)
     if staging and stage_json:
         runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
-    for source in node.shipped(staging, bool(spec.watch_interval_s)):
+    placing = badnodes.placing(spec)  # --preflight/--spares: preflight.py beside the bootstrap
+    for source in node.shipped(staging, bool(spec.watch_interval_s), placing):
         shutil.copyfile(node.path(source), paths.shipped(source))
     precompile(paths.shipped(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks
