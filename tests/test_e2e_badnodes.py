@@ -85,3 +85,28 @@ def test_preflight_without_a_spare_fails_naming_the_node(hpc: Hpc) -> None:
     assert "node(s) node1 cannot run the ranks" in batch, batch
     assert list(record["bad_nodes"]) == ["node1"], record
     assert not (Path(started["run_dir"]) / "logs" / "ranks.tsv").exists()
+
+
+def test_a_requeued_jobs_next_attempt_excludes_the_node_that_failed(hpc: Hpc) -> None:
+    # The first attempt makes its own node's GPU unusable (its --setup line, once), so
+    # whichever node Slurm gives it fails the preflight; the next attempt must run on the
+    # other one, which Slurm only does when the job excludes the first.
+    pattern, marker = hpc.cwd / "gpus.json", hpc.cwd / "made-bad"
+    bad_here = (
+        f"[ -e {marker} ] || {{ printf '{{\"gpus\": [{json.dumps(GPU)}], "
+        f"\"nodes\": {{\"%s\": []}}}}' \"$SLURMD_NODENAME\" >{pattern}; : >{marker}; }}"
+    )
+    started = _submit(
+        hpc, "-N", "1", "--preflight", "--requeue", "-t", "5:00", "--setup", bad_here,
+        "--env", f"HPCLAUNCH_FAKE_GPU_PATTERN={pattern}",
+    )  # fmt: skip
+    record = _finished(hpc, started["run_id"])
+    batch = (Path(started["run_dir"]) / "logs" / "batch.out").read_text()
+    assert record["state"] == "COMPLETED", batch
+    first, second = record["attempts"]
+    assert first["ended"] == "requeued by hpclaunch (bad nodes excluded)", record["attempts"]
+    assert first["nodes"] != second["nodes"], record["attempts"]
+    assert record["exclude"] == first["nodes"], record
+    assert list(record["bad_nodes"]) == [first["nodes"]], record
+    text = hpc.run("status", started["run_id"]).stdout
+    assert f"excluded   {first['nodes']}" in text, text
