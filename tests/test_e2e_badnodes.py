@@ -93,8 +93,8 @@ def test_a_requeued_jobs_next_attempt_excludes_the_node_that_failed(hpc: Hpc) ->
     # other one, which Slurm only does when the job excludes the first.
     pattern, marker = hpc.cwd / "gpus.json", hpc.cwd / "made-bad"
     bad_here = (
-        f"[ -e {marker} ] || {{ printf '{{\"gpus\": [{json.dumps(GPU)}], "
-        f"\"nodes\": {{\"%s\": []}}}}' \"$SLURMD_NODENAME\" >{pattern}; : >{marker}; }}"
+        f'[ -e {marker} ] || {{ printf \'{{"gpus": [{json.dumps(GPU)}], '
+        f'"nodes": {{"%s": []}}}}\' "$SLURMD_NODENAME" >{pattern}; : >{marker}; }}'
     )
     started = _submit(
         hpc, "-N", "1", "--preflight", "--requeue", "-t", "5:00", "--setup", bad_here,
