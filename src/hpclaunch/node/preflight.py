@@ -279,6 +279,8 @@ def slurm_down(nodes: List[str]) -> List[str]:
     for line in done.stdout.splitlines():
         name, _, state = line.partition(" ")
         state = state.lower()
+        if name not in nodes:
+            continue
         if state.endswith("*") or any(word in state for word in DOWN_STATES):
             found.add(name)
     return sorted(found)
