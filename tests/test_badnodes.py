@@ -63,6 +63,10 @@ def test_spares_ask_for_more_nodes_and_no_kill_and_keep_the_ranks_layout(tmp_pat
     assert "#SBATCH --nodes=2\n" in plain
     assert "no-kill" not in plain and "HPCLAUNCH_PLACE" not in plain and "--ntasks=" not in plain
     assert (tmp_path / "run" / "preflight.py").exists()
+    # --preflight with a later attempt: the batch shell outlives a lost node to exclude it.
+    later = _script(tmp_path / "later", {"nodes": 2, "preflight": True, "requeue": True})
+    assert "#SBATCH --no-kill\n" in later and "#SBATCH --nodes=2\n" in later
+    assert "no-kill" not in _script(tmp_path / "pre", {"nodes": 2, "preflight": True})
     assert not (tmp_path / "plain" / "run" / "preflight.py").exists()
 
 

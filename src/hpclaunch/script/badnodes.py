@@ -80,8 +80,11 @@ def placing(spec: JobSpec) -> bool:
 
 
 def directives(spec: JobSpec) -> list[str]:
-    """#SBATCH lines beside --nodes (which counts the spares: render.directives)."""
-    return [shell.sbatch_line("--no-kill")] if spec.spares else []
+    """#SBATCH lines beside --nodes (which counts the spares: render.directives):
+    --no-kill with spares, and with --preflight and a later attempt to exclude a lost
+    node from (--requeue, --chain): the batch shell outlives the node and says which."""
+    later = spec.preflight and (spec.requeue is not None or spec.chain > 1)
+    return [shell.sbatch_line("--no-kill")] if spec.spares or later else []
 
 
 def srun_flags(spec: JobSpec) -> list[str]:
