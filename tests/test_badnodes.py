@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 
 from builders import cli_spec
 from hpclaunch import node
+from hpclaunch.config.jobspec import ContainerJob
 from hpclaunch.config.profiles import load_profile
 from hpclaunch.errors import UserError
 from hpclaunch.node import preflight
@@ -268,3 +271,17 @@ def test_chain_members_after_this_one_exclude_the_bad_nodes(tmp_path: Path) -> N
     assert code == 1, out
     assert "scontrol update JobId=78 ExcNodeList=node1,node2\n" in out, out
     assert "scontrol update JobId=79 ExcNodeList=node1,node2\n" in out, out
+
+
+def test_preflight_starts_the_container_on_each_node(tmp_path: Path) -> None:
+    spec = cli_spec({"time": 600, "nodes": 2, "preflight": True}, "slurm")
+    job = ContainerJob(runtime="apptainer", command="apptainer", image="/img.sif", cwd="/w")
+    run = tmp_path / "run"
+    paths = RunPaths("r1", run, run / "checkpoints")
+    script = plan_batch(replace(spec, container=job), load_profile("slurm"), paths, tmp_path).script
+    [line] = [ln for ln in script.splitlines() if " check --out " in ln]
+    given = shlex.split(line.split(" check ", 1)[1])
+    argv = json.loads(given[given.index("--container") + 1])
+    assert argv == ["apptainer", "exec", "--cleanenv", "--pwd", "/w", "/img.sif", "true"]
+    [(kind, text)] = preflight.container_problems(json.dumps(["sh", "-c", "echo no >&2; exit 3"]))
+    assert (kind, text) == ("container", "the container did not start (exit 3): no")
