@@ -26,6 +26,7 @@ from hpclaunch.errors import UserError
 from hpclaunch.node import preflight
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import badnodes
 from hpclaunch.script.render import plan_batch
 from hpclaunch.script.runfolder import write_files
 
@@ -62,6 +63,12 @@ def test_spares_ask_for_more_nodes_and_no_kill_and_keep_the_ranks_layout(tmp_pat
     script = _script(tmp_path, {"nodes": 2, "spares": 1})
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
     assert "--nodes=2 \\\n" in script and "--ntasks=2 \\\n" in script
+    assert '--exclude="${HPCLAUNCH_AVOID}" \\\n' in script  # empty: no node excluded
+    watch = ["{ sleep 1; exec srun --overlap --nodes=2 python3 gpu_watch.py; } &"]
+    assert badnodes.watch_lines(cli_spec({"spares": 1}, "slurm"), watch) == [
+        '{ sleep 1; exec srun --exclude="$HPCLAUNCH_AVOID" --overlap --nodes=2 python3 '
+        "gpu_watch.py; } &"
+    ]
     plain = _script(tmp_path / "plain", {"nodes": 2})
     assert "#SBATCH --nodes=2\n" in plain
     assert "no-kill" not in plain and "HPCLAUNCH_PLACE" not in plain and "--ntasks=" not in plain
@@ -171,7 +178,8 @@ FAKES = {
     # The ranks' step (the bootstrap's) fails while $FAIL_STEPS > tries so far.
     "srun": """#!/bin/bash
 n=$(cat "$FAKE/steps" 2>/dev/null || echo 0); echo $((n + 1)) >"$FAKE/steps"
-echo "srun exclude=${SLURM_EXCLUDE-} resume=${HPCLAUNCH_RESUME-} addr=${MASTER_ADDR-}" >>"$FAKE/log"
+for a in "$@"; do case $a in --exclude=*) ex=${a#--exclude=} ;; esac; done
+echo "srun exclude=${ex-} resume=${HPCLAUNCH_RESUME-} addr=${MASTER_ADDR-}" >>"$FAKE/log"
 (( n < FAIL_STEPS )) && exit 1
 exit 0
 """,

@@ -110,3 +110,14 @@ def test_a_requeued_jobs_next_attempt_excludes_the_node_that_failed(hpc: Hpc) ->
     assert list(record["bad_nodes"]) == [first["nodes"]], record
     text = hpc.run("status", started["run_id"]).stdout
     assert f"excluded   {first['nodes']}" in text, text
+
+
+def test_with_a_spare_the_ranks_start_off_the_batch_host(hpc: Hpc) -> None:
+    started = _submit(hpc, "-N", "1", "--spares", "1", "--setup", 'echo "host $SLURMD_NODENAME"')
+    record = _finished(hpc, started["run_id"])
+    batch = (Path(started["run_dir"]) / "logs" / "batch.out").read_text()
+    assert record["state"] == "COMPLETED", batch
+    [host] = [line.split()[1] for line in batch.splitlines() if line.startswith("host ")]
+    ranks = (Path(started["run_dir"]) / "logs" / "ranks.tsv").read_text().split("\t")
+    assert ranks[1] != host, (host, ranks)
+    assert "bad_nodes" not in record and "step_restarts" not in record

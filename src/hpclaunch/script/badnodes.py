@@ -11,10 +11,11 @@ What the batch shell does, and why:
 - `--preflight` runs node/preflight.py once per node before the ranks; a node that
   fails is bad (a `node_bad` event names it and why).
 - The ranks' srun keeps its layout (--nodes=N, the same tasks per node) and is kept off
-  the bad nodes and, while a spare is left, the batch host, through SLURM_EXCLUDE (srun's
-  input variable for --exclude, https://slurm.schedmd.com/srun.html#OPT_SLURM_EXCLUDE):
-  the srun line itself stays as it is. MASTER_ADDR is left to the bootstrap (the step's
-  first node), since the ranks may not run on the batch host.
+  the bad nodes and, while a spare is left, the batch host, by
+  `--exclude="$HPCLAUNCH_AVOID"` (an empty value excludes nothing: checked on Slurm
+  22.05; srun's SLURM_EXCLUDE variable was not honoured there), the GPU watch's srun
+  too. MASTER_ADDR is left to the bootstrap (the step's first node), since the ranks
+  may not run on the batch host.
 - When the step fails and Slurm shows one of its nodes down (preflight.py faults), the
   step starts again on a spare in the same allocation with HPCLAUNCH_RESUME=1.
 - No good node left for the layout: with --requeue (budget left) the job is queued again
@@ -39,6 +40,7 @@ from hpclaunch.records.runpaths import RunPaths
 MAX_SPARES = 1024  # a typo guard
 EXCLUDE_FILE = "exclude"  # in the run folder: the nodes excluded from later attempts
 PREFLIGHT_DIR = "preflight"  # in the run folder: attempt-N/<node>.json
+AVOID = "HPCLAUNCH_AVOID"  # the nodes the ranks' step is kept off, comma-joined
 
 
 def spares_from_values(
@@ -87,9 +89,21 @@ def directives(spec: JobSpec) -> list[str]:
     return [shell.sbatch_line("--no-kill")] if spec.spares or later else []
 
 
-def srun_flags(spec: JobSpec) -> list[str]:
-    """The ranks' srun: with spares the job's SLURM_NTASKS counts the spares' tasks too."""
-    return [f"--ntasks={spec.ntasks}"] if spec.spares else []
+def srun_flags(spec: JobSpec) -> list[shell.Word]:
+    """The ranks' srun: kept off $HPCLAUNCH_AVOID (hpclaunch_place's; empty: no node),
+    and with spares --ntasks, since the job's SLURM_NTASKS counts the spares' tasks too."""
+    if not placing(spec):
+        return []
+    avoid: list[shell.Word] = [shell.Join(("--exclude=", shell.Var(AVOID)))]
+    return [*avoid, f"--ntasks={spec.ntasks}"] if spec.spares else avoid
+
+
+def watch_lines(spec: JobSpec, lines: list[str]) -> list[str]:
+    """The GPU watch's step on the ranks' nodes: its srun kept off the same nodes."""
+    if not placing(spec):
+        return lines
+    start, kept_off = "exec srun ", f'exec srun --exclude="${AVOID}" '
+    return [line.replace(start, kept_off, 1) for line in lines]
 
 
 def _script(paths: RunPaths) -> str:
@@ -114,8 +128,6 @@ def setup_lines(spec: JobSpec, paths: RunPaths, local_dir: str) -> list[str]:
         "hpclaunch_place() {  # the nodes srun excludes; fails when too few good ones are left",
         '    HPCLAUNCH_AVOID=$("${HPCLAUNCH_PLACE[@]}" place "${HPCLAUNCH_PLACE_ARGS[@]}" '
         f'--need {need} --avoid "$HPCLAUNCH_BAD" --host "${{SLURMD_NODENAME-}}") || return 1',
-        '    if [ -n "$HPCLAUNCH_AVOID" ]; then export SLURM_EXCLUDE="$HPCLAUNCH_AVOID"; '
-        "else unset SLURM_EXCLUDE; fi",
         "    unset MASTER_ADDR  # the bootstrap takes the step's first node",
         "}",
         *no_spare_lines(spec, paths),
@@ -211,7 +223,6 @@ def loop_lines(spec: JobSpec, paths: RunPaths, step: list[str]) -> list[str]:
         'step again (try $HPCLAUNCH_TRY), without $HPCLAUNCH_AVOID"',
         "    printf -v HPCLAUNCH_STEP_AT '%(%s)T' -1",
         *("    " + line for line in step),
-        "    unset SLURM_EXCLUDE",
         "    (( HPCLAUNCH_RC == 0 )) || (( ${HPCLAUNCH_SIGNALLED:-0} )) && break",
         '    HPCLAUNCH_LOST=$("${HPCLAUNCH_PLACE[@]}" faults "${HPCLAUNCH_PLACE_ARGS[@]}" '
         '--avoid "$HPCLAUNCH_BAD" --since "$HPCLAUNCH_STEP_AT" --log-dir "$HPCLAUNCH_LOG_DIR" '

@@ -19,6 +19,7 @@ def launch_lines(
     staging = bool(spec.stage or spec.stage_out)
     chain = spec.chain > 1
     watch = gpu_watch_lines.start_lines(spec, watch_argv, paths) if watch_argv else []
+    watch = badnodes.watch_lines(spec, watch)  # --preflight/--spares: off the same nodes
     placed = badnodes.placing(spec)  # --preflight/--spares: the step in a loop
     step: list[str] = []
     if spec.requeue:
