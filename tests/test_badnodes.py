@@ -293,3 +293,13 @@ def test_preflight_starts_the_container_on_each_node(tmp_path: Path) -> None:
     assert argv == ["apptainer", "exec", "--cleanenv", "--pwd", "/w", "/img.sif", "true"]
     [(kind, text)] = preflight.container_problems(json.dumps(["sh", "-c", "echo no >&2; exit 3"]))
     assert (kind, text) == ("container", "the container did not start (exit 3): no")
+
+
+def test_a_program_ended_when_every_rank_wrote_its_exit_since_the_step_began(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "rank-0.exit").write_text('{"rank": 0, "returncode": 1}')
+    assert not preflight.program_ended(str(tmp_path), 2, 0.0)  # rank 1's node died
+    (tmp_path / "rank-1.exit").write_text('{"rank": 1, "returncode": -15}')
+    assert preflight.program_ended(str(tmp_path), 2, 0.0)  # srun ended it: still written
+    assert not preflight.program_ended(str(tmp_path), 2, 4e9)  # an earlier try's files
