@@ -64,11 +64,19 @@ def test_a_crashed_nodes_ranks_restart_on_the_spare_in_the_same_job(hpc: Hpc) ->
         nodes.crash(first)  # the rank's node, never the batch host with a spare asked
         hpc.run("logs", started["run_id"], "--follow", timeout=300)
         nodes.restart(first)
+        _check_the_swap(hpc, started, first)  # before the helper waits for an idle testbed
+
+
+def _check_the_swap(hpc: Hpc, started: dict[str, Any], first: str) -> None:
+    run_dir = Path(started["run_dir"])
+    out = run_dir / "logs" / "rank-0.out"
     record: dict[str, Any] = json.loads(hpc.run("status", started["run_id"], "--json").stdout)
     batch = (run_dir / "logs" / "batch.out").read_text()
     assert record["state"] == "COMPLETED", batch
     assert record["job_ids"] in ([], [started["job_id"]]), record  # one job: no requeue
     assert record["job_id"] == started["job_id"]
+    events = (run_dir / "events.jsonl").read_text()
+    assert record.get("step_restarts"), batch + events + out.read_text()
     [restart] = record["step_restarts"]
     assert restart["lost"] == first, record
     assert record["bad_nodes"][first].startswith("node fault"), record

@@ -223,11 +223,12 @@ def loop_lines(spec: JobSpec, paths: RunPaths, step: list[str]) -> list[str]:
         'step again (try $HPCLAUNCH_TRY), without $HPCLAUNCH_AVOID"',
         "    printf -v HPCLAUNCH_STEP_AT '%(%s)T' -1",
         *("    " + line for line in step),
-        "    (( HPCLAUNCH_RC == 0 )) || (( ${HPCLAUNCH_SIGNALLED:-0} )) && break",
+        "    (( ${HPCLAUNCH_SIGNALLED:-0} )) && break",
+        "    # srun may return 0 after it lost a node: the ranks' exit files say.",
         '    HPCLAUNCH_LOST=$("${HPCLAUNCH_PLACE[@]}" faults "${HPCLAUNCH_PLACE_ARGS[@]}" '
         '--avoid "$HPCLAUNCH_BAD" --since "$HPCLAUNCH_STEP_AT" --log-dir "$HPCLAUNCH_LOG_DIR" '
         f"--ranks {spec.ntasks})",
-        '    [ -n "$HPCLAUNCH_LOST" ] || break  # the program failed, not a node',
+        '    [ -n "$HPCLAUNCH_LOST" ] || break  # the program ended (well or not), no node failed',
         '    echo "hpclaunch: node(s) $HPCLAUNCH_LOST failed during the ranks\' step"',
         '    HPCLAUNCH_BAD="${HPCLAUNCH_BAD:+$HPCLAUNCH_BAD,}$HPCLAUNCH_LOST"',
         "    HPCLAUNCH_TRY=$(( HPCLAUNCH_TRY + 1 ))",
