@@ -36,7 +36,7 @@ PROMISED = {
     node.GPU_WATCH: (3, 6),
     node.STACK_PROBE: (3, 6),
     node.WANDB_AGENT: (3, 6),
-    node.PREFLIGHT: (3, 8),
+    node.PREFLIGHT: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {

@@ -20,7 +20,7 @@ These files are shipped out of this package:
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 - ``preflight.py``: --preflight's node checks (one task a node), and on the batch host
   the verdict, the ranks' placement around bad nodes (--spares) and a node fault's
-  finding (the nodes' ``python3``, >= 3.8).
+  finding (the nodes' ``python3``, >= 3.6).
 
 Rules for those files, checked by tests/test_node_package.py:
 

@@ -1,7 +1,8 @@
 """--preflight and --spares inside a job: which nodes are fit to run the ranks.
 
 Standard library only, never imports hpclaunch (hpclaunch/node/__init__.py's rules);
-copied into the run folder and started with ``python3 -I -S`` (Python >= 3.8).
+copied into the run folder and started with the nodes' ``python3 -I -S`` (Python >= 3.6,
+as the stage guard and the GPU watch: LUMI's nodes have 3.6).
 
 - ``preflight.py check --out DIR --gpus N --local PARENT [--min-free-mb M] [--container
   JSON]``: once per node, one task a node in an srun step before the ranks, outside
