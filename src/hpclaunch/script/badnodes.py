@@ -106,17 +106,17 @@ def watch_lines(spec: JobSpec, lines: list[str]) -> list[str]:
     return [line.replace(start, kept_off, 1) for line in lines]
 
 
-def _script(paths: RunPaths) -> str:
-    return shell.command(["python3", *node.PYTHON_FLAGS, str(paths.shipped(node.PREFLIGHT))])
+def _script(paths: RunPaths, python: str) -> str:
+    return shell.command([python, *node.PYTHON_FLAGS, str(paths.shipped(node.PREFLIGHT))])
 
 
-def setup_lines(spec: JobSpec, paths: RunPaths, local_dir: str) -> list[str]:
+def setup_lines(spec: JobSpec, paths: RunPaths, local_dir: str, python: str) -> list[str]:
     """Before the ranks' step: the tools, the checks (--preflight), the placement."""
     events = shell.quote(str(paths.run_dir / node.EVENTS))
     lines = [
         "",
         "# --preflight/--spares: the ranks run on good nodes only (node/preflight.py).",
-        f"HPCLAUNCH_PLACE=({_script(paths)})",
+        f"HPCLAUNCH_PLACE=({_script(paths, python)})",
         'HPCLAUNCH_PLACE_ARGS=(--nodes "$SLURM_JOB_NODELIST" '
         f'--events {events} --attempt "${{{node.HPCLAUNCH_ATTEMPT}:-0}}")',
         "HPCLAUNCH_BAD= HPCLAUNCH_TRY=0",

@@ -315,7 +315,7 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         body += stage_lines(spec, profile, paths)
     srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)
     watch = gpu_watch_lines.watch_argv(spec, profile, paths) if spec.watch_interval_s else []
-    body += scriptend.launch_lines(spec, watch, paths, srun_line, profile.local_dir)
+    body += scriptend.launch_lines(spec, watch, paths, srun_line, profile)
     return BatchPlan(
         script=shell.lines(body),
         sbatch_argv=("sbatch", "--parsable", str(paths.job_sh)),

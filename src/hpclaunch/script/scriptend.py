@@ -3,13 +3,20 @@ the staging guards' end, --requeue's trap and decision, a --chain member's end).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from hpclaunch.config.jobspec import JobSpec
+from hpclaunch.config.profiles import Profile
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import badnodes, gpu_watch_lines, requeue
 
 
 def launch_lines(
-    spec: JobSpec, watch_argv: list[str], paths: RunPaths, srun_line: str, local_dir: str = ""
+    spec: JobSpec,
+    watch_argv: list[str],
+    paths: RunPaths,
+    srun_line: str,
+    profile: Optional[Profile] = None,
 ) -> list[str]:
     """The ranks' step; with the GPU watch, the step in the background and the watch
     beside it; with staging, the guards' end after it; with --requeue, the trap and the
@@ -32,11 +39,9 @@ def launch_lines(
     if watch:
         step += gpu_watch_lines.stop_lines()
     body: list[str] = [""]
-    if placed:  # `local_dir`: the profile's, where --preflight checks the space left
-        body += [
-            *badnodes.setup_lines(spec, paths, local_dir),
-            *badnodes.loop_lines(spec, paths, step),
-        ]
+    if placed and profile:  # the profile: the nodes' python3, the node-local folder
+        body += badnodes.setup_lines(spec, paths, profile.local_dir, profile.python)
+        body += badnodes.loop_lines(spec, paths, step)
     else:
         body += step
     if staging:
