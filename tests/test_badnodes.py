@@ -284,6 +284,8 @@ def test_chain_members_after_this_one_exclude_the_bad_nodes(tmp_path: Path) -> N
     assert code == 1, out
     assert "scontrol update JobId=78 ExcNodeList=node1,node2\n" in out, out
     assert "scontrol update JobId=79 ExcNodeList=node1,node2\n" in out, out
+    [attempt] = runrecord.load(tmp_path / "run").to_dict()["attempts"]
+    assert (attempt["ended"], attempt["exit_code"]) == ("ended", 1), attempt
 
 
 def test_preflight_starts_the_container_on_each_node(tmp_path: Path) -> None:

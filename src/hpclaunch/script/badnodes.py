@@ -204,6 +204,8 @@ def no_spare_lines(spec: JobSpec, paths: RunPaths) -> list[str]:
             'echo "hpclaunch: job $id (next in the chain) excludes $HPCLAUNCH_EXCLUDE"',
             "    done",
         ]
+    if spec.requeue or spec.chain > 1:  # the attempt's end, for `status`'s attempt lines
+        lines.append('    hpclaunch_event attempt_end \'"reason":"ended","exit_code":1,\'')
     lines += [
         '    echo "hpclaunch: failed: node(s) $HPCLAUNCH_BAD cannot run the ranks" >&2',
         "    exit 1",
