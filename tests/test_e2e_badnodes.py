@@ -121,3 +121,20 @@ def test_with_a_spare_the_ranks_start_off_the_batch_host(hpc: Hpc) -> None:
     ranks = (Path(started["run_dir"]) / "logs" / "ranks.tsv").read_text().split("\t")
     assert ranks[1] != host, (host, ranks)
     assert "bad_nodes" not in record and "step_restarts" not in record
+
+
+def test_preflight_starts_the_container_on_every_node(hpc: Hpc, user_image: Path) -> None:
+    proc = hpc.run(
+        "run", "-N", "2", "--preflight", "--json", "--container", str(user_image),
+        "--container-runtime", "charliecloud", "--", "python3", "-c", "print('trained')",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    started = json.loads(proc.stdout)
+    record = _finished(hpc, started["run_id"])
+    batch = (Path(started["run_dir"]) / "logs" / "batch.out").read_text()
+    assert record["state"] == "COMPLETED", batch
+    assert "bad_nodes" not in record, record
+    checks = Path(started["run_dir"]) / "preflight" / "attempt-0"
+    found = {p.name: json.loads(p.read_text()) for p in checks.glob("node*.json")}
+    assert sorted(found) == ["node1.json", "node2.json"], found
+    assert all(r["ok"] for r in found.values()), found
