@@ -39,6 +39,7 @@ PROMISED = {
     node.PACK_AGENT: (3, 8),
     node.VENV_MOUNT: (3, 6),
     node.STAGE_BCAST: (3, 6),
+    node.PREFLIGHT: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
 SHARED = {
@@ -72,6 +73,7 @@ SHARED = {
     },
     node.VENV_MOUNT: {"READY", "FAILED"},
     node.STAGE_BCAST: {"DIRECTORY", "ARCHIVE", "SQUASHFS", "FILE"},
+    node.PREFLIGHT: {"EVENTS", "NODE_BAD"},
 }  # fmt: skip
 # hpclaunch.node's names that only the host uses.
 HOST_ONLY = {
@@ -80,6 +82,7 @@ HOST_ONLY = {
     "PROFILES", "PYSPY", "LOCAL_RECORDS", "STACK_PROBE", "RANK_PLACEHOLDERS", "WANDB_AGENT",
     "PACK_AGENT",
     "VENV_MOUNT", "VENV_MARKS", "STAGE_BCAST", "BROADCAST_MAP",
+    "PREFLIGHT",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

@@ -84,6 +84,8 @@ def run(
     signal_before: Optional[int] = None,
     after: Optional[StrList] = None,
     chain: Optional[int] = None,
+    preflight: Optional[bool] = None,
+    spares: Optional[int] = None,
     cwd: Union[str, Path, None] = None,
     environ: Optional[Mapping[str, str]] = None,
     remote: Optional[str] = None,

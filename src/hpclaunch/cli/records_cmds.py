@@ -249,6 +249,8 @@ def status_cmd(run: str, as_json: bool, all_projects: bool) -> int:
             click.echo(f"{key:10} {coloured_states(str(value)) if key == 'state' else value}")
     for line in attempt_lines(record.events.attempts):
         click.echo(f"{'':10} {line}")
+    for line in record.events.bad_nodes.lines():  # --preflight/--spares
+        click.echo(line)
     for warning in record.events.warnings:  # the GPU watch's: input-bound
         click.echo(f"{'warning':10} {warning}")
     if not states.is_open(record.state):

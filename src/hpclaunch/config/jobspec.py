@@ -166,6 +166,8 @@ class JobSpec:
     snapshot_limit_bytes: int = 200 * 2**20  # 0: no limit
     requeue: Optional[Requeue] = None  # --requeue: signal -> checkpoint -> requeue
     chain: int = 1  # --chain K: K jobs one after the other (1: no chain)
+    preflight: bool = False  # --preflight: the nodes checked before the ranks start
+    spares: int = 0  # --spares S: S nodes more than `nodes`, for a lost node's ranks
     dependency: str = ""  # sbatch --dependency for --after (runs still active), "" none
     # Where each setting came from, for the dry-run ("cli", "project", "env:SBATCH_ACCOUNT", ...)
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)

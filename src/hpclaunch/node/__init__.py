@@ -24,6 +24,9 @@ These files are shipped out of this package:
   by the batch script before the guards start (>= 3.6).
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
+- ``preflight.py``: --preflight's node checks (one task a node), and on the batch host
+  the verdict, the ranks' placement around bad nodes (--spares) and a node fault's
+  finding (the nodes' ``python3``, >= 3.6).
 
 Rules for those files, checked by tests/test_node_package.py:
 
@@ -59,6 +62,7 @@ WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
 PACK_AGENT = "pack_agent.py"  # a packed sweep's node agent (sweep --pack), in the sweep folder
 VENV_MOUNT = "venv_mount.py"  # squashfuse of a packed venv, one per node (the nodes' python3)
 STAGE_BCAST = "stage_bcast.py"  # sbcast of staged files and a packed venv (the nodes' python3)
+PREFLIGHT = "preflight.py"  # --preflight/--spares: the nodes' checks, placement, faults
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
 BOOTSTRAP_MODULE = "hpclaunch_bootstrap"
@@ -70,6 +74,7 @@ RUN_DIR_NAME = {
     WANDB_AGENT: "wandb_agent.py",
     VENV_MOUNT: "venv_mount.py",
     STAGE_BCAST: "stage_bcast.py",
+    PREFLIGHT: "preflight.py",
 }
 # How they are started: isolated, no site (they need only the standard library).
 PYTHON_FLAGS = ("-I", "-S")
@@ -96,6 +101,7 @@ VENV_MARKS = "venvmount"  # folder of the packed venv mounts' markers (venv_moun
 METRICS = "metrics"
 GPU_CSV = "gpu-%s.csv"
 INPUT_BOUND = "input_bound"
+NODE_BAD = "node_bad"  # preflight.py: {"node", "why", "attempt"}, a node not to use again
 
 # --- staging: the kinds of --stage items (stage.json's "kind"), a directory's pack
 DIRECTORY, ARCHIVE, SQUASHFS, FILE = "directory", "archive", "squashfs", "file"
@@ -169,12 +175,17 @@ LIST_ONLY = "list_only"
 
 
 def shipped(
-    staging: bool, watching: bool, venv_mount: bool = False, broadcast: bool = False
+    staging: bool,
+    watching: bool,
+    venv_mount: bool = False,
+    broadcast: bool = False,
+    placing: bool = False,
 ) -> list[str]:
     """The shipped files a run folder gets: always the bootstrap, and the stage guard,
-    the GPU watch, the packed venv's mount and the broadcast when the job runs them."""
+    the GPU watch, the packed venv's mount, the broadcast and the preflight (--preflight,
+    --spares) when the job runs them."""
     files = [LOADER, BOOTSTRAP] + [STAGE_GUARD] * staging + [GPU_WATCH] * watching
-    return files + [VENV_MOUNT] * venv_mount + [STAGE_BCAST] * broadcast
+    return files + [VENV_MOUNT] * venv_mount + [STAGE_BCAST] * broadcast + [PREFLIGHT] * placing
 
 
 def path(name: str) -> Path:

@@ -29,7 +29,7 @@ from hpclaunch.planning.resources import (
     Resources,
     check_resources,
 )
-from hpclaunch.script import gpu_watch_lines, profiling, requeue
+from hpclaunch.script import badnodes, gpu_watch_lines, profiling, requeue
 from hpclaunch.slurm import sbatchargs
 
 __all__ = ["MAX_LOCAL_RANKS", "Checked", "check", "default_job_name", "validate"]
@@ -250,6 +250,7 @@ class Checked:
     slurm_flags: tuple[tuple[str, str], ...]
     sbatch_spellings: tuple[tuple[str, str], ...]
     options: RunOptions
+    spares: int = 0
 
     def spec(self, parts: Parts = NO_PARTS) -> JobSpec:
         res, profile, options = self.res, self.profile, self.options
@@ -289,6 +290,8 @@ class Checked:
             cpu_bind=self.cpu_bind,
             requeue=self.requeue,
             chain=self.chain,
+            preflight=options.preflight,
+            spares=self.spares,
             snapshot=parts.snapshot,
             snapshot_limit_bytes=parts.snapshot_limit_bytes,
             dependency=parts.dependency,
@@ -372,4 +375,7 @@ def check(
         slurm_flags=slurm_lines(options),
         sbatch_spellings=sbatchargs.spellings(profile),
         options=options,
+        spares=badnodes.spares_from_values(
+            options, launcher, local=local, in_allocation=in_allocation
+        ),
     )

@@ -28,7 +28,7 @@ _REASONS = {
     CANCELLED: "cancelled while being requeued",
     REQUEUE_FAILED: "scontrol requeue failed",
 }
-_WHY = {"time-limit": "time limit", "preempted": "preempted"}
+_WHY = {"time-limit": "time limit", "preempted": "preempted", "bad-node": "bad nodes excluded"}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from hpclaunch.errors import HpclaunchError
 from hpclaunch.node import EVENTS, INPUT_BOUND
 from hpclaunch.records import pointrecords
 from hpclaunch.records.attempts import Attempt, fold
+from hpclaunch.records.badnodes import BadNodes
+from hpclaunch.records.badnodes import fold as fold_bad_nodes
 from hpclaunch.records.locking import exclusive
 from hpclaunch.records.runpaths import RECORD
 
@@ -45,6 +47,7 @@ class RankEvents:
     warnings: list[str] = field(default_factory=list)
     # A batch script's --setup line failed with this exit code (no rank started).
     setup_failed: Optional[int] = None
+    bad_nodes: BadNodes = field(default_factory=BadNodes)  # --preflight/--spares
 
     @property
     def nodes(self) -> list[str]:
@@ -116,6 +119,7 @@ class RunRecord:
             data["attempts"] = [a.to_dict(a is tried[-1]) for a in tried]
         if self.events.warnings:
             data["warnings"] = list(self.events.warnings)
+        data.update(self.events.bad_nodes.to_dict())
         return {**self.extra, **data}
 
 
@@ -233,6 +237,7 @@ def read_events(run_dir: Path) -> RankEvents:
             continue
         events.append((kind, when, event))
     found.attempts = fold(event for _, _, event in events)
+    found.bad_nodes = fold_bad_nodes(event for _, _, event in events)
     last = found.attempts[-1].number if found.attempts else None
     for kind, when, event in events:
         if last is not None and event.get("attempt", last) != last:

@@ -18,6 +18,7 @@ from hpclaunch.config.profiles import Profile
 from hpclaunch.payload import containers, stagepack
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import (
+    badnodes,
     broadcast,
     containerlines,
     gpu_watch_lines,
@@ -54,7 +55,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     spellings = dict(spec.sbatch_spellings)  # the site's own #SBATCH spellings
     lines = [
         shell.sbatch_line("--job-name", spec.job_name),
-        shell.sbatch_line("--nodes", str(spec.nodes)),
+        shell.sbatch_line("--nodes", str(spec.nodes + spec.spares)),  # --spares: N more
         *tasklines.job_lines(spec),
         shell.sbatch_line("--cpus-per-task", str(_slurm_cpus(spec))),
     ]
@@ -90,7 +91,7 @@ def directives(spec: JobSpec, paths: RunPaths, cwd: Path) -> list[str]:
     if spec.dependency or spec.chain > 1:
         # A dependency that can never be met ends the job instead of leaving it PENDING.
         lines.append(shell.sbatch_line("--kill-on-invalid-dep", "yes"))
-    lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args]
+    lines += [shell.sbatch_line(arg) for arg in spec.sbatch_args] + badnodes.directives(spec)
     return lines
 
 
@@ -275,7 +276,7 @@ def srun_argv(spec: JobSpec, argv: list[Word], flags: Sequence[Word] = ()) -> li
     ]
     if spec.cpu_bind:
         head.append(f"--cpu-bind={spec.cpu_bind}")
-    return [*head, *tasklines.step_flags(spec), *flags, *argv]
+    return [*head, *tasklines.step_flags(spec), *badnodes.srun_flags(spec), *flags, *argv]
 
 
 def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> BatchPlan:
@@ -326,7 +327,7 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
     body += stage_lines(spec, profile, paths) if staging else []
     srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)
     watch = gpu_watch_lines.watch_argv(spec, profile, paths) if spec.watch_interval_s else []
-    body += scriptend.launch_lines(spec, watch, paths, srun_line)
+    body += scriptend.launch_lines(spec, watch, paths, srun_line, profile)
     return BatchPlan(
         script=shell.lines(body),
         sbatch_argv=("sbatch", "--parsable", str(paths.job_sh)),

@@ -15,7 +15,7 @@ from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import broadcast, profiling, render, venvmount
+from hpclaunch.script import badnodes, broadcast, profiling, render, venvmount
 
 SPEC_JSON = "spec.json"
 
@@ -39,7 +39,9 @@ def write_files(
         runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
     mounts = venvmount.mounts_on_nodes(spec)
     sends = broadcast.broadcasts(spec)
-    for source in node.shipped(staging, bool(spec.watch_interval_s), mounts, sends):
+    placing = badnodes.placing(spec)  # --preflight/--spares: preflight.py beside the bootstrap
+    watching = bool(spec.watch_interval_s)
+    for source in node.shipped(staging, watching, mounts, sends, placing=placing):
         shutil.copyfile(node.path(source), paths.shipped(source))
     precompile(paths.shipped(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks
