@@ -5,7 +5,7 @@ spare left the job fails naming it. The crash tests (a node lost while the ranks
 are in tests/test_e2e_badnodes_crash.py, marked serial.
 
 What it cannot show: real GPUs (a GPU that hangs, Xid errors), a node-local disk that is
-full, and the all-reduce among more than two nodes (docs/scale-nodes.md).
+full, and the all-reduce among more than two nodes (docs/scale.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ through the queue) with HPCLAUNCH_RESUME=1, and the program resumes from its che
 Serial (it crashes a node: scripts/test.sh runs it after the others, on an idle
 testbed, as tests/test_e2e_faults.py). What it cannot show: a spare among hundreds of
 nodes, a node that dies slowly (hung GPU, flapping network), Slurm's own node health
-checks (docs/scale-nodes.md).
+checks (docs/scale.md).
 """
 
 from __future__ import annotations

@@ -417,14 +417,14 @@ class RunOptions:
         "flag",
         "Check every node before the program starts (GPUs visible and usable, node-local "
         "space, a small all-reduce among the nodes, the container starting); a node that "
-        "fails is named in the record and the ranks avoid it (docs/scale-nodes.md).",
+        "fails is named in the record and the ranks avoid it (docs/scale.md).",
         "--preflight",
     )
     spares: Optional[int] = _row(
         "int",
         "Ask for N more nodes: the ranks start on the others (not on the batch host while "
         "a spare is left) and, when a node fails, start again on a spare in the same job "
-        "with HPCLAUNCH_RESUME=1 (docs/scale-nodes.md).",
+        "with HPCLAUNCH_RESUME=1 (docs/scale.md).",
         "--spares 1",
         metavar="N",
     )

@@ -228,7 +228,7 @@ class Profile(_Record):
     min_poll_interval: int = field(default=0, metadata={"before": _poll_floor})
     # Above this many ranks the ranks of a node share one log file (node-<node>.log, lines
     # tagged "[node rank]") instead of two files a rank: a file per rank floods a
-    # parallel file system's metadata servers (docs/scale-runs.md).
+    # parallel file system's metadata servers (docs/scale.md).
     node_logs_above: int = field(default=64, metadata={"before": _node_logs_above})
     arch: Literal["x86_64", "aarch64"] = "x86_64"  # the compute nodes' CPUs (wheels, py-spy)
     # Appended to the first node's name for MASTER_ADDR (JSC: "i", the InfiniBand name).

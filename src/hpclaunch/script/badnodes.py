@@ -1,6 +1,6 @@
 """--preflight and --spares: the options checked, and the batch-shell text that keeps
 the ranks off bad nodes. Pure: scriptend.py puts these lines into job.sh; the work on
-the nodes is node/preflight.py's (docs/scale-nodes.md for users).
+the nodes is node/preflight.py's (docs/scale.md for users).
 
 What the batch shell does, and why:
 
