@@ -9,6 +9,7 @@ import click
 from hpclaunch.cli.attach_cmd import attach_cmd
 from hpclaunch.cli.clean_cmd import clean_cmd
 from hpclaunch.cli.control import cancel_cmd, rerun_cmd
+from hpclaunch.cli.dev_cmd import dev_cmd
 from hpclaunch.cli.doctor_cmd import doctor_cmd
 from hpclaunch.cli.env import env_group
 from hpclaunch.cli.logs_cmd import logs_cmd
@@ -65,6 +66,7 @@ cli.add_command(rm_cmd)
 cli.add_command(gc_cmd)
 cli.add_command(sweep_group)
 cli.add_command(attach_cmd)
+cli.add_command(dev_cmd)
 cli.add_command(stack_cmd)
 cli.add_command(doctor_cmd)
 cli.add_command(top_cmd)
