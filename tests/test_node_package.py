@@ -35,6 +35,7 @@ PROMISED = {
     node.VENV_PROBE: (3, 8),
     node.GPU_WATCH: (3, 6),
     node.STACK_PROBE: (3, 6),
+    node.RELAY: (3, 8),
     node.WANDB_AGENT: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
@@ -69,6 +70,7 @@ HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
     "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
     "PROFILES", "PYSPY", "LOCAL_RECORDS", "STACK_PROBE", "RANK_PLACEHOLDERS", "WANDB_AGENT",
+    "RELAY",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

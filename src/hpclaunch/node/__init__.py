@@ -16,6 +16,9 @@ These files are shipped out of this package:
   per node (the nodes' ``python3``) and as every rank's program (the image's).
 - ``callrank.py``: `hpclaunch.call`'s rank (Python >= 3.8), run from the run folder's
   ``call/``: the standard library plus the caller's cloudpickle shipped beside it.
+- ``relay.py``: `hpclaunch dev`'s relay, its text handed to the node's ``python3 -I -S
+  -c`` in an overlapping step: TCP to a loopback port carried over the step's stdio
+  (Python >= 3.8); the host imports its frame codec.
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 
@@ -49,6 +52,7 @@ STAGE_GUARD = "stage_guard.py"
 GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6)
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
+RELAY = "relay.py"  # hpclaunch dev's relay: never copied, its text to the nodes' python3
 WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).

@@ -1,0 +1,206 @@
+"""hpclaunch dev's relay, the node's end: TCP connections to one loopback port of the
+node, carried as frames over this process's stdin/stdout (an overlapping srun step's),
+so that nothing of a session listens on the cluster's network.
+
+Usage: python3 -I -S -c TEXT PORT (its text is handed over like stack_probe's).
+
+A frame is a 9-byte header, the channel (u32), its kind (u8) and the payload's length
+(u32), then the payload. The far end opens a channel (OPEN), sends its bytes (DATA) and
+closes it (CLOSE); this end connects a new socket to 127.0.0.1:PORT per channel and
+sends the socket's bytes back the same way; a socket that ends or fails sends CLOSE.
+PING is answered with PING (the far end knows the node is alive). Its stdin's end ends
+every connection and this process. Standard library only, Python >= 3.8; the host's
+side (hpclaunch.sessions.relay) imports the frame codec from here: one definition.
+"""
+
+import contextlib
+import os
+import socket
+import struct
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+Read = Callable[[int], bytes]
+Frame = Tuple[int, int, bytes]
+
+HEADER = struct.Struct(">IBI")
+DATA, OPEN, CLOSE, PING, TEXT = 0, 1, 2, 3, 4
+CHUNK = 65536
+CONNECT_TIMEOUT_S = 10.0
+
+
+def frame(channel: int, kind: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(channel, kind, len(payload)) + payload
+
+
+def read_exact(read: Read, size: int) -> bytes:
+    """`size` bytes from `read` (a raw read function), b"" at the end of the stream."""
+    parts = []
+    left = size
+    while left:
+        part = read(left)
+        if not part:
+            return b""
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def read_frame(read: Read) -> Optional[Frame]:
+    """(channel, kind, payload), or None at the end of the stream."""
+    head = read_exact(read, HEADER.size)
+    if not head:
+        return None
+    channel, kind, length = HEADER.unpack(head)
+    payload = read_exact(read, length) if length else b""
+    if length and not payload:
+        return None
+    return channel, kind, payload
+
+
+class Writer:
+    """Whole frames onto one file descriptor from many threads."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+
+    def send(self, channel: int, kind: int, payload: bytes = b"") -> None:
+        data = memoryview(frame(channel, kind, payload))
+        with self.lock:
+            while data:
+                data = data[os.write(self.fd, data) :]
+
+
+class Channels:
+    """Sockets, one per channel, and the frames they make on a Writer. CLOSE ends one
+    direction (a half-close: shutdown of the socket's writing side); a channel goes
+    once both directions ended, or at once on an error."""
+
+    def __init__(self, writer: Writer) -> None:
+        self.writer = writer
+        # channel -> [socket, sent CLOSE, got CLOSE]
+        self.sockets: Dict[int, List[Any]] = {}
+        self.lock = threading.Lock()
+
+    def add(self, channel: int, sock: socket.socket) -> None:
+        with self.lock:
+            self.sockets[channel] = [sock, False, False]
+        threading.Thread(target=self.pump, args=(channel, sock), daemon=True).start()
+
+    def pump(self, channel: int, sock: socket.socket) -> None:
+        """The socket's bytes to the far end, then CLOSE."""
+        try:
+            while True:
+                data = sock.recv(CHUNK)
+                if not data:
+                    break
+                self.writer.send(channel, DATA, data)
+        except OSError:
+            self.fail(channel)
+            return
+        self.half(channel, 1)
+        self.send(channel, CLOSE)
+
+    def half(self, channel: int, which: int) -> None:
+        """One direction ended (1: this end's reading, 2: the far end's); both: gone."""
+        with self.lock:
+            entry = self.sockets.get(channel)
+            if entry is None:
+                return
+            entry[which] = True
+            both = entry[1] and entry[2]
+        if which == 2:
+            with contextlib.suppress(OSError):
+                entry[0].shutdown(socket.SHUT_WR)
+        if both:
+            self.drop(channel)
+
+    def fail(self, channel: int) -> None:
+        if self.drop(channel) is not None:
+            self.send(channel, CLOSE)
+
+    def send(self, channel: int, kind: int, payload: bytes = b"") -> None:
+        # An error: the transport is gone, and its reader ends everything.
+        with contextlib.suppress(OSError):
+            self.writer.send(channel, kind, payload)
+
+    def drop(self, channel: int) -> Optional[socket.socket]:
+        with self.lock:
+            entry = self.sockets.pop(channel, None)
+        if entry is None:
+            return None
+        sock: socket.socket = entry[0]
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        return sock
+
+    def deliver(self, channel: int, payload: bytes) -> None:
+        with self.lock:
+            entry = self.sockets.get(channel)
+        if entry is None:
+            return
+        try:
+            entry[0].sendall(payload)
+        except OSError:
+            self.fail(channel)
+
+    def dispatch(self, channel: int, kind: int, payload: bytes) -> bool:
+        """A frame from the far end; False for a kind this end must handle itself."""
+        if kind == DATA:
+            self.deliver(channel, payload)
+        elif kind == CLOSE:
+            self.half(channel, 2)
+        else:
+            return False
+        return True
+
+    def close_all(self) -> None:
+        for channel in list(self.sockets):
+            self.drop(channel)
+
+
+class NodeEnd(Channels):
+    """The node's channels: a socket each, to 127.0.0.1:port."""
+
+    def __init__(self, port: int, writer: Writer) -> None:
+        Channels.__init__(self, writer)
+        self.port = port
+
+    def open(self, channel: int) -> None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port), CONNECT_TIMEOUT_S)
+            sock.settimeout(None)
+        except OSError:
+            self.send(channel, CLOSE)  # nothing listens (yet): the far end may retry
+            return
+        self.add(channel, sock)
+
+    def serve(self, read: Read) -> None:
+        while True:
+            got = read_frame(read)
+            if got is None:
+                break
+            channel, kind, payload = got
+            if self.dispatch(channel, kind, payload):
+                continue
+            if kind == OPEN:
+                self.open(channel)
+            elif kind == PING:
+                self.send(channel, PING, payload)
+        self.close_all()
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) != 1 or not argv[0].isdigit():
+        sys.stderr.write("usage: relay.py PORT\n")
+        return 2
+    stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+    NodeEnd(int(argv[0]), Writer(sys.stdout.fileno())).serve(stdin.read)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
