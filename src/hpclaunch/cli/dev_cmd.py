@@ -12,8 +12,8 @@ from hpclaunch.cli.run_cmd import with_options_named
 from hpclaunch.config.options import OPTIONS
 
 DEV_HELP = """Open an interactive session on a compute node, inside the run's allocation,
-container, venv and environment: a shell (default), a Jupyter server or an SSH server
-for VS Code (docs/interactive.md).
+container, venv and environment: a shell (default) or a Jupyter server
+(docs/interactive.md).
 
 \b
 Without --run, hpclaunch gets an allocation with the run options given (time limit:
@@ -22,20 +22,35 @@ node and releases the allocation when the session ends. With --run RUN it joins 
 running run's allocation and leaves the run alone.
 
 \b
+--jupyter starts jupyter_server from the run's venv or image on the node's loopback with
+a random token, relays a port of this machine's loopback to it through the allocation
+and prints the URL. Ctrl-C, `hpclaunch cancel` or the time limit end the session.
+
+\b
 Examples:
   hpclaunch dev --gpus-per-node 1                       # a shell on a GPU node
   hpclaunch dev --container pytorch.sif -t 1:00:00      # a shell inside the image
+  hpclaunch dev --jupyter --venv ~/venvs/torch          # Jupyter, its URL printed
   hpclaunch dev --run last -- nvidia-smi                # one command in a running run
 """
 
 
-@click.command(
-    "dev",
-    help=DEV_HELP,
-    context_settings={"allow_interspersed_args": False},
-)
+@click.command("dev", help=DEV_HELP, context_settings={"allow_interspersed_args": False})
 @with_options_named(*(opt.name for opt in OPTIONS))
 @click.option("--shell", "mode", flag_value="shell", default=True, help="A shell (default).")
+@click.option(
+    "--jupyter",
+    "mode",
+    flag_value="jupyter",
+    help="A Jupyter server (jupyter_server from the run's environment), its URL printed.",
+)
+@click.option(
+    "--port",
+    "local_port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="With --jupyter: this machine's loopback port for the URL (default: a free one).",
+)
 @click.option(
     "--run",
     "join",
@@ -44,23 +59,26 @@ Examples:
     help="Join this running run's allocation instead of getting one.",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND [ARGS]...]")
-def dev_cmd(mode: str, join: Optional[str], command: tuple[str, ...], **options: Any) -> int:
+def dev_cmd(
+    mode: str, local_port: int, join: Optional[str], command: tuple[str, ...], **options: Any
+) -> int:
     from pathlib import Path
 
-    from hpclaunch.backends import runstatus
     from hpclaunch.cli.common import environ, find_run_dir
-    from hpclaunch.sessions import allocation, shell
+    from hpclaunch.errors import UserError
+    from hpclaunch.sessions import session, shell
 
+    if mode != "shell" and command:
+        raise UserError(f"--{mode}", "given with a COMMAND", "", "Leave out -- COMMAND")
     env = environ()
-    tty = sys.stdin.isatty() and not command
-    if join is not None:
-        record = runstatus.refresh_one(find_run_dir(join))
-        return shell.run_shell(record, command, env, tty)
-    run = allocation.start(options, Path.cwd(), env, sys.argv)
-    try:
-        click.echo(f"hpclaunch: session {run.id}: job {run.job_id}", err=True)
-        record = allocation.wait_running(run.run_dir, lambda line: click.echo(line, err=True))
-        click.echo(f"hpclaunch: on {allocation.node_of(record)}", err=True)
-        return shell.run_shell(record, command, env, tty)
-    finally:
-        allocation.end(run)
+    joined = find_run_dir(join) if join is not None else None
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    with session.allocated(options, joined, Path.cwd(), env, sys.argv, say) as record:
+        if mode == "jupyter":
+            why = session.with_jupyter(record, env, say, local_port=local_port)
+            say(f"hpclaunch: session ended: {why}")
+            return 0
+        return shell.run_shell(record, command, env, sys.stdin.isatty() and not command)

@@ -5,7 +5,11 @@ so that nothing of a session listens on the cluster's network.
 Usage: python3 -I -S -c TEXT PORT (its text is handed over like stack_probe's).
 
 A frame is a 9-byte header, the channel (u32), its kind (u8) and the payload's length
-(u32), then the payload. The far end opens a channel (OPEN), sends its bytes (DATA) and
+(u32), then the payload, sent as one line of base64: slurmstepd passes a task's stdout
+on line by line (a binary frame without a newline waited there; tried on the testbed's
+Slurm 22.05), and with `srun -u` a 1 MB binary stream did not come through at all.
+
+The far end opens a channel (OPEN), sends its bytes (DATA) and
 closes it (CLOSE); this end connects a new socket to 127.0.0.1:PORT per channel and
 sends the socket's bytes back the same way; a socket that ends or fails sends CLOSE.
 PING is answered with PING (the far end knows the node is alive). Its stdin's end ends
@@ -13,6 +17,8 @@ every connection and this process. Standard library only, Python >= 3.8; the hos
 side (hpclaunch.sessions.relay) imports the frame codec from here: one definition.
 """
 
+import base64
+import binascii
 import contextlib
 import os
 import socket
@@ -21,42 +27,34 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-Read = Callable[[int], bytes]
+ReadLine = Callable[[], bytes]
 Frame = Tuple[int, int, bytes]
 
 HEADER = struct.Struct(">IBI")
 DATA, OPEN, CLOSE, PING, TEXT = 0, 1, 2, 3, 4
-CHUNK = 65536
+CHUNK = 49152  # 64 KiB lines of base64
 CONNECT_TIMEOUT_S = 10.0
 
 
 def frame(channel: int, kind: int, payload: bytes = b"") -> bytes:
-    return HEADER.pack(channel, kind, len(payload)) + payload
+    return base64.b64encode(HEADER.pack(channel, kind, len(payload)) + payload) + b"\n"
 
 
-def read_exact(read: Read, size: int) -> bytes:
-    """`size` bytes from `read` (a raw read function), b"" at the end of the stream."""
-    parts = []
-    left = size
-    while left:
-        part = read(left)
-        if not part:
-            return b""
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
-def read_frame(read: Read) -> Optional[Frame]:
-    """(channel, kind, payload), or None at the end of the stream."""
-    head = read_exact(read, HEADER.size)
-    if not head:
+def read_frame(readline: ReadLine) -> Optional[Frame]:
+    """(channel, kind, payload) of the next line, or None at the end of the stream (or
+    a damaged line: the stream cannot be trusted after it)."""
+    line = readline()
+    if not line.endswith(b"\n"):
         return None
-    channel, kind, length = HEADER.unpack(head)
-    payload = read_exact(read, length) if length else b""
-    if length and not payload:
+    try:
+        data = base64.b64decode(line, validate=False)
+    except (binascii.Error, ValueError):
         return None
-    return channel, kind, payload
+    if len(data) < HEADER.size:
+        return None
+    channel, kind, length = HEADER.unpack_from(data)
+    payload = data[HEADER.size :]
+    return (channel, kind, payload) if len(payload) == length else None
 
 
 class Writer:
@@ -178,9 +176,9 @@ class NodeEnd(Channels):
             return
         self.add(channel, sock)
 
-    def serve(self, read: Read) -> None:
+    def serve(self, readline: ReadLine) -> None:
         while True:
-            got = read_frame(read)
+            got = read_frame(readline)
             if got is None:
                 break
             channel, kind, payload = got
@@ -197,8 +195,7 @@ def main(argv: List[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         sys.stderr.write("usage: relay.py PORT\n")
         return 2
-    stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
-    NodeEnd(int(argv[0]), Writer(sys.stdout.fileno())).serve(stdin.read)
+    NodeEnd(int(argv[0]), Writer(sys.stdout.fileno())).serve(sys.stdin.buffer.readline)
     return 0
 
 

@@ -71,10 +71,10 @@ class Relay:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        read = self.proc.stdout.read
+        readline = self.proc.stdout.readline
         while True:
             try:
-                got = read_frame(read)
+                got = read_frame(readline)
             except (OSError, ValueError):
                 got = None
             if got is None:
