@@ -3,7 +3,13 @@ a shell on its first node inside the run's container, the allocation released af
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -54,3 +60,130 @@ def test_dev_shell_runs_on_the_node_inside_the_container(hpc: Hpc, user_image: P
     assert _job_gone(job_id), f"job {job_id} still in the queue"
     record = hpc.run("status", "last", "--json")
     assert '"CANCELLED"' in record.stdout or '"COMPLETED"' in record.stdout, record.stdout
+
+
+# --- Jupyter ---------------------------------------------------------------------------
+
+REPO_VENV = Path(__file__).resolve().parents[1] / ".venv"  # jupyter_server + ipykernel
+
+
+class Session:
+    """`hpclaunch dev ARGS` in the background as the test user; its stderr read line by
+    line; Ctrl-C sent to hpclaunch itself (runuser would not pass it on)."""
+
+    def __init__(self, hpc: Hpc, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            ["runuser", "-u", testbed.USER, "--", "sh", "-c", 'echo "$$" >&2; exec "$@"',
+             "sh", "hpclaunch", "dev", *args],
+            cwd=hpc.cwd, env=hpc.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert self.proc.stderr is not None
+        self.pid = int(self.proc.stderr.readline())
+        self.lines: list[str] = []
+
+    def until(self, marker: str, timeout: float = 600) -> str:
+        """The first stderr line holding `marker` (lines before it kept in self.lines)."""
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip("\n"))
+            if marker in line:
+                return line.strip()
+        raise AssertionError(f"no {marker!r} in: " + "\n".join(self.lines))
+
+    def interrupt(self, timeout: float = 120) -> int:
+        os.kill(self.pid, signal.SIGINT)
+        _, rest = self.proc.communicate(timeout=timeout)
+        self.lines += rest.splitlines()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            self.proc.communicate(timeout=120)
+
+
+def _get(url: str, token: str = "", method: str = "GET") -> tuple[int, bytes]:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    req = urllib.request.Request(
+        url, method=method, headers=headers, data=b"" if method == "POST" else None
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as answer:
+            return int(answer.status), answer.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+
+
+def _node_listeners(node: str) -> list[tuple[str, int]]:
+    """(local address in /proc/net/tcp's hex, port) of every listening TCP socket in the
+    node's network namespace (the host's in the localhost layout)."""
+    prefix: list[str] = []
+    if testbed.layout() == "netns":
+        prefix = ["nsenter", "-t", str(testbed.slurmd_pid(node)), "-n", "--"]
+    text = subprocess.run(
+        [*prefix, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    found = []
+    for line in text.splitlines()[1:]:
+        words = line.split()
+        if len(words) > 3 and words[3] == "0A":  # TCP_LISTEN
+            address, _, port = words[1].partition(":")
+            found.append((address, int(port, 16)))
+    return found
+
+
+def _kernel_pid(node: str) -> int:
+    for _ in range(120):
+        for line in testbed.node_procs(node) if testbed.layout() == "netns" else []:
+            pid, _, args = line.partition(" ")
+            if "ipykernel_launcher" in args:
+                return int(pid)
+        time.sleep(0.5)
+    raise AssertionError(f"no kernel process on {node}")
+
+
+def test_dev_jupyter_answers_with_its_token_only_and_ends_clean(hpc: Hpc) -> None:
+    if testbed.layout() != "netns":
+        pytest.skip("the node's processes and sockets are told apart in the netns layout")
+    session = Session(hpc, "--jupyter", "--venv", str(REPO_VENV), "--env", "DEV_MARK=j-1")
+    try:
+        node = session.until("hpclaunch: on ").rsplit(" ", 1)[1]
+        url = session.until("hpclaunch: Jupyter: ").split("Jupyter: ", 1)[1]
+        base, _, token = url.partition("/?token=")
+        assert _get(f"{base}/api/status", token)[0] == 200
+        assert _get(f"{base}/api/status")[0] == 403
+        assert _get(f"{base}/api/status", "wrong-token")[0] == 403
+        # A kernel: on the node, the run's variables, the venv's Python.
+        code, body = _get(f"{base}/api/kernels", token, method="POST")
+        assert code == 201, body
+        pid = _kernel_pid(node)
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"DEV_MARK=j-1" in environ and f"VIRTUAL_ENV={REPO_VENV}".encode() in environ
+        assert any(e.startswith(b"HPCLAUNCH_RUN_DIR=") for e in environ)
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        assert argv0.startswith(str(REPO_VENV)), argv0
+        # The server's port: on the node's loopback only.
+        run_dir = next(p for p in hpc.run_dirs())
+        said = (run_dir / "logs" / "dev-jupyter.log").read_text()
+        port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        bound = {address for address, p in _node_listeners(node) if p == port}
+        assert bound == {"0100007F"}, bound  # 127.0.0.1, nothing else
+        local_port = int(base.rsplit(":", 1)[1])
+    except BaseException:
+        session.kill()
+        raise
+    assert session.interrupt() == 130, session.lines
+    assert any("interrupted" in line for line in session.lines), session.lines
+    # Nothing left: no job, no process on the node, no port there or here.
+    job_id = _session_job("\n".join(session.lines))
+    assert _job_gone(job_id)
+    assert not [line for line in testbed.node_procs(node) if "jupyter" in line or "relay" in line]
+    assert not [p for _, p in _node_listeners(node) if p == port]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", local_port), timeout=5).close()
