@@ -71,12 +71,13 @@ class Session:
     """`hpclaunch dev ARGS` in the background as the test user; its stderr read line by
     line; Ctrl-C sent to hpclaunch itself (runuser would not pass it on)."""
 
-    def __init__(self, hpc: Hpc, *args: str) -> None:
+    def __init__(
+        self, cwd: Path, env: dict[str, str], *args: str, user: str = testbed.USER
+    ) -> None:
         self.proc = subprocess.Popen(
-            ["runuser", "-u", testbed.USER, "--", "sh", "-c", 'echo "$$" >&2; exec "$@"',
-             "sh", "hpclaunch", "dev", *args],
-            cwd=hpc.cwd, env=hpc.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
+            ["/usr/sbin/runuser", "-u", user, "--",
+             "sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *args],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stderr is not None
         self.pid = int(self.proc.stderr.readline())
@@ -151,15 +152,24 @@ def _kernel_pid(node: str) -> int:
 def test_dev_jupyter_answers_with_its_token_only_and_ends_clean(hpc: Hpc) -> None:
     if testbed.layout() != "netns":
         pytest.skip("the node's processes and sockets are told apart in the netns layout")
-    session = Session(hpc, "--jupyter", "--venv", str(REPO_VENV), "--env", "DEV_MARK=j-1")
+    args = ("hpclaunch", "dev", "--jupyter", "--venv", str(REPO_VENV), "--env", "DEV_MARK=j-1")
+    session = Session(hpc.cwd, hpc.env, *args)
+    checked = check_jupyter(session, "hpclaunch: Jupyter: ", hpc.cwd / "runs")
+    check_nothing_left(session, *checked)
+
+
+def check_jupyter(session: Session, marker: str, runs: Path) -> tuple[str, int, int]:
+    """The server answers with its token only, its kernel runs on the node with the run's
+    variables (DEV_MARK=j-1) and the venv's Python, its port is on the node's loopback
+    only: (node, the server's port there, the URL's port here)."""
     try:
+        run_id = session.until("hpclaunch: session ").split()[2].rstrip(":")
         node = session.until("hpclaunch: on ").rsplit(" ", 1)[1]
-        url = session.until("hpclaunch: Jupyter: ").split("Jupyter: ", 1)[1]
+        url = session.until(marker).split(marker, 1)[1]
         base, _, token = url.partition("/?token=")
         assert _get(f"{base}/api/status", token)[0] == 200
         assert _get(f"{base}/api/status")[0] == 403
         assert _get(f"{base}/api/status", "wrong-token")[0] == 403
-        # A kernel: on the node, the run's variables, the venv's Python.
         code, body = _get(f"{base}/api/kernels", token, method="POST")
         assert code == 201, body
         pid = _kernel_pid(node)
@@ -168,22 +178,26 @@ def test_dev_jupyter_answers_with_its_token_only_and_ends_clean(hpc: Hpc) -> Non
         assert any(e.startswith(b"HPCLAUNCH_RUN_DIR=") for e in environ)
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         assert argv0.startswith(str(REPO_VENV)), argv0
-        # The server's port: on the node's loopback only.
-        run_dir = next(p for p in hpc.run_dirs())
+        run_dir = next(runs.glob(f"*/{run_id}"))
         said = (run_dir / "logs" / "dev-jupyter.log").read_text()
         port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
         bound = {address for address, p in _node_listeners(node) if p == port}
         assert bound == {"0100007F"}, bound  # 127.0.0.1, nothing else
-        local_port = int(base.rsplit(":", 1)[1])
+        return node, port, int(base.rsplit(":", 1)[1])
     except BaseException:
         session.kill()
         raise
+
+
+def check_nothing_left(session: Session, node: str, port: int, local_port: int) -> None:
+    """After Ctrl-C: exit 130, no job, no server or relay on the node, no port there or
+    here."""
     assert session.interrupt() == 130, session.lines
     assert any("interrupted" in line for line in session.lines), session.lines
-    # Nothing left: no job, no process on the node, no port there or here.
     job_id = _session_job("\n".join(session.lines))
     assert _job_gone(job_id)
-    assert not [line for line in testbed.node_procs(node) if "jupyter" in line or "relay" in line]
+    left = [line for line in testbed.node_procs(node) if "jupyter" in line or "relay" in line]
+    assert not left, left
     assert not [p for _, p in _node_listeners(node) if p == port]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", local_port), timeout=5).close()

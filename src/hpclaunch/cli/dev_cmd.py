@@ -58,9 +58,15 @@ Examples:
     metavar="RUN",
     help="Join this running run's allocation instead of getting one.",
 )
+@click.option("--frames", is_flag=True, hidden=True, help="A laptop's session (sessions/bridge).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND [ARGS]...]")
 def dev_cmd(
-    mode: str, local_port: int, join: Optional[str], command: tuple[str, ...], **options: Any
+    mode: str,
+    local_port: int,
+    join: Optional[str],
+    frames: bool,
+    command: tuple[str, ...],
+    **options: Any,
 ) -> int:
     from pathlib import Path
 
@@ -76,9 +82,24 @@ def dev_cmd(
     def say(line: str) -> None:
         click.echo(line, err=True)
 
+    link = None
+    if frames:  # the login node's side of a laptop's session: stdout carries frames
+        from hpclaunch.sessions import allocation
+        from hpclaunch.sessions.bridge import LaptopLink
+
+        timeout = allocation.heartbeat_timeout(options, Path.cwd(), env)
+        link = LaptopLink(timeout)
+        say = link.say
     with session.allocated(options, joined, Path.cwd(), env, sys.argv, say) as record:
         if mode == "jupyter":
-            why = session.with_jupyter(record, env, say, local_port=local_port)
+            why = session.with_jupyter(
+                record,
+                env,
+                say,
+                local_port=local_port,
+                on_ready=link.ready if link else lambda port, url, token: None,
+                still_up=link.still_up if link else lambda: None,
+            )
             say(f"hpclaunch: session ended: {why}")
             return 0
         return shell.run_shell(record, command, env, sys.stdin.isatty() and not command)

@@ -48,6 +48,11 @@ def session_options(
     return given
 
 
+def heartbeat_timeout(options: Mapping[str, Any], cwd: Path, environ: Mapping[str, str]) -> int:
+    """The profile's dev_heartbeat_timeout: how long a laptop may stay silent."""
+    return profile_for(options.get("cluster"), cwd, environ).dev_heartbeat_timeout
+
+
 def start(
     options: Mapping[str, Any], cwd: Path, environ: Mapping[str, str], argv: Sequence[str]
 ) -> Run:

@@ -36,7 +36,9 @@ class Relay:
         on_text: Callable[[bytes], None] = lambda payload: None,
         stderr: Union[int, IO[bytes], None] = subprocess.DEVNULL,
         port: int = 0,
+        preamble: bytes = b"",
     ) -> None:
+        """preamble: bytes the transport reads before the frames (a laptop's request)."""
         self.on_text = on_text
         self.last_heard = time.monotonic()
         self.proc = subprocess.Popen(
@@ -48,6 +50,9 @@ class Relay:
             start_new_session=True,  # a terminal's Ctrl-C is the session's to handle
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        if preamble:
+            self.proc.stdin.write(preamble)
+            self.proc.stdin.flush()
         self.channels = Channels(Writer(self.proc.stdin.fileno()))
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

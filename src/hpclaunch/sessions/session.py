@@ -47,7 +47,7 @@ def with_jupyter(
     say: Say,
     *,
     local_port: int = 0,
-    on_ready: Callable[[str, str], None] = lambda url, token: None,
+    on_ready: Callable[[int, str, str], None] = lambda port, url, token: None,
     still_up: Callable[[], Optional[str]] = lambda: None,
 ) -> str:
     """The server and its relay until something ends the session; why it ended."""
@@ -62,7 +62,7 @@ def with_jupyter(
         jupyter.wait_ready(relay.port, token, server, log)
         url = jupyter.url(relay.port, token)
         say(f"hpclaunch: Jupyter: {url}")
-        on_ready(url, token)
+        on_ready(relay.port, url, token)
         return _held(record, server, relay, say, still_up)
     finally:
         if relay is not None:

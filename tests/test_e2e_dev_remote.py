@@ -1,0 +1,81 @@
+"""`hpclaunch --remote testbed-login dev --jupyter` from the testbed's laptop (issue 36):
+the relay rides on the OpenSSH master as a stdio channel (no TCP forwarding), the URL
+printed works on the laptop, Ctrl-C leaves nothing, a silent laptop's session ends."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import laptop as lp
+import testbed
+from test_e2e_dev import (
+    REPO_VENV,
+    Session,
+    _job_gone,
+    _session_job,
+    check_jupyter,
+    check_nothing_left,
+)
+from test_e2e_remote import set_up  # noqa: F401  (the module's fixture: remote setup)
+
+pytestmark = [pytest.mark.testbed, pytest.mark.serial]
+
+
+@pytest.fixture
+def project(set_up: None) -> Iterator[lp.Laptop]:  # noqa: F811
+    found = lp.new_project({"notes.txt": "x\n"})
+    yield found
+    shutil.rmtree(found.cwd, ignore_errors=True)
+
+
+def _laptop_session(project: lp.Laptop, *args: str) -> Session:
+    argv = ["/usr/bin/env", "-u", "USER", "-u", "LOGNAME", lp.HPCLAUNCH, "--remote", lp.LOGIN]
+    return Session(project.cwd, project.env(), *argv, "dev", "--jupyter", *args, user=lp.USER)
+
+
+def test_jupyter_from_the_laptop(project: lp.Laptop) -> None:
+    if testbed.layout() != "netns":
+        pytest.skip("the node's processes and sockets are told apart in the netns layout")
+    session = _laptop_session(project, "--venv", str(REPO_VENV), "--env", "DEV_MARK=j-1")
+    marker = "hpclaunch: Jupyter (on this machine): "
+    checked = check_jupyter(session, marker, lp.login_home() / "runs")
+    check_nothing_left(session, *checked)
+    frames = [line for line in testbed.node_procs(checked[0]) if "--frames" in line]
+    assert not frames  # the login node's side of the session is gone too
+
+
+def test_a_silent_laptop_releases_the_allocation(project: lp.Laptop) -> None:
+    name = f"devbeat-{uuid.uuid4().hex[:6]}"
+    folder = lp.login_home() / ".config" / "hpclaunch" / "clusters"
+    profile = folder / f"{name}.toml"
+    folder.mkdir(parents=True, exist_ok=True)
+    profile.write_text('kind = "slurm"\ndiscover = true\ndev_heartbeat_timeout = 8\n')
+    user = pwd.getpwnam(testbed.USER)
+    for path in (profile, folder, folder.parent, folder.parent.parent):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    profile.chmod(0o600)
+    session = _laptop_session(project, "--cluster", name, "--venv", str(REPO_VENV))
+    try:
+        session.until("hpclaunch: Jupyter (on this machine): ")
+        job_id = _session_job("\n".join(session.lines))
+        os.kill(session.pid, signal.SIGSTOP)  # the laptop sleeps: no frame, no ping
+        deadline = time.monotonic() + 90
+        while not _job_gone(job_id) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _job_gone(job_id), "the allocation outlived the heartbeat timeout"
+    finally:
+        os.kill(session.pid, signal.SIGCONT)
+        # runuser stops itself when its child stops (as su does): it goes on too.
+        os.kill(session.proc.pid, signal.SIGCONT)
+        profile.unlink()
+    _, rest = session.proc.communicate(timeout=120)
+    said = "\n".join(session.lines) + rest
+    assert "the laptop was silent for" in said, said
