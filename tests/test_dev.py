@@ -3,6 +3,7 @@ relay's frames and channels, the session's clock, the SSH config entry."""
 
 from __future__ import annotations
 
+import os
 import socket
 import socketserver
 import sys
@@ -14,7 +15,11 @@ import pytest
 
 from hpclaunch import node
 from hpclaunch.errors import UserError
+from hpclaunch.node.relay import CLOSE, DATA, OPEN, PING, TEXT, Writer, read_frame
 from hpclaunch.sessions import allocation
+from hpclaunch.sessions.bridge import LaptopLink
+from hpclaunch.sessions.clock import hold, left_text
+from hpclaunch.sessions.laptop import View, take_port
 from hpclaunch.sessions.relay import Relay
 
 
@@ -113,3 +118,98 @@ def test_relay_to_a_port_where_nothing_listens_closes_the_connection() -> None:
             assert sock.recv(10) == b""  # closed by the node's end, not left hanging
     finally:
         relay.close()
+
+
+# --- the session's clock ------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_clock_warns_at_10_and_2_minutes_then_ends_with_the_job(tmp_path: Path) -> None:
+    clock, said, asked = _Clock(), [], []
+
+    def state(_: Path) -> str:
+        asked.append(clock.now)
+        return "TIMEOUT" if clock.now >= 900 else "RUNNING"
+
+    why = hold(
+        tmp_path, 900, still_up=lambda: None, say=said.append,
+        clock=clock, sleep=clock.sleep, ask_state=state,
+    )  # fmt: skip
+    assert why == "its job ended (TIMEOUT)"
+    assert said == [
+        "hpclaunch: warning: the session ends in 10 min",
+        "hpclaunch: warning: the session ends in 2 min",
+    ]
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert max(gaps) <= 10.5 and len(asked) < 120  # the wait's back-off, not every tick
+
+
+def test_the_clock_ends_when_this_side_ends_and_skips_passed_warnings(tmp_path: Path) -> None:
+    clock, said = _Clock(), []
+    ends = iter([None, None, "the server ended"])
+    why = hold(
+        tmp_path, 300, still_up=lambda: next(ends), say=said.append,
+        clock=clock, sleep=clock.sleep, ask_state=lambda _: "RUNNING",
+    )  # fmt: skip
+    assert why == "the server ended"
+    assert said == []  # 5 minutes left at the start: the 10-minute mark passed already
+    assert left_text(7260) == "2 h 01 min" and left_text(119) == "1 min"
+
+
+# --- the login node's side of a laptop: channels, lines, the heartbeat ---------------------
+
+
+def test_the_laptop_link_relays_channels_and_ends_on_silence(echo: int) -> None:
+    laptop_in_r, laptop_in_w = os.pipe()  # the laptop's frames -> the link's stdin
+    up_r, up_w = os.pipe()  # the link's stdout -> the laptop
+    clock = _Clock()
+    link = LaptopLink(30, stdin=os.fdopen(laptop_in_r, "rb"), stdout_fd=up_w, clock=clock)
+    up = os.fdopen(up_r, "rb")
+    laptop = Writer(laptop_in_w)
+    assert read_frame(up.readline) == (0, TEXT, b'{"heartbeat": 30}')
+    laptop.send(5, OPEN)  # before the server answers: refused
+    assert read_frame(up.readline) == (5, CLOSE, b"")
+    link.ready(echo, f"http://127.0.0.1:{echo}/?token=t", "t")
+    assert read_frame(up.readline) == (0, TEXT, b'{"ready": "/?token=t", "token": "t"}')
+    laptop.send(6, OPEN)
+    laptop.send(6, DATA, b"hi")
+    assert read_frame(up.readline) == (6, DATA, b"HI")
+    assert link.still_up() is None
+    clock.now += 31
+    assert "the laptop was silent for 31 s" in str(link.still_up())
+    laptop.send(0, PING)
+    assert read_frame(up.readline) == (0, PING, b"")
+    assert link.still_up() is None  # heard again
+    os.close(laptop_in_w)
+    link.thread.join(10)
+    assert link.still_up() == "the laptop closed the connection"
+
+
+def test_the_laptop_keeps_its_port_option_and_prints_its_own_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    words = ["dev", "--jupyter", "--port", "8888", "--env=A=1", "--", "--port", "1"]
+    assert take_port(words) == (["dev", "--jupyter", "--env=A=1", "--", "--port", "1"], 8888)
+    assert take_port(["dev", "--port=9"]) == (["dev"], 9)
+    view = View()
+    view.port = 4242
+    assert view.ping_every is None  # no ping before the login node speaks
+    view.text(b'{"heartbeat": 6}')
+    assert view.ping_every == 2.0
+    view.text(b'{"line": "hpclaunch: on node1"}')
+    view.text(b'{"ready": "/?token=t"}')
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "hpclaunch: on node1",
+        "hpclaunch: Jupyter (on this machine): http://127.0.0.1:4242/?token=t",
+    ]

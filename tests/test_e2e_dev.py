@@ -178,6 +178,7 @@ def check_jupyter(session: Session, marker: str, runs: Path) -> tuple[str, int, 
         assert any(e.startswith(b"HPCLAUNCH_RUN_DIR=") for e in environ)
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         assert argv0.startswith(str(REPO_VENV)), argv0
+        assert _lightning_sees_slurm_task(environ) == "False"  # Trainer(devices=N) works
         run_dir = next(runs.glob(f"*/{run_id}"))
         said = (run_dir / "logs" / "dev-jupyter.log").read_text()
         port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
@@ -187,6 +188,19 @@ def check_jupyter(session: Session, marker: str, runs: Path) -> tuple[str, int, 
     except BaseException:
         session.kill()
         raise
+
+
+def _lightning_sees_slurm_task(environ: list[bytes]) -> str:
+    """What Lightning's own detection (SLURMEnvironment.detect) says in the kernel's
+    exact environment: a Slurm task, or not."""
+    env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+    code = "from lightning.fabric.plugins.environments import SLURMEnvironment as S\n"
+    code += "print(S.detect())"
+    done = subprocess.run(
+        [str(REPO_VENV / "bin" / "python"), "-c", code],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or done.stderr
 
 
 def check_nothing_left(session: Session, node: str, port: int, local_port: int) -> None:

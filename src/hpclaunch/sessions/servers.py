@@ -20,7 +20,7 @@ from hpclaunch.basics import filemodes
 from hpclaunch.observe import attach
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.sessions.relay import Relay
-from hpclaunch.sessions.shell import has_container
+from hpclaunch.sessions.shell import has_container, interactive
 from hpclaunch.slurm import commands
 
 # Ports a session's server takes on the node: above the usual services and below
@@ -52,7 +52,7 @@ def start_server(
     plan = attach.plan_attach(
         record,
         target,
-        command,
+        interactive(command),
         container=has_container(record),
         pty=False,
         environ=environ,

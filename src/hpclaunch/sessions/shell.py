@@ -8,6 +8,17 @@ from collections.abc import Mapping, Sequence
 from hpclaunch.observe import attach
 from hpclaunch.records.runrecord import RunRecord
 
+# Lightning takes a process for one of srun's tasks when SLURM_NTASKS is set, unless the
+# job's name is "bash" or "interactive" (_is_srun_used / _is_slurm_interactive_mode in
+# Lightning-AI/pytorch-lightning src/lightning/fabric/plugins/environments/slurm.py), and
+# would then refuse Trainer(devices=4) in a one-task step. Set by `env` in front of the
+# command, after slurmstepd's own variables (it sets SLURM_JOB_NAME to the job's name).
+INTERACTIVE = ("env", "SLURM_JOB_NAME=interactive")
+
+
+def interactive(command: Sequence[str]) -> list[str]:
+    return [*INTERACTIVE, *command]
+
 
 def has_container(record: RunRecord) -> bool:
     return attach.container_of(attach.load_spec(record)) is not None
@@ -18,8 +29,10 @@ def plan(
 ) -> attach.Plan:
     """The step: the first node, in the image when the run has one (as its tasks were)."""
     target = attach.find_target(record, None)
+    inside = has_container(record)
+    wanted = list(command) or attach.shell_argv(environ, in_image=inside)
     return attach.plan_attach(
-        record, target, command, container=has_container(record), pty=tty, environ=environ
+        record, target, interactive(wanted), container=inside, pty=tty, environ=environ
     )
 
 
