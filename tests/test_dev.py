@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import socketserver
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import pytest
 from hpclaunch import node
 from hpclaunch.errors import UserError
 from hpclaunch.node.relay import CLOSE, DATA, OPEN, PING, TEXT, Writer, read_frame
-from hpclaunch.sessions import allocation
+from hpclaunch.sessions import allocation, sshconfig
 from hpclaunch.sessions.bridge import LaptopLink
 from hpclaunch.sessions.clock import hold, left_text
 from hpclaunch.sessions.laptop import View, take_port
@@ -179,7 +180,7 @@ def test_the_laptop_link_relays_channels_and_ends_on_silence(echo: int) -> None:
     assert read_frame(up.readline) == (0, TEXT, b'{"heartbeat": 30}')
     laptop.send(5, OPEN)  # before the server answers: refused
     assert read_frame(up.readline) == (5, CLOSE, b"")
-    link.ready(echo, f"http://127.0.0.1:{echo}/?token=t", "t")
+    link.ready(echo, {"ready": "/?token=t", "token": "t"})
     assert read_frame(up.readline) == (0, TEXT, b'{"ready": "/?token=t", "token": "t"}')
     laptop.send(6, OPEN)
     laptop.send(6, DATA, b"hi")
@@ -213,3 +214,52 @@ def test_the_laptop_keeps_its_port_option_and_prints_its_own_url(
         "hpclaunch: on node1",
         "hpclaunch: Jupyter (on this machine): http://127.0.0.1:4242/?token=t",
     ]
+
+
+# --- --vscode: the ssh config entry, the sshd's environment ------------------------------
+
+
+def test_the_ssh_entry_goes_first_and_leaves_the_rest_as_it_was(tmp_path: Path) -> None:
+    config = tmp_path / ".ssh" / "config"
+    config.parent.mkdir(mode=0o700)
+    mine = "Host *\n    User someone\n\nHost lumi\n    HostName lumi.csc.fi\n"
+    config.write_text(mine)
+    config.chmod(0o640)
+    name = sshconfig.host_name("20261126-1-a")
+    text = sshconfig.entry(name, "hpcuser", tmp_path / "my key", tmp_path / "kh", 4242)
+    sshconfig.add(config, text)
+    written = config.read_text()
+    assert written.startswith("# hpclaunch-20261126-1-a: hpclaunch dev") and written.endswith(mine)
+    assert f"Host {name}\n" in written and "    User hpcuser\n" in written
+    assert f"    IdentityFile '{tmp_path}/my key'\n" in written  # quoted: a space
+    assert "    HostKeyAlias hpclaunch-20261126-1-a\n" in written
+    proxy = next(ln for ln in written.splitlines() if "ProxyCommand" in ln)
+    assert proxy.endswith(" --pipe 4242") and "relay.py" in proxy
+    assert config.stat().st_mode & 0o777 == 0o640  # the user's mode kept
+    sshconfig.remove(config, name)
+    assert config.read_text() == mine
+    fresh = tmp_path / "none" / ".ssh" / "config"
+    sshconfig.add(fresh, text)
+    assert fresh.stat().st_mode & 0o777 == 0o600
+    assert fresh.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_sshd_logins_get_the_steps_environment_back(tmp_path: Path) -> None:
+    keeper = str(node.path(node.DEV_SSHD))
+    saved = tmp_path / "env.json"
+    step = {"PATH": "/venv/bin:/usr/bin:/bin", "RUN_MARK": "r-1", "HOME": "/step-home"}
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", keeper, "save", str(saved), "--", "/bin/true"],
+        env=step, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and saved.stat().st_mode & 0o777 == 0o600
+    login = {"SSH_ORIGINAL_COMMAND": "echo $RUN_MARK $PATH $HOME $SSH_CONNECTION",
+             "SSH_CONNECTION": "127.0.0.1 1 127.0.0.1 2", "HOME": "/login-home",
+             "PATH": "/usr/bin:/bin"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", keeper, "enter", str(saved)],
+        env=login, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.stdout.split() == [
+        "r-1", "/venv/bin:/usr/bin:/bin", "/login-home", "127.0.0.1", "1", "127.0.0.1", "2"
+    ]  # fmt: skip

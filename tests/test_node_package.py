@@ -36,6 +36,7 @@ PROMISED = {
     node.GPU_WATCH: (3, 6),
     node.STACK_PROBE: (3, 6),
     node.RELAY: (3, 8),
+    node.DEV_SSHD: (3, 8),
     node.WANDB_AGENT: (3, 6),
 }
 # What each shipped file shares with the host (hpclaunch.node's names).
@@ -70,7 +71,7 @@ HOST_ONLY = {
     "BOOTSTRAP", "STAGE_GUARD", "VENV_PROBE", "RUN_DIR_NAME", "PYTHON_FLAGS", "STAGE_JSON",
     "LOGS", "LOADER", "BOOTSTRAP_MODULE", "GPU_WATCH", "METRICS", "GPU_CSV",
     "PROFILES", "PYSPY", "LOCAL_RECORDS", "STACK_PROBE", "RANK_PLACEHOLDERS", "WANDB_AGENT",
-    "RELAY",
+    "RELAY", "DEV_SSHD",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

@@ -12,8 +12,8 @@ from hpclaunch.cli.run_cmd import with_options_named
 from hpclaunch.config.options import OPTIONS
 
 DEV_HELP = """Open an interactive session on a compute node, inside the run's allocation,
-container, venv and environment: a shell (default) or a Jupyter server
-(docs/interactive.md).
+container, venv and environment: a shell (default), a Jupyter server or an SSH
+server for VS Code (docs/interactive.md).
 
 \b
 Without --run, hpclaunch gets an allocation with the run options given (time limit:
@@ -31,6 +31,7 @@ Examples:
   hpclaunch dev --gpus-per-node 1                       # a shell on a GPU node
   hpclaunch dev --container pytorch.sif -t 1:00:00      # a shell inside the image
   hpclaunch dev --jupyter --venv ~/venvs/torch          # Jupyter, its URL printed
+  hpclaunch dev --vscode --container pytorch.sif        # then: ssh hpclaunch-RUN
   hpclaunch dev --run last -- nvidia-smi                # one command in a running run
 """
 
@@ -43,6 +44,13 @@ Examples:
     "mode",
     flag_value="jupyter",
     help="A Jupyter server (jupyter_server from the run's environment), its URL printed.",
+)
+@click.option(
+    "--vscode",
+    "mode",
+    flag_value="vscode",
+    help="An OpenSSH server for VS Code's Remote-SSH (in the image when it has sshd), "
+    "reached as host hpclaunch-RUN (an entry in ~/.ssh/config while the session lasts).",
 )
 @click.option(
     "--port",
@@ -91,13 +99,14 @@ def dev_cmd(
         link = LaptopLink(timeout)
         say = link.say
     with session.allocated(options, joined, Path.cwd(), env, sys.argv, say) as record:
-        if mode == "jupyter":
-            why = session.with_jupyter(
+        if mode in ("jupyter", "vscode"):
+            serve = session.with_jupyter if mode == "jupyter" else session.with_vscode
+            why = serve(
                 record,
                 env,
                 say,
                 local_port=local_port,
-                on_ready=link.ready if link else lambda port, url, token: None,
+                on_ready=link.ready if link else None,
                 still_up=link.still_up if link else lambda: None,
             )
             say(f"hpclaunch: session ended: {why}")

@@ -58,9 +58,9 @@ def _dispatch(argv: Optional[list[str]]) -> object:
 
 
 def _is_dev_server(argv: tuple[str, ...]) -> bool:
-    """`dev --jupyter` (a shell is a terminal, forwarded like attach)."""
+    """`dev --jupyter` or `dev --vscode` (a shell is a terminal, forwarded like attach)."""
     words = argv[: argv.index("--")] if "--" in argv else argv
-    return bool(words) and words[0] == "dev" and "--jupyter" in words
+    return bool(words) and words[0] == "dev" and bool({"--jupyter", "--vscode"} & set(words))
 
 
 def _refuse_laptop_options(words: list[str]) -> None:

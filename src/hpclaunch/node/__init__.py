@@ -19,6 +19,9 @@ These files are shipped out of this package:
 - ``relay.py``: `hpclaunch dev`'s relay, its text handed to the node's ``python3 -I -S
   -c`` in an overlapping step: TCP to a loopback port carried over the step's stdio
   (Python >= 3.8); the host imports its frame codec.
+- ``dev_sshd.py``: `hpclaunch dev --vscode`'s sshd on the node: the step's environment
+  saved before sshd starts, put back by its ForceCommand (Python >= 3.8; copied into the
+  run folder's dev-ssh/).
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 
@@ -52,6 +55,7 @@ STAGE_GUARD = "stage_guard.py"
 GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6)
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
+DEV_SSHD = "dev_sshd.py"  # hpclaunch dev --vscode: the sshd's saved environment (copied)
 RELAY = "relay.py"  # hpclaunch dev's relay: never copied, its text to the nodes' python3
 WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap

@@ -191,9 +191,36 @@ class NodeEnd(Channels):
         self.close_all()
 
 
+def pipe(port: int) -> int:
+    """--pipe PORT: this process's stdin/stdout to one connection to 127.0.0.1:PORT (an
+    ssh ProxyCommand through the session's relay port)."""
+    sock = socket.create_connection(("127.0.0.1", port), CONNECT_TIMEOUT_S)
+    sock.settimeout(None)
+
+    def upward() -> None:
+        while True:
+            data = os.read(0, CHUNK)
+            if not data:
+                break
+            sock.sendall(data)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+
+    threading.Thread(target=upward, daemon=True).start()
+    while True:
+        data = sock.recv(CHUNK)
+        if not data:
+            return 0
+        view = memoryview(data)
+        while view:
+            view = view[os.write(1, view) :]
+
+
 def main(argv: List[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--pipe" and argv[1].isdigit():
+        return pipe(int(argv[1]))
     if len(argv) != 1 or not argv[0].isdigit():
-        sys.stderr.write("usage: relay.py PORT\n")
+        sys.stderr.write("usage: relay.py PORT | relay.py --pipe PORT\n")
         return 2
     NodeEnd(int(argv[0]), Writer(sys.stdout.fileno())).serve(sys.stdin.buffer.readline)
     return 0

@@ -54,10 +54,11 @@ class LaptopLink:
     def say(self, line: str) -> None:
         self.send({"line": line})
 
-    def ready(self, port: int, url: str, token: str) -> None:
-        """Laptop's channels go to `port` (the session's relay here) from now on."""
+    def ready(self, port: int, facts: dict[str, Any]) -> None:
+        """The laptop's channels go to `port` (the session's relay here) from now on;
+        `facts` tell the laptop what to print or write (the URL's path, the ssh entry)."""
         self.end.port = port
-        self.send({"ready": url.split(str(port), 1)[1], "token": token})
+        self.send(facts)
 
     def still_up(self) -> Optional[str]:
         if not self.thread.is_alive():

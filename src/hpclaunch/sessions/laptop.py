@@ -9,6 +9,7 @@ PINGs are the session's heartbeat."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Optional
 
 from hpclaunch.remote import forward
 from hpclaunch.remote.ssh import Connection, Host
+from hpclaunch.sessions import sshconfig
 from hpclaunch.sessions.bridge import FRAMES_FLAG
 from hpclaunch.sessions.relay import Relay
 
@@ -48,7 +50,9 @@ def take_port(words: Sequence[str]) -> tuple[list[str], int]:
 class View:
     """What the login node's session says, printed on the laptop with its own port."""
 
-    def __init__(self) -> None:
+    def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
+        self.environ = dict(environ or {})
+        self.entry: Optional[tuple[Path, str]] = None  # (~/.ssh/config, host name) written
         self.port = 0
         # No frame before the login node's first (its heartbeat): its reader starts then.
         self.ping_every: Optional[float] = None
@@ -65,6 +69,38 @@ class View:
         if "ready" in said:
             url = f"http://127.0.0.1:{self.port}{said['ready']}"
             print(f"hpclaunch: Jupyter (on this machine): {url}", file=sys.stderr, flush=True)
+        if isinstance(said.get("ssh"), dict):
+            self.ssh_entry(said["ssh"])
+
+    def ssh_entry(self, facts: Mapping[str, Any]) -> None:
+        """The session's key and host key in a private folder of the laptop, and the
+        `Host hpclaunch-<run>` entry through this laptop's relay port."""
+        name = str(facts["name"])
+        if not name.startswith("hpclaunch-") or "/" in name or any(c.isspace() for c in name):
+            return  # not a name this side would write
+        home = Path(self.environ.get("HOME") or Path.home())
+        folder = home / ".cache" / "hpclaunch" / "dev" / name
+        sshconfig.write_private(folder / "id", str(facts["key"]))
+        known = folder / "known_hosts"
+        sshconfig.write_private(known, f"{name} {facts['host_public']}\n")
+        config = sshconfig.config_path(self.environ)
+        user = str(facts["user"])
+        sshconfig.add(config, sshconfig.entry(name, user, folder / "id", known, self.port))
+        self.entry = (config, name)
+        where = facts.get("where", "")
+        print(
+            f"hpclaunch: VS Code (on this machine): Remote-SSH, connect to host {name} "
+            f"(sshd {where})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def clean_up(self) -> None:
+        if self.entry is not None:
+            config, name = self.entry
+            sshconfig.remove(config, name)
+            shutil.rmtree(config.parent.parent / ".cache" / "hpclaunch" / "dev" / name, True)
+            self.entry = None
 
 
 def remote_session(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> int:
@@ -77,7 +113,7 @@ def remote_session(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[s
         **forward.project_mirror(cwd, laptop.ship),
     }
     first = json.dumps(forward.request(conn, [*words, FRAMES_FLAG], env=sent)).encode() + b"\n"
-    view = View()
+    view = View(environ)
     relay = Relay(
         conn.ssh_argv(list(forward.SERVE)),
         on_text=view.text,
@@ -96,5 +132,6 @@ def remote_session(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[s
     finally:
         # The login node's session sees its stdin end and cleans up; wait for it.
         relay.close(grace_s=90)
+        view.clean_up()
     code = relay.proc.returncode
     return forward.not_set_up(conn) if code == forward.NOT_SET_UP else (code or 0)

@@ -44,6 +44,7 @@ def start_server(
     environ: Mapping[str, str],
     secret_env: Mapping[str, str],
     log: Path,
+    container: Optional[bool] = None,
 ) -> subprocess.Popen[bytes]:
     """The server as a step on the first node, inside the run's container when it has
     one (its venv, variables, binds), its output into `log`; secret_env reaches it as
@@ -53,7 +54,7 @@ def start_server(
         record,
         target,
         interactive(command),
-        container=has_container(record),
+        container=has_container(record) if container is None else container,
         pty=False,
         environ=environ,
         add_env=secret_env,

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hpclaunch.backends import runstatus
+from hpclaunch.basics.users import user_name
 from hpclaunch.records.runrecord import RunRecord
-from hpclaunch.sessions import allocation, clock, jupyter, servers
+from hpclaunch.sessions import allocation, clock, jupyter, servers, sshconfig, sshd
 from hpclaunch.sessions.relay import Relay
 
 Say = Callable[[str], None]
@@ -47,7 +48,7 @@ def with_jupyter(
     say: Say,
     *,
     local_port: int = 0,
-    on_ready: Callable[[int, str, str], None] = lambda port, url, token: None,
+    on_ready: Optional[Callable[[int, dict[str, Any]], None]] = None,
     still_up: Callable[[], Optional[str]] = lambda: None,
 ) -> str:
     """The server and its relay until something ends the session; why it ended."""
@@ -62,7 +63,8 @@ def with_jupyter(
         jupyter.wait_ready(relay.port, token, server, log)
         url = jupyter.url(relay.port, token)
         say(f"hpclaunch: Jupyter: {url}")
-        on_ready(relay.port, url, token)
+        if on_ready is not None:
+            on_ready(relay.port, {"ready": url.split(str(relay.port), 1)[1], "token": token})
         return _held(record, server, relay, say, still_up)
     finally:
         if relay is not None:
@@ -89,3 +91,51 @@ def _held(
         return still_up()
 
     return clock.hold(record.path, left, still_up=ended, say=say)
+
+
+def with_vscode(
+    record: RunRecord,
+    environ: Mapping[str, str],
+    say: Say,
+    *,
+    local_port: int = 0,
+    on_ready: Optional[Callable[[int, dict[str, Any]], None]] = None,
+    still_up: Callable[[], Optional[str]] = lambda: None,
+) -> str:
+    """sshd and its relay until something ends the session; the `Host hpclaunch-<run>`
+    entry in this user's ~/.ssh/config meanwhile (on_ready: the laptop writes its own)."""
+    keys = sshd.prepare(record, servers.random_port())
+    port = int(keys.port)
+    inside = sshd.image_has_sshd(record, environ)
+    log = servers.log_file(record, "sshd")
+    server = servers.start_server(record, sshd.command(keys), environ, {}, log, inside)
+    relay: Optional[Relay] = None
+    name = sshconfig.host_name(record.run_id)
+    written: Optional[Path] = None
+    try:
+        relay = servers.start_relay(record, port, environ, local_port)
+        sshd.wait_ready(relay.port, server, log)
+        where = "in the run's image" if inside else "on the node"
+        if on_ready is None:
+            known = keys.folder / "known_hosts"
+            sshconfig.write_private(known, f"{name} {keys.host_public}\n")
+            written = sshconfig.config_path(environ)
+            user = user_name(environ)
+            sshconfig.add(written, sshconfig.entry(name, user, keys.client_key, known, relay.port))
+            say(f"hpclaunch: VS Code: Remote-SSH, connect to host {name} (sshd {where})")
+        else:
+            facts = {
+                "name": name,
+                "user": user_name(environ),
+                "key": keys.client_key.read_text(encoding="utf-8"),
+                "host_public": keys.host_public,
+                "where": where,
+            }
+            on_ready(relay.port, {"ssh": facts})
+        return _held(record, server, relay, say, still_up)
+    finally:
+        if written is not None:
+            sshconfig.remove(written, name)
+        if relay is not None:
+            relay.close()
+        servers.stop(server)
