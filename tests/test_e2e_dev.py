@@ -4,6 +4,7 @@ a shell on its first node inside the run's container, the allocation released af
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -215,3 +216,45 @@ def check_nothing_left(session: Session, node: str, port: int, local_port: int) 
     assert not [p for _, p in _node_listeners(node) if p == port]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", local_port), timeout=5).close()
+
+
+# --- VS Code ----------------------------------------------------------------------------
+
+
+def vscode_host(session: Session, marker: str) -> str:
+    """The host name the session printed (`... connect to host hpclaunch-RUN (sshd ...)`)."""
+    line = session.until(marker)
+    return line.split("connect to host ", 1)[1].split()[0]
+
+
+def entry_lines(config: Path, host: str) -> list[str]:
+    text = config.read_text() if config.exists() else ""
+    return [line for line in text.splitlines() if host in line]
+
+
+def test_dev_vscode_reaches_the_node_through_its_entry(hpc: Hpc) -> None:
+    """sshd on the node (no image): `ssh hpclaunch-RUN` lands in the allocation with the
+    run's variables; the entry goes with the session."""
+    session = Session(hpc.cwd, hpc.env, "hpclaunch", "dev", "--vscode", "--env", "DEV_MARK=v-1")
+    config = Path(hpc.env["HOME"]) / ".ssh" / "config"
+    try:
+        host = vscode_host(session, "hpclaunch: VS Code: ")
+        assert entry_lines(config, host)
+        probe = "echo $DEV_MARK $SLURM_JOB_ID $SLURMD_NODENAME"
+        done = hpc.cmd(["ssh", host, probe], timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        job_id = _session_job("\n".join(session.lines))
+        assert done.stdout.split() == ["v-1", job_id, "node1"], done.stdout
+        # hpclaunch.call from the session (as from a notebook): a step of its allocation.
+        code = "import hpclaunch, os\n"
+        code += "print(hpclaunch.call(lambda: os.environ['SLURM_JOB_ID'])[0])"
+        python = str(REPO_VENV / "bin" / "python")
+        called = hpc.cmd(["ssh", host, shlex.join([python, "-c", code])], timeout=300)
+        assert called.returncode == 0, called.stdout + called.stderr
+        assert called.stdout.split()[-1:] == [job_id], called.stdout
+    except BaseException:
+        session.kill()
+        raise
+    assert session.interrupt() == 130, session.lines
+    assert not entry_lines(config, host)
+    assert _job_gone(job_id)

@@ -11,6 +11,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,8 @@ from test_e2e_dev import (
     _session_job,
     check_jupyter,
     check_nothing_left,
+    entry_lines,
+    vscode_host,
 )
 from test_e2e_remote import set_up  # noqa: F401  (the module's fixture: remote setup)
 
@@ -79,3 +82,25 @@ def test_a_silent_laptop_releases_the_allocation(project: lp.Laptop) -> None:
     _, rest = session.proc.communicate(timeout=120)
     said = "\n".join(session.lines) + rest
     assert "the laptop was silent for" in said, said
+
+
+def test_vscode_from_the_laptop_lands_in_the_image(project: lp.Laptop, user_image: Path) -> None:
+    if not (user_image / "usr" / "sbin" / "sshd").exists():
+        pytest.skip("the test image has no sshd yet: testbed/image.sh builds it with one")
+    args = ("--container", str(user_image), "--container-runtime", "charliecloud")
+    argv = ["/usr/bin/env", "-u", "USER", "-u", "LOGNAME", lp.HPCLAUNCH, "--remote", lp.LOGIN]
+    session = Session(project.cwd, project.env(), *argv, "dev", "--vscode", *args, user=lp.USER)
+    config = lp.home() / ".ssh" / "config"
+    try:
+        host = vscode_host(session, "hpclaunch: VS Code (on this machine): ")
+        assert "(sshd in the run's image)" in session.lines[-1], session.lines
+        assert entry_lines(config, host)
+        done = project.cmd(["ssh", host, "cat", "/hpclaunch-test-image"], timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.strip() == "yes", done.stdout
+    except BaseException:
+        session.kill()
+        raise
+    assert session.interrupt() == 130, session.lines
+    assert not entry_lines(config, host)
+    assert _job_gone(_session_job("\n".join(session.lines)))

@@ -13,7 +13,11 @@ from hpclaunch.records.runrecord import RunRecord
 # Lightning-AI/pytorch-lightning src/lightning/fabric/plugins/environments/slurm.py), and
 # would then refuse Trainer(devices=4) in a one-task step. Set by `env` in front of the
 # command, after slurmstepd's own variables (it sets SLURM_JOB_NAME to the job's name).
-INTERACTIVE = ("env", "SLURM_JOB_NAME=interactive")
+# SLURM_OVERLAP=1 is srun's --overlap (https://slurm.schedmd.com/srun.html, input
+# environment variables): a step started in the session (hpclaunch.call from a notebook
+# runs one, the step backend) shares the nodes the session's holding ranks keep, instead
+# of waiting for them forever.
+INTERACTIVE = ("env", "SLURM_JOB_NAME=interactive", "SLURM_OVERLAP=1")
 
 
 def interactive(command: Sequence[str]) -> list[str]:
