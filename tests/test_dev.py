@@ -245,21 +245,30 @@ def test_the_ssh_entry_goes_first_and_leaves_the_rest_as_it_was(tmp_path: Path) 
 
 
 def test_the_sshd_logins_get_the_steps_environment_back(tmp_path: Path) -> None:
+    """save keeps the step's environment in a private folder of TMPDIR and hands sshd
+    (here a stand-in that runs its ForceCommand as a login would) the command that puts
+    it back; the folder goes when sshd ends."""
     keeper = str(node.path(node.DEV_SSHD))
-    saved = tmp_path / "env.json"
-    step = {"PATH": "/venv/bin:/usr/bin:/bin", "RUN_MARK": "r-1", "HOME": "/step-home"}
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", keeper, "save", str(saved), "--", "/bin/true"],
-        env=step, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0 and saved.stat().st_mode & 0o777 == 0o600
     login = {"SSH_ORIGINAL_COMMAND": "echo $RUN_MARK $PATH $HOME $SSH_CONNECTION",
              "SSH_CONNECTION": "127.0.0.1 1 127.0.0.1 2", "HOME": "/login-home",
              "PATH": "/usr/bin:/bin"}  # fmt: skip
+    fake_sshd = (
+        "import json, subprocess, sys, os\n"
+        "force = sys.argv[-1].split('=', 1)[1]\n"
+        "print(sorted(os.listdir(os.environ['TMPDIR'])), flush=True)\n"
+        "print(oct(os.stat(force.split()[-1]).st_mode & 0o777), flush=True)\n"
+        f"subprocess.run(['/bin/sh', '-c', force], env={login!r})\n"
+    )
+    step = {"PATH": "/venv/bin:/usr/bin:/bin", "RUN_MARK": "r-1", "HOME": "/step-home",
+            "TMPDIR": str(tmp_path)}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-I", "-S", keeper, "enter", str(saved)],
-        env=login, capture_output=True, text=True, check=False,
+        [sys.executable, "-I", "-S", keeper, "save", "--", sys.executable, "-c", fake_sshd, "-o"],
+        env=step, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    assert done.stdout.split() == [
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert lines[0].startswith("['hpclaunch-dev-") and lines[1] == "0o600", lines
+    assert lines[2].split() == [
         "r-1", "/venv/bin:/usr/bin:/bin", "/login-home", "127.0.0.1", "1", "127.0.0.1", "2"
     ]  # fmt: skip
+    assert list(tmp_path.iterdir()) == []  # nothing left of the saved environment

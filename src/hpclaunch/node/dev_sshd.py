@@ -4,14 +4,23 @@ so the step's (the run's variables, its venv on PATH, Slurm's, the image's) is s
 a private file before sshd starts, and sshd's ForceCommand runs this file again to put
 it back before the login's command or shell.
 
+The file may hold secrets the run was given: it lies in a fresh private folder of the
+node's own temporary folder (mkdtemp, 0700; never the shared run folder), and `save`
+stays sshd's parent to remove it when the step ends (srun's SIGTERM, or sshd's end).
+
 Usage (Python >= 3.8, standard library only):
-  python3 -I -S dev_sshd.py save ENV_FILE -- SSHD [ARGS...]   # the step's command
-  python3 -I -S dev_sshd.py enter ENV_FILE                      # sshd's ForceCommand
+  python3 -I -S dev_sshd.py save -- SSHD [ARGS...]    # the step's command
+  python3 -I -S dev_sshd.py enter ENV_FILE             # sshd's ForceCommand (given by save)
 """
 
 import json
 import os
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from typing import Dict, List
 
 # The login's own variables that win over the saved ones (who logged in, from where,
@@ -20,12 +29,25 @@ LOGIN_VARS = ("SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY", "SSH_ORIGINAL_COMMAND",
               "SSH_AUTH_SOCK", "LANG", "LC_ALL")  # fmt: skip
 
 
-def save(path: str, command: List[str]) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(dict(os.environ), out)
-    os.execv(command[0], command)
-    return 127  # not reached
+def save(command: List[str]) -> int:
+    folder = tempfile.mkdtemp(prefix="hpclaunch-dev-")  # 0700, an unpredictable name
+    path = os.path.join(folder, "env.json")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(dict(os.environ), out)
+        me = os.path.abspath(__file__)
+        enter = shlex.join(["python3", "-I", "-S", me, "enter", path])
+        sshd = subprocess.Popen([*command, "-o", "ForceCommand=" + enter])
+
+        def stop(signum: int, frame: object) -> None:
+            sshd.terminate()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        return sshd.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def enter(path: str) -> int:
@@ -46,11 +68,11 @@ def enter(path: str) -> int:
 
 
 def main(argv: List[str]) -> int:
-    if len(argv) >= 4 and argv[0] == "save" and argv[2] == "--":
-        return save(argv[1], argv[3:])
+    if len(argv) >= 3 and argv[0] == "save" and argv[1] == "--":
+        return save(argv[2:])
     if len(argv) == 2 and argv[0] == "enter":
         return enter(argv[1])
-    sys.stderr.write("usage: dev_sshd.py save ENV_FILE -- SSHD [ARGS] | enter ENV_FILE\n")
+    sys.stderr.write("usage: dev_sshd.py save -- SSHD [ARGS] | enter ENV_FILE\n")
     return 2
 
 

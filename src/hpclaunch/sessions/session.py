@@ -6,6 +6,7 @@ the server stop, and a session's own allocation is released."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -136,6 +137,7 @@ def with_vscode(
     finally:
         if written is not None:
             sshconfig.remove(written, name)
+        shutil.rmtree(keys.folder, ignore_errors=True)  # the session's keys go with it
         if relay is not None:
             relay.close()
         servers.stop(server)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpclaunch import node
-from hpclaunch.basics import shell
 from hpclaunch.errors import UserError
 from hpclaunch.observe import attach
 from hpclaunch.records.runrecord import RunRecord
@@ -69,8 +68,6 @@ def prepare(record: RunRecord, port: int) -> Keys:
 
 
 def config_text(folder: Path, port: int) -> str:
-    keeper = [str(folder / node.DEV_SSHD), "enter", str(folder / "env.json")]
-    enter = shell.command(["python3", *node.PYTHON_FLAGS, *keeper])  # run by the user's shell
     return "\n".join(
         [
             f"Port {port}",
@@ -85,7 +82,7 @@ def config_text(folder: Path, port: int) -> str:
             "PidFile none",
             "AllowTcpForwarding yes",  # VS Code's server is reached through the login
             "X11Forwarding no",
-            f"ForceCommand {enter}",
+            # ForceCommand: given by dev_sshd.py save on sshd's command line (its file)
             "Subsystem sftp internal-sftp",
             "",
         ]
@@ -94,8 +91,7 @@ def config_text(folder: Path, port: int) -> str:
 
 def command(keys: Keys) -> list[str]:
     folder = keys.folder
-    keeper = ["python3", *node.PYTHON_FLAGS, str(folder / node.DEV_SSHD)]
-    keeper += ["save", str(folder / "env.json")]
+    keeper = ["python3", *node.PYTHON_FLAGS, str(folder / node.DEV_SSHD), "save"]
     return [*keeper, "--", SSHD, "-D", "-e", "-f", str(folder / "sshd_config")]
 
 
