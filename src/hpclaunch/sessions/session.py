@@ -137,7 +137,7 @@ def with_vscode(
     finally:
         if written is not None:
             sshconfig.remove(written, name)
-        shutil.rmtree(keys.folder, ignore_errors=True)  # the session's keys go with it
         if relay is not None:
             relay.close()
         servers.stop(server)
+        shutil.rmtree(keys.folder, ignore_errors=True)  # the session's keys go with it
