@@ -38,13 +38,18 @@ def _session_job(output: str) -> str:
     return line.rsplit(" ", 1)[1].strip()
 
 
-def _job_gone(job_id: str) -> bool:
-    done = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%T"],
-        env={**testbed.user_env(), "SLURM_CONF": str(testbed.conf_path())},
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return not done.stdout.strip()
+def _job_gone(job_id: str, timeout: float = 60) -> bool:
+    """The job left the queue (scancel's end takes a moment: COMPLETING first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"],
+            env={**testbed.user_env(), "SLURM_CONF": str(testbed.conf_path())},
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if not done.stdout.strip() or time.monotonic() > deadline:
+            return not done.stdout.strip()
+        time.sleep(1)
 
 
 def test_dev_shell_runs_on_the_node_inside_the_container(hpc: Hpc, user_image: Path) -> None:
