@@ -165,6 +165,7 @@ def test_the_clock_ends_when_this_side_ends_and_skips_passed_warnings(tmp_path: 
     assert why == "the server ended"
     assert said == []  # 5 minutes left at the start: the 10-minute mark passed already
     assert left_text(7260) == "2 h 01 min" and left_text(119) == "1 min"
+    assert left_text(55.5) == "55 s"
 
 
 # --- the login node's side of a laptop: channels, lines, the heartbeat ---------------------

@@ -263,3 +263,25 @@ def test_dev_vscode_reaches_the_node_through_its_entry(hpc: Hpc) -> None:
     assert session.interrupt() == 130, session.lines
     assert not entry_lines(config, host)
     assert _job_gone(job_id)
+
+
+def test_dev_session_ends_clean_at_its_time_limit(hpc: Hpc) -> None:
+    """A one-minute session: its time shown, then the limit ends it (TIMEOUT): hpclaunch
+    says so, stops the server and the relay, and exits."""
+    args = ("hpclaunch", "dev", "--jupyter", "--venv", str(REPO_VENV), "-t", "1")
+    session = Session(hpc.cwd, hpc.env, *args)
+    try:
+        node = session.until("hpclaunch: on ").rsplit(" ", 1)[1]
+        left = session.until(" left; Ctrl-C ends the session")
+        assert left.endswith(
+            (" s left; Ctrl-C ends the session", "1 min left; Ctrl-C ends the session")
+        ), left
+        ended = session.until("hpclaunch: session ended: ", timeout=300)
+    except BaseException:
+        session.kill()
+        raise
+    assert "its job ended (TIMEOUT)" in ended or "the relay ended" in ended, ended
+    assert session.proc.wait(60) == 0
+    assert _job_gone(_session_job("\n".join(session.lines)))
+    left = [line for line in testbed.node_procs(node) if "jupyter" in line or "relay" in line]
+    assert not left, left

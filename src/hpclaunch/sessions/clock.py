@@ -29,7 +29,9 @@ def time_left(job_id: str) -> Optional[int]:
 
 
 def left_text(seconds: float) -> str:
-    minutes = max(0, int(seconds // 60))
+    if seconds < 60:
+        return f"{max(0, int(seconds))} s"
+    minutes = int(seconds // 60)
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
