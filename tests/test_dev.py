@@ -164,6 +164,13 @@ def test_the_clock_ends_when_this_side_ends_and_skips_passed_warnings(tmp_path: 
     )  # fmt: skip
     assert why == "the server ended"
     assert said == []  # 5 minutes left at the start: the 10-minute mark passed already
+    # The limit ends the steps first: the job's end is the reason once Slurm says it.
+    says = iter(["RUNNING", "COMPLETING", "TIMEOUT"])
+    why = hold(
+        tmp_path, 300, still_up=lambda: "the relay ended", say=said.append,
+        clock=clock, sleep=clock.sleep, ask_state=lambda _: next(says),
+    )  # fmt: skip
+    assert why == "its job ended (TIMEOUT)"
     assert left_text(7260) == "2 h 01 min" and left_text(119) == "1 min"
     assert left_text(55.5) == "55 s"
 

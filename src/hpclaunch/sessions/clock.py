@@ -55,7 +55,7 @@ def hold(
         now = clock()
         gone = still_up()
         if gone:
-            return gone
+            return _why_ended(run_dir, gone, ask_state, sleep)
         if end is not None:
             for mark in WARN_AT_S:
                 if mark not in warned and end - now <= mark:
@@ -67,3 +67,16 @@ def hold(
                 return f"its job ended ({state})"
             poll.asked(now, waiting.RUNNING)
         sleep(0.5)
+
+
+def _why_ended(
+    run_dir: Path, gone: str, ask_state: Callable[[Path], str], sleep: Callable[[float], None]
+) -> str:
+    """The time limit or a cancel ends the job's steps first (the server, the relay): the
+    job's own end is the reason then, once Slurm says it (a few seconds at most)."""
+    for _ in range(3):
+        state = ask_state(run_dir)
+        if states.parse(state) in states.TERMINAL:
+            return f"its job ended ({state})"
+        sleep(2.0)
+    return gone
