@@ -63,8 +63,9 @@ def with_jupyter(
         relay = servers.start_relay(record, port, environ, local_port)
         jupyter.wait_ready(relay.port, token, server, log)
         url = jupyter.url(relay.port, token)
-        say(f"hpclaunch: Jupyter: {url}")
-        if on_ready is not None:
+        if on_ready is None:
+            say(f"hpclaunch: Jupyter: {url}")
+        else:  # a laptop's session: the laptop prints the URL with its own port
             on_ready(relay.port, {"ready": url.split(str(relay.port), 1)[1], "token": token})
         return _held(record, server, relay, say, still_up)
     finally:
