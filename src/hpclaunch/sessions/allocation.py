@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from hpclaunch import launching
 from hpclaunch.backends import runstatus
 from hpclaunch.basics import states
+from hpclaunch.config import layering
 from hpclaunch.config.profilekinds import runs_here
 from hpclaunch.errors import UserError
 from hpclaunch.handle import Run
@@ -36,7 +37,7 @@ def session_options(
     """The run options of the allocation: the caller's, --time defaulting to the
     profile's dev_time; a local profile refused (no allocation to join)."""
     given = {k: v for k, v in options.items() if v is not None and v != ()}
-    profile = profile_for(given.get("cluster"), cwd, environ)
+    profile = profile_for(layering.cli_options(given).cluster, cwd, environ)
     if runs_here(profile.kind):
         raise UserError(
             "--cluster",
@@ -50,7 +51,8 @@ def session_options(
 
 def heartbeat_timeout(options: Mapping[str, Any], cwd: Path, environ: Mapping[str, str]) -> int:
     """The profile's dev_heartbeat_timeout: how long a laptop may stay silent."""
-    return profile_for(options.get("cluster"), cwd, environ).dev_heartbeat_timeout
+    cluster = layering.cli_options(options).cluster
+    return profile_for(cluster, cwd, environ).dev_heartbeat_timeout
 
 
 def start(
