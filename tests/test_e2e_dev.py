@@ -3,6 +3,7 @@ a shell on its first node inside the run's container, the allocation released af
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -88,6 +89,7 @@ class Session:
         assert self.proc.stderr is not None
         self.pid = int(self.proc.stderr.readline())
         self.lines: list[str] = []
+        self.out = ""
 
     def until(self, marker: str, timeout: float = 600) -> str:
         """The first stderr line holding `marker` (lines before it kept in self.lines)."""
@@ -104,7 +106,7 @@ class Session:
 
     def interrupt(self, timeout: float = 120) -> int:
         os.kill(self.pid, signal.SIGINT)
-        _, rest = self.proc.communicate(timeout=timeout)
+        self.out, rest = self.proc.communicate(timeout=timeout)
         self.lines += rest.splitlines()
         return self.proc.returncode
 
@@ -240,7 +242,8 @@ def entry_lines(config: Path, host: str) -> list[str]:
 def test_dev_vscode_reaches_the_node_through_its_entry(hpc: Hpc) -> None:
     """sshd on the node (no image): `ssh hpclaunch-RUN` lands in the allocation with the
     run's variables; the entry goes with the session."""
-    session = Session(hpc.cwd, hpc.env, "hpclaunch", "dev", "--vscode", "--env", "DEV_MARK=v-1")
+    args = ("hpclaunch", "dev", "--vscode", "--json", "--env", "DEV_MARK=v-1")
+    session = Session(hpc.cwd, hpc.env, *args)
     config = Path(hpc.env["HOME"]) / ".ssh" / "config"
     try:
         host = vscode_host(session, "hpclaunch: VS Code: ")
@@ -261,6 +264,8 @@ def test_dev_vscode_reaches_the_node_through_its_entry(hpc: Hpc) -> None:
         session.kill()
         raise
     assert session.interrupt() == 130, session.lines
+    shown = json.loads(session.out.splitlines()[0])  # --json: the ready line
+    assert (shown["host"], shown["job_id"]) == (host, job_id), shown
     assert not entry_lines(config, host)
     assert _job_gone(job_id)
 

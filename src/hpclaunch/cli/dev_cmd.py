@@ -3,6 +3,7 @@ option) or in a running run's (--run)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any, Optional
 
@@ -66,12 +67,20 @@ Examples:
     metavar="RUN",
     help="Join this running run's allocation instead of getting one.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With --jupyter or --vscode: a JSON line when the session is ready (run_id, "
+    "job_id, node, url or host) and one when it ends (run_id, ended); docs/json.md.",
+)
 @click.option("--frames", is_flag=True, hidden=True, help="A laptop's session (sessions/bridge).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND [ARGS]...]")
 def dev_cmd(
     mode: str,
     local_port: int,
     join: Optional[str],
+    as_json: bool,
     frames: bool,
     command: tuple[str, ...],
     **options: Any,
@@ -84,6 +93,10 @@ def dev_cmd(
 
     if mode != "shell" and command:
         raise UserError(f"--{mode}", "given with a COMMAND", "", "Leave out -- COMMAND")
+    if as_json and mode == "shell":
+        raise UserError(
+            "--json", "given with a shell", "a shell has no result", "Add --jupyter or --vscode"
+        )
     env = environ()
     joined = find_run_dir(join) if join is not None else None
 
@@ -101,14 +114,32 @@ def dev_cmd(
     with session.allocated(options, joined, Path.cwd(), env, sys.argv, say) as record:
         if mode in ("jupyter", "vscode"):
             serve = session.with_jupyter if mode == "jupyter" else session.with_vscode
+            shown = {"run_id": record.run_id, "job_id": record.job_id}
             why = serve(
                 record,
                 env,
                 say,
                 local_port=local_port,
-                on_ready=link.ready if link else None,
+                on_ready=link.ready if link else (_printer(shown) if as_json else None),
                 still_up=link.still_up if link else lambda: None,
+                for_laptop=link is not None,
             )
             say(f"hpclaunch: session ended: {why}")
+            if as_json:
+                click.echo(json.dumps({"run_id": record.run_id, "ended": why}))
             return 0
         return shell.run_shell(record, command, env, sys.stdin.isatty() and not command)
+
+
+def _printer(shown: dict[str, Any]) -> Any:
+    """--json: the ready line on stdout (the session still says its lines on stderr)."""
+
+    def ready(port: int, facts: dict[str, Any]) -> None:
+        line = dict(shown)
+        if "ready" in facts:
+            line["url"] = f"http://127.0.0.1:{port}{facts['ready']}"
+        if "ssh" in facts:
+            line["host"] = facts["ssh"]["name"]
+        click.echo(json.dumps(line), nl=True)
+
+    return ready

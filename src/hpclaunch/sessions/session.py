@@ -51,8 +51,10 @@ def with_jupyter(
     local_port: int = 0,
     on_ready: Optional[Callable[[int, dict[str, Any]], None]] = None,
     still_up: Callable[[], Optional[str]] = lambda: None,
+    for_laptop: bool = False,
 ) -> str:
-    """The server and its relay until something ends the session; why it ended."""
+    """The server and its relay until something ends the session; why it ended.
+    on_ready: told the relay's port and the facts (--json, a laptop's link)."""
     token, port = jupyter.new_token(), servers.random_port()
     log = servers.log_file(record, "jupyter")
     server = servers.start_server(
@@ -63,9 +65,9 @@ def with_jupyter(
         relay = servers.start_relay(record, port, environ, local_port)
         jupyter.wait_ready(relay.port, token, server, log)
         url = jupyter.url(relay.port, token)
-        if on_ready is None:
+        if not for_laptop:  # a laptop prints the URL with its own port
             say(f"hpclaunch: Jupyter: {url}")
-        else:  # a laptop's session: the laptop prints the URL with its own port
+        if on_ready is not None:
             on_ready(relay.port, {"ready": url.split(str(relay.port), 1)[1], "token": token})
         return _held(record, server, relay, say, still_up)
     finally:
@@ -103,9 +105,11 @@ def with_vscode(
     local_port: int = 0,
     on_ready: Optional[Callable[[int, dict[str, Any]], None]] = None,
     still_up: Callable[[], Optional[str]] = lambda: None,
+    for_laptop: bool = False,
 ) -> str:
     """sshd and its relay until something ends the session; the `Host hpclaunch-<run>`
-    entry in this user's ~/.ssh/config meanwhile (on_ready: the laptop writes its own)."""
+    entry in this user's ~/.ssh/config meanwhile (for_laptop: the laptop writes its own
+    from the facts on_ready is told)."""
     keys = sshd.prepare(record, servers.random_port())
     port = int(keys.port)
     inside = sshd.image_has_sshd(record, environ)
@@ -118,7 +122,8 @@ def with_vscode(
         relay = servers.start_relay(record, port, environ, local_port)
         sshd.wait_ready(relay.port, server, log)
         where = "in the run's image" if inside else "on the node"
-        if on_ready is None:
+        facts: dict[str, Any] = {"name": name, "user": user_name(environ), "where": where}
+        if not for_laptop:
             known = keys.folder / "known_hosts"
             sshconfig.write_private(known, f"{name} {keys.host_public}\n")
             written = sshconfig.config_path(environ)
@@ -126,13 +131,9 @@ def with_vscode(
             sshconfig.add(written, sshconfig.entry(name, user, keys.client_key, known, relay.port))
             say(f"hpclaunch: VS Code: Remote-SSH, connect to host {name} (sshd {where})")
         else:
-            facts = {
-                "name": name,
-                "user": user_name(environ),
-                "key": keys.client_key.read_text(encoding="utf-8"),
-                "host_public": keys.host_public,
-                "where": where,
-            }
+            facts["key"] = keys.client_key.read_text(encoding="utf-8")
+            facts["host_public"] = keys.host_public
+        if on_ready is not None:
             on_ready(relay.port, {"ssh": facts})
         return _held(record, server, relay, say, still_up)
     finally:
