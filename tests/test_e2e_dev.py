@@ -147,14 +147,41 @@ def _node_listeners(node: str) -> list[tuple[str, int]]:
     return found
 
 
-def _kernel_pid(node: str) -> int:
+def _server_pid(node: str, port: int) -> int:
+    """The session's jupyter_server on the node, told from others' by its port."""
+    for line in testbed.node_procs(node):
+        pid, _, args = line.partition(" ")
+        if "jupyter_server" in args and f"--ServerApp.port={port}" in args:
+            return int(pid)
+    raise AssertionError(f"no server on port {port} on {node}")
+
+
+def _ours(node: str, port: int) -> list[str]:
+    """This session's processes on the node: its server and its relay (both name the
+    port), or a kernel of its server."""
+    found = []
+    for line in testbed.node_procs(node):
+        args = line.partition(" ")[2]
+        if f"--ServerApp.port={port}" in args or ("relay" in args and args.endswith(f" {port}")):
+            found.append(line)
+    return found
+
+
+def _kernel_pid(node: str, server: int) -> int:
     for _ in range(120):
-        for line in testbed.node_procs(node) if testbed.layout() == "netns" else []:
+        for line in testbed.node_procs(node):
             pid, _, args = line.partition(" ")
-            if "ipykernel_launcher" in args:
+            if "ipykernel_launcher" in args and _parent(int(pid)) == server:
                 return int(pid)
         time.sleep(0.5)
-    raise AssertionError(f"no kernel process on {node}")
+    raise AssertionError(f"no kernel of server {server} on {node}")
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def test_dev_jupyter_answers_with_its_token_only_and_ends_clean(hpc: Hpc) -> None:
@@ -178,18 +205,18 @@ def check_jupyter(session: Session, marker: str, runs: Path) -> tuple[str, int, 
         assert _get(f"{base}/api/status", token)[0] == 200
         assert _get(f"{base}/api/status")[0] == 403
         assert _get(f"{base}/api/status", "wrong-token")[0] == 403
+        run_dir = next(runs.glob(f"*/{run_id}"))
+        said = (run_dir / "logs" / "dev-jupyter.log").read_text()
+        port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
         code, body = _get(f"{base}/api/kernels", token, method="POST")
         assert code == 201, body
-        pid = _kernel_pid(node)
+        pid = _kernel_pid(node, _server_pid(node, port))
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert b"DEV_MARK=j-1" in environ and f"VIRTUAL_ENV={REPO_VENV}".encode() in environ
         assert any(e.startswith(b"HPCLAUNCH_RUN_DIR=") for e in environ)
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         assert argv0.startswith(str(REPO_VENV)), argv0
         assert _lightning_sees_slurm_task(environ) == "False"  # Trainer(devices=N) works
-        run_dir = next(runs.glob(f"*/{run_id}"))
-        said = (run_dir / "logs" / "dev-jupyter.log").read_text()
-        port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
         bound = {address for address, p in _node_listeners(node) if p == port}
         assert bound == {"0100007F"}, bound  # 127.0.0.1, nothing else
         return node, port, int(base.rsplit(":", 1)[1])
@@ -218,8 +245,7 @@ def check_nothing_left(session: Session, node: str, port: int, local_port: int) 
     assert any("interrupted" in line for line in session.lines), session.lines
     job_id = _session_job("\n".join(session.lines))
     assert _job_gone(job_id)
-    left = [line for line in testbed.node_procs(node) if "jupyter" in line or "relay" in line]
-    assert not left, left
+    assert not _ours(node, port)
     assert not [p for _, p in _node_listeners(node) if p == port]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", local_port), timeout=5).close()
@@ -276,8 +302,11 @@ def test_dev_session_ends_clean_at_its_time_limit(hpc: Hpc) -> None:
     args = ("hpclaunch", "dev", "--jupyter", "--venv", str(REPO_VENV), "-t", "1")
     session = Session(hpc.cwd, hpc.env, *args)
     try:
+        run_id = session.until("hpclaunch: session ").split()[2].rstrip(":")
         node = session.until("hpclaunch: on ").rsplit(" ", 1)[1]
         left = session.until(" left; Ctrl-C ends the session")
+        said = next((hpc.cwd / "runs").glob(f"*/{run_id}/logs/dev-jupyter.log")).read_text()
+        port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
         assert left.endswith(
             (" s left; Ctrl-C ends the session", "1 min left; Ctrl-C ends the session")
         ), left
@@ -288,5 +317,4 @@ def test_dev_session_ends_clean_at_its_time_limit(hpc: Hpc) -> None:
     assert ended.endswith("its job ended (TIMEOUT)"), ended
     assert session.proc.wait(60) == 0
     assert _job_gone(_session_job("\n".join(session.lines)))
-    left = [line for line in testbed.node_procs(node) if "jupyter" in line or "relay" in line]
-    assert not left, left
+    assert not _ours(node, port)

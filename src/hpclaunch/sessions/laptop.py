@@ -129,6 +129,7 @@ def remote_session(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[s
                 relay.ping()
                 next_ping = time.monotonic() + view.ping_every
             time.sleep(0.2)
+        relay.ended.wait(10)  # ssh ended: its last frames (why the session ended) first
     finally:
         # The login node's session sees its stdin end and cleans up; wait for it.
         relay.close(grace_s=90)
