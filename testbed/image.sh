@@ -44,7 +44,8 @@ IMAGES="$STATE/images"
 IMAGE="$IMAGES/$NAME"
 SQFS="$IMAGES/$NAME.sqfs"
 MARKER_REL=etc/hpclaunch-image   # inside the image; written last
-INCLUDE=python3,python3-venv
+# openssh-server: hpclaunch dev --vscode runs the image's own sshd (tests/test_e2e_dev.py).
+INCLUDE=python3,python3-venv,openssh-server
 
 log() { printf 'testbed/image.sh: %s\n' "$*"; }
 trap 'log "failed at line $LINENO (exit $?)"' ERR
@@ -103,11 +104,13 @@ for stale in "$IMAGES/.$NAME.tmp."*; do
     log "removing an interrupted build: $stale"
     remove_tree "$stale"
 done
-if [[ -f "$IMAGE/$MARKER_REL" ]]; then
+# An image built with other packages (an older INCLUDE) is built again.
+WANT="debootstrap --variant=minbase --include=$INCLUDE $SUITE $MIRROR"
+if [[ -f "$IMAGE/$MARKER_REL" ]] && [[ "$(head -n 1 "$IMAGE/$MARKER_REL")" == "$WANT" ]]; then
     log "image present: $IMAGE"
 else
     if [[ -e "$IMAGE" ]]; then
-        log "removing incomplete image $IMAGE"
+        log "removing an incomplete image, or one of other packages: $IMAGE"
         remove_tree "$IMAGE"
         rm -f "$SQFS"
     fi

@@ -4,9 +4,9 @@ a command has no --json, or none of the cases below (a new command needs both).
 
 The cases run on the local backend (no Slurm): a finished run, a running one (cancel,
 stack, top), a local sweep whose points write a result. `attach` joins a Slurm job's
-allocation and `remote setup` needs a cluster to install on: their JSON is shown by
-tests/test_e2e_attach.py and tests/test_e2e_remote.py; here each must refuse with its
-one error line and nothing on stdout."""
+allocation, `dev` gets one and `remote setup` needs a cluster to install on: their JSON
+is shown by tests/test_e2e_attach.py, tests/test_e2e_dev.py and tests/test_e2e_remote.py;
+here each must refuse with its one error line and nothing on stdout."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
     "stack": [(["stack", "{running}", "--json"], ONE if PYSPY.exists() else REFUSED)],
     "cancel": [(["cancel", "{running}", "--json"], ONE)],
     "attach": [(["attach", "{run}", "--json", "--", "true"], REFUSED)],
+    "dev": [(["dev", "--jupyter", "--json"], REFUSED), (["dev", "--json"], REFUSED)],
     "sweep submit": [(["sweep", "--json", "--grid", "k=1,2", "--", "python3", "-c", RESULT,
                        "{k}"], ONE)],
     "sweep status": [(["sweep", "status", "last", "--json"], ONE),

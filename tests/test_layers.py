@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sweeps",),  # many runs through the same launch path
     ("handle", "remote"),  # a run's handle here; the OpenSSH seam and the laptop's side
     ("doctor",),  # checks and the doctor's job (launched and watched like any run)
+    ("sessions",),  # hpclaunch dev: an allocation held, a shell/server in it, the relay
     ("api",),  # the typed API
     ("calls",),  # hpclaunch.call/submit: a function on every rank, over the API's run path
     ("hpclaunch",),  # the package face (lazy exports)

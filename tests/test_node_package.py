@@ -35,6 +35,8 @@ PROMISED = {
     node.VENV_PROBE: (3, 8),
     node.GPU_WATCH: (3, 6),
     node.STACK_PROBE: (3, 6),
+    node.RELAY: (3, 8),
+    node.DEV_SSHD: (3, 8),
     node.WANDB_AGENT: (3, 6),
     node.PACK_AGENT: (3, 8),
     node.VENV_MOUNT: (3, 6),
@@ -83,6 +85,7 @@ HOST_ONLY = {
     "PACK_AGENT",
     "VENV_MOUNT", "VENV_MARKS", "STAGE_BCAST", "BROADCAST_MAP",
     "PREFLIGHT",
+    "RELAY", "DEV_SSHD",
 }  # fmt: skip
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 

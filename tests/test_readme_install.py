@@ -38,7 +38,7 @@ def test_the_install_section_names_the_commands_and_every_extra() -> None:
         "optional-dependencies"
     ]
     for_users = sorted(set(extras) - {"test", "bench"})  # the developers' own
-    assert for_users == ["call", "optuna", "plot", "stack", "yaml"]
+    assert for_users == ["call", "jupyter", "optuna", "plot", "stack", "yaml"]
     named = set(re.findall(r"`(\w+)` \(", install))
     assert set(for_users) <= named, named
 

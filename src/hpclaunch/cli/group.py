@@ -28,6 +28,7 @@ COMMANDS = {
     "gc": "hpclaunch.cli.removal_cmds:gc_cmd",
     "sweep": "hpclaunch.cli.sweep_cmd:sweep_group",
     "attach": "hpclaunch.cli.attach_cmd:attach_cmd",
+    "dev": "hpclaunch.cli.dev_cmd:dev_cmd",
     "stack": "hpclaunch.cli.stack_cmd:stack_cmd",
     "doctor": "hpclaunch.cli.doctor_cmd:doctor_cmd",
     "top": "hpclaunch.cli.top_cmd:top_cmd",

@@ -48,9 +48,19 @@ def _dispatch(argv: Optional[list[str]]) -> object:
     if choice is None:
         _refuse_laptop_options(words)
         return _run_here(argv)
+    if _is_dev_server(choice.argv):  # a relay over ssh's stdio, not a forwarded command
+        from hpclaunch.sessions.laptop import remote_session
+
+        return remote_session(choice.host, choice.argv, Path.cwd(), environment())
     from hpclaunch.remote.forward import forward
 
     return forward(choice.host, choice.argv, Path.cwd(), environment())
+
+
+def _is_dev_server(argv: tuple[str, ...]) -> bool:
+    """`dev --jupyter` or `dev --vscode` (a shell is a terminal, forwarded like attach)."""
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    return bool(words) and words[0] == "dev" and bool({"--jupyter", "--vscode"} & set(words))
 
 
 def _refuse_laptop_options(words: list[str]) -> None:

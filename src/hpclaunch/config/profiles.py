@@ -233,6 +233,10 @@ class Profile(_Record):
     arch: Literal["x86_64", "aarch64"] = "x86_64"  # the compute nodes' CPUs (wheels, py-spy)
     # Appended to the first node's name for MASTER_ADDR (JSC: "i", the InfiniBand name).
     rendezvous_suffix: str = ""
+    # hpclaunch dev (docs/interactive.md): a session's time limit when --time is not
+    # given, and how long a session waits for a silent laptop's heartbeat (seconds).
+    dev_time: str = "2:00:00"
+    dev_heartbeat_timeout: int = 900
     rules: tuple[SiteRule, ...] = ()
     # Where each fact comes from (fact -> URL or repository path; docs/sites.md) and the
     # facts no public source confirmed (`hpclaunch profile show` marks them).

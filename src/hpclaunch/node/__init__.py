@@ -22,6 +22,12 @@ These files are shipped out of this package:
   original path, once per node beside the ranks, when no Apptainer mounts it (>= 3.6).
 - ``stage_bcast.py``: staged files and a packed venv sent once to every node with sbcast,
   by the batch script before the guards start (>= 3.6).
+- ``relay.py``: `hpclaunch dev`'s relay, its text handed to the node's ``python3 -I -S
+  -c`` in an overlapping step: TCP to a loopback port carried over the step's stdio
+  (Python >= 3.8); the host imports its frame codec.
+- ``dev_sshd.py``: `hpclaunch dev --vscode`'s sshd on the node: the step's environment
+  saved before sshd starts, put back by its ForceCommand (Python >= 3.8; copied into the
+  run folder's dev-ssh/).
 - ``stack_probe.py``: `hpclaunch stack`'s probe, its text handed to each node's
   ``python3 -I -S -c`` in an overlapping step: py-spy on the node's ranks (>= 3.6).
 - ``preflight.py``: --preflight's node checks (one task a node), and on the batch host
@@ -58,6 +64,8 @@ STAGE_GUARD = "stage_guard.py"
 GPU_WATCH = "gpu_watch.py"  # the per-node GPU watch (the nodes' python3, >= 3.6)
 VENV_PROBE = "venv_probe.py"  # never copied: its text is handed to the image's Python
 STACK_PROBE = "stack_probe.py"  # never copied: its text is handed to the nodes' python3
+DEV_SSHD = "dev_sshd.py"  # hpclaunch dev --vscode: the sshd's saved environment (copied)
+RELAY = "relay.py"  # hpclaunch dev's relay: never copied, its text to the nodes' python3
 WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
 PACK_AGENT = "pack_agent.py"  # a packed sweep's node agent (sweep --pack), in the sweep folder
 VENV_MOUNT = "venv_mount.py"  # squashfuse of a packed venv, one per node (the nodes' python3)

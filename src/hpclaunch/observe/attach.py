@@ -329,10 +329,13 @@ def plan_attach(
     container: bool,
     pty: bool,
     environ: Mapping[str, str],
+    add_env: Optional[Mapping[str, str]] = None,
 ) -> Plan:
+    """add_env: variables of this step only, passed into the image too (a session's
+    server token, which must never be on a command line)."""
     spec = load_spec(record)
     job = container_of(spec)
-    extra = run_env(record, spec)
+    extra = {**run_env(record, spec), **(add_env or {})}
     venv = str(spec.get("venv") or "")
     wanted = list(command) or shell_argv(environ, in_image=container)
     flags: list[str] = []

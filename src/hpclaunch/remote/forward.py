@@ -147,7 +147,7 @@ def wants_terminal(argv: Sequence[str]) -> bool:
         return False
     if argv[0] in ("rm", "gc"):  # they ask before deleting, on the laptop's terminal
         return not {"--yes", "-y", "--json"} & set(argv)
-    return argv[0] == "attach" or (argv[0] == "top" and "--once" not in argv)
+    return argv[0] in ("attach", "dev") or (argv[0] == "top" and "--once" not in argv)
 
 
 def request(conn: Connection, argv: Sequence[str], **extra: Any) -> dict[str, Any]:

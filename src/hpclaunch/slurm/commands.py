@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from typing import NoReturn, Optional
+from typing import IO, NoReturn, Optional
 
 from hpclaunch.errors import SlurmError
 
@@ -63,10 +63,24 @@ def query(argv: Sequence[str], timeout: float = 15.0) -> Optional[str]:
         return None
 
 
-def start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """Start a long-running Slurm command (an srun step) without waiting for it."""
+def start(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    output: Optional[IO[bytes]] = None,
+    own_session: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start a long-running Slurm command (an srun step) without waiting for it; its
+    output into `output` when given; in a session of its own when the caller ends it
+    itself (a terminal's Ctrl-C then reaches only the caller: hpclaunch dev's servers)."""
     try:
-        return subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=own_session,
+        )
     except OSError as exc:
         raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
 
