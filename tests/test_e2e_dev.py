@@ -217,6 +217,9 @@ def check_jupyter(session: Session, marker: str, runs: Path) -> tuple[str, int, 
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         assert argv0.startswith(str(REPO_VENV)), argv0
         assert _lightning_sees_slurm_task(environ) == "False"  # Trainer(devices=N) works
+        assert _accelerate_sees(environ) == "DistributedType.NO DistributedType.NO"
+        # ... and the probe tells: one variable of a task (srun's, torchrun's) would show.
+        assert _accelerate_sees(environ, WORLD_SIZE="2").endswith(" DistributedType.MULTI_CPU")
         bound = {address for address, p in _node_listeners(node) if p == port}
         assert bound == {"0100007F"}, bound  # 127.0.0.1, nothing else
         return node, port, int(base.rsplit(":", 1)[1])
@@ -234,6 +237,26 @@ def _lightning_sees_slurm_task(environ: list[bytes]) -> str:
     done = subprocess.run(
         [str(REPO_VENV / "bin" / "python"), "-c", code],
         env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or done.stderr
+
+
+ACCELERATE_PROBE = """from accelerate.state import PartialState
+state = PartialState()
+print(state.distributed_type, state._prepare_backend(cpu=True)[1])
+"""
+
+
+def _accelerate_sees(environ: list[bytes], **more: str) -> str:
+    """accelerate's own detection in the kernel's exact environment (more: variables
+    added): PartialState().distributed_type, then its _prepare_backend as on a CPU-only
+    node (cpu=True: distributed when LOCAL_RANK is set or PMI_SIZE, OMPI_COMM_WORLD_SIZE,
+    MV2_COMM_WORLD_SIZE or WORLD_SIZE > 1; huggingface/accelerate,
+    src/accelerate/state.py), the check the testbed's GPU-less nodes can make."""
+    env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+    done = subprocess.run(
+        [str(REPO_VENV / "bin" / "python"), "-c", ACCELERATE_PROBE],
+        env={**env, **more}, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     return done.stdout.strip() or done.stderr
 
