@@ -106,6 +106,10 @@ class Session:
 
     def interrupt(self, timeout: float = 120) -> int:
         os.kill(self.pid, signal.SIGINT)
+        return self.finish(timeout)
+
+    def finish(self, timeout: float = 120) -> int:
+        """hpclaunch's exit code once it ends (its stdout kept in self.out)."""
         self.out, rest = self.proc.communicate(timeout=timeout)
         self.lines += rest.splitlines()
         return self.proc.returncode
@@ -266,12 +270,45 @@ def check_nothing_left(session: Session, node: str, port: int, local_port: int) 
     here."""
     assert session.interrupt() == 130, session.lines
     assert any("interrupted" in line for line in session.lines), session.lines
+    check_released(session, node, port, local_port)
+
+
+def check_released(session: Session, node: str, port: int, local_port: int) -> None:
+    """The session's job, its server and relay on the node and its ports are gone."""
     job_id = _session_job("\n".join(session.lines))
     assert _job_gone(job_id)
     assert not _ours(node, port)
     assert not [p for _, p in _node_listeners(node) if p == port]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", local_port), timeout=5).close()
+
+
+def test_dev_jupyter_ends_clean_when_its_run_is_cancelled(hpc: Hpc) -> None:
+    """`hpclaunch cancel RUN` from another terminal ends the session: hpclaunch says why,
+    prints its --json end line, exits 0, and nothing is left (as after Ctrl-C)."""
+    if testbed.layout() != "netns":
+        pytest.skip("the node's processes and sockets are told apart in the netns layout")
+    args = ("hpclaunch", "dev", "--jupyter", "--json", "--venv", str(REPO_VENV))
+    session = Session(hpc.cwd, hpc.env, *args)
+    assert session.proc.stdout is not None
+    try:
+        run_id = session.until("hpclaunch: session ").split()[2].rstrip(":")
+        node = session.until("hpclaunch: on ").rsplit(" ", 1)[1]
+        ready = json.loads(session.proc.stdout.readline())  # --json: the ready line
+        assert ready["run_id"] == run_id, ready
+        said = next((hpc.cwd / "runs").glob(f"*/{run_id}/logs/dev-jupyter.log")).read_text()
+        port = int(said.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        assert _ours(node, port)  # the server and the relay run until the cancel
+        cancelled = hpc.run("cancel", run_id)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        ended = session.until("hpclaunch: session ended: ", timeout=300)
+        assert session.finish() == 0, session.lines
+    except BaseException:
+        session.kill()
+        raise
+    assert ended.endswith("its job ended (CANCELLED)"), ended
+    assert json.loads(session.out) == {"run_id": run_id, "ended": ended.split(": ", 2)[2]}
+    check_released(session, node, port, int(ready["url"].split(":")[2].split("/")[0]))
 
 
 # --- VS Code ----------------------------------------------------------------------------
