@@ -39,6 +39,13 @@ def _session_job(output: str) -> str:
     return line.rsplit(" ", 1)[1].strip()
 
 
+def _session_node(output: str) -> str:
+    """The node of `hpclaunch: on NODE` (the session's first node: node1 or node2, as the
+    testbed's other jobs leave room)."""
+    line = next(ln for ln in output.splitlines() if ln.startswith("hpclaunch: on "))
+    return line.rsplit(" ", 1)[1].strip()
+
+
 def _job_gone(job_id: str, timeout: float = 60) -> bool:
     """The job left the queue (scancel's end takes a moment: COMPLETING first)."""
     deadline = time.monotonic() + timeout
@@ -62,7 +69,8 @@ def test_dev_shell_runs_on_the_node_inside_the_container(hpc: Hpc, user_image: P
     out = _in_terminal(hpc, command, typed.replace("exit 4", "echo $DEV_MARK; exit 4"))
     assert out.startswith("rc=4\n"), out
     assert "/dev/pts/" in out and "\nyes" in out, out  # a terminal, in the image
-    assert "dev-mark-1" in out and "on-node1" in out, out  # the run's variables, node1
+    node = _session_node(out)  # the session's node, where the shell must run
+    assert "dev-mark-1" in out and f"on-{node}" in out, out  # the run's variables, its node
     job_id = _session_job(out)
     assert _job_gone(job_id), f"job {job_id} still in the queue"
     record = hpc.run("status", "last", "--json")
@@ -338,7 +346,8 @@ def test_dev_vscode_reaches_the_node_through_its_entry(hpc: Hpc) -> None:
         done = hpc.cmd(["ssh", host, probe], timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         job_id = _session_job("\n".join(session.lines))
-        assert done.stdout.split() == ["v-1", job_id, "node1"], done.stdout
+        node = _session_node("\n".join(session.lines))
+        assert done.stdout.split() == ["v-1", job_id, node], done.stdout
         # hpclaunch.call from the session (as from a notebook): a step of its allocation.
         code = "import hpclaunch, os\n"
         code += "print(hpclaunch.call(lambda: os.environ['SLURM_JOB_ID'])[0])"
