@@ -18,6 +18,7 @@ import pytest
 
 import testbed
 from conftest import Hpc
+from test_e2e_staging import _on_nodes
 
 pytestmark = pytest.mark.testbed
 
@@ -363,6 +364,12 @@ def test_dev_vscode_reaches_the_node_through_its_entry(hpc: Hpc) -> None:
     assert (shown["host"], shown["job_id"]) == (host, job_id), shown
     assert not entry_lines(config, host)
     assert _job_gone(job_id)
+    # The keeper's private copy of the step's environment left the node's /tmp with it
+    # (srun's SIGTERM killed the keeper before it could remove it: the session sends
+    # SIGUSR1). Found by the job id inside, as other sessions may run beside this one.
+    mine = f'grep -ls \'"SLURM_JOB_ID": "{job_id}"\' /tmp/hpclaunch-dev-*/env.json'
+    left = _on_nodes(mine, as_root=True)
+    assert not any(left.values()), left
 
 
 def test_dev_session_ends_clean_at_its_time_limit(hpc: Hpc) -> None:

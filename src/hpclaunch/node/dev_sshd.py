@@ -6,7 +6,8 @@ it back before the login's command or shell.
 
 The file may hold secrets the run was given: it lies in a fresh private folder of the
 node's own temporary folder (mkdtemp, 0700; never the shared run folder), and `save`
-stays sshd's parent to remove it when the step ends (srun's SIGTERM, or sshd's end).
+stays sshd's parent to remove it when the step ends (the session's SIGUSR1 through
+srun, a SIGTERM, or sshd's end).
 
 Usage (Python >= 3.8, standard library only):
   python3 -I -S dev_sshd.py save -- SSHD [ARGS...]    # the step's command
@@ -45,6 +46,9 @@ def save(command: List[str]) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        # The session ends the step with SIGUSR1, which srun passes on as it is (srun's
+        # own SIGTERM aborts the step and its tasks were killed before this cleaned up).
+        signal.signal(signal.SIGUSR1, stop)
         return sshd.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

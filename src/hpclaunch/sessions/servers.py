@@ -84,15 +84,27 @@ def start_relay(
         return Relay(plan.argv, plan.env, port=local_port, stderr=err)
 
 
-def stop(proc: Optional[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+def stop(
+    proc: Optional[subprocess.Popen[bytes]],
+    grace_s: float = 10.0,
+    first: signal.Signals = signal.SIGTERM,
+) -> None:
     """srun passes SIGTERM on to the step's tasks (the server shuts down, its kernels
-    too); SIGKILL for an srun that does not go."""
+    too); SIGKILL for an srun that does not go. first=SIGUSR1 for a task that must clean
+    up after itself (the --vscode sshd's keeper): srun forwards SIGUSR1 to the tasks as
+    it is, while its own SIGTERM makes it abort the step ("srun: forcing job
+    termination"), whose tasks were then killed before they could (seen on the testbed);
+    SIGTERM follows if the step has not ended after grace_s."""
     if proc is None or proc.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    signals = [first] if first == signal.SIGTERM else [first, signal.SIGTERM]
+    for signum in signals:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+        try:
+            proc.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    proc.wait()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -141,5 +142,5 @@ def with_vscode(
             sshconfig.remove(written, name)
         if relay is not None:
             relay.close()
-        servers.stop(server)
+        servers.stop(server, first=signal.SIGUSR1)  # its keeper cleans up
         shutil.rmtree(keys.folder, ignore_errors=True)  # the session's keys go with it
