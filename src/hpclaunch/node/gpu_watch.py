@@ -17,17 +17,6 @@ changed (checked each second). From --warmup s after its first sample it judges 
 {"event": "input_bound", "node", "kind", "gpus": [[node, gpu, idle share]], "message"}.
 """
 
-# ruff: noqa: E402 - SIGUSR1 is caught before the other imports, see EARLY_STOP.
-import signal
-
-# The batch script sends SIGUSR1 when the ranks are done; ranks that end while this task
-# is still starting sent it before Watch set its handlers, and its default action killed
-# the process ("srun: error: node1: task 0: User defined signal 1" in the job's log; seen
-# in CI beside other jobs). Caught from the first line when run, and honoured by Watch.
-EARLY_STOP = []  # type: list[int]
-if __name__ == "__main__":
-    signal.signal(signal.SIGUSR1, lambda signum, frame: EARLY_STOP.append(signum))
-
 import argparse
 import contextlib
 import json
@@ -35,6 +24,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -265,7 +255,6 @@ class Watch:
         signal.set_wakeup_fd(wake_w)  # a signal ends a wait at once
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, lambda *_: setattr(self, "stopped", True))
-        self.stopped = bool(EARLY_STOP)  # a SIGUSR1 that came before these handlers
 
     def done(self) -> bool:
         asked = self.args.stop_file and os.path.exists(self.args.stop_file)

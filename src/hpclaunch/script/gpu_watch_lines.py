@@ -129,6 +129,7 @@ def start_lines(spec: JobSpec, watch: list[str], paths: RunPaths) -> list[str]:
         f"{{ sleep {START_DELAY_S}; exec {shell.command(watch)} --stop-file"
         ' "$HPCLAUNCH_WATCH_STOP"; } &',
         "HPCLAUNCH_WATCH_PID=$!",
+        "HPCLAUNCH_WATCH_T0=$SECONDS",
     ]
 
 
@@ -139,6 +140,9 @@ def stop_lines() -> list[str]:
         "# stop file for a watch whose task had not started yet) and wait for it.",
         'if [ -n "${HPCLAUNCH_WATCH_PID-}" ]; then  # (not when the ranks never started)',
         '    : > "$HPCLAUNCH_WATCH_STOP" 2>/dev/null',
+        "    # Within seconds of its start the watch may not catch SIGUSR1 yet (it would die",
+        "    # of it): the stop file alone then, which it checks from its start each second.",
+        '    [ "$((SECONDS - ${HPCLAUNCH_WATCH_T0:-0}))" -lt 5 ] ||',
         '    kill -USR1 "$HPCLAUNCH_WATCH_PID" 2>/dev/null',
         '    wait "$HPCLAUNCH_WATCH_PID"',
         '    rm -f -- "$HPCLAUNCH_WATCH_STOP"',
