@@ -67,12 +67,16 @@ HPCLAUNCH_STEP_PID=$!
 HPCLAUNCH_WATCH_STOP=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/".gpu-watch-stop-${SLURM_JOB_ID}"
 { sleep 1; exec srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/gpu_watch.py --out '/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/metrics/gpu-{node}.csv' --interval 2 --warn --events /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/events.jsonl --stop-file "$HPCLAUNCH_WATCH_STOP"; } &
 HPCLAUNCH_WATCH_PID=$!
+HPCLAUNCH_WATCH_T0=$SECONDS
 wait "$HPCLAUNCH_STEP_PID"
 HPCLAUNCH_RC=$?
 # The ranks are done: stop the GPU watch (SIGUSR1, which srun passes on; the
 # stop file for a watch whose task had not started yet) and wait for it.
 if [ -n "${HPCLAUNCH_WATCH_PID-}" ]; then  # (not when the ranks never started)
     : > "$HPCLAUNCH_WATCH_STOP" 2>/dev/null
+    # Within seconds of its start the watch may not catch SIGUSR1 yet (it would die
+    # of it): the stop file alone then, which it checks from its start each second.
+    [ "$((SECONDS - ${HPCLAUNCH_WATCH_T0:-0}))" -lt 5 ] ||
     kill -USR1 "$HPCLAUNCH_WATCH_PID" 2>/dev/null
     wait "$HPCLAUNCH_WATCH_PID"
     rm -f -- "$HPCLAUNCH_WATCH_STOP"
