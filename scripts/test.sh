@@ -9,24 +9,36 @@ case "$PWD/" in
                  "clone it elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
 esac
 started=$SECONDS
-bash scripts/setup.sh --test
-export PATH="$PWD/.venv/bin:$PATH"
-
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 cleanup() { as_root bash testbed/down.sh >&2 || true; }
-trap cleanup EXIT
 
-# The testbed starts (a minute or more: packages, daemons, nodes) while ruff and mypy run;
-# its log is printed when it is up (setup.sh's apt step, if any, has already ended).
+# The testbed starts (a minute or more: packages, daemons, nodes, the test image) while
+# setup.sh builds .venv and ruff runs; its log is printed when it is up. Both may need
+# apt: when setup.sh must install python3-venv, the testbed starts after it (one apt at
+# a time).
 up_log=$(mktemp)
 up_out=$(mktemp)
-as_root bash testbed/up.sh >"$up_out" 2>"$up_log" &
-up_pid=$!
+start_testbed() {
+    trap cleanup EXIT
+    as_root bash testbed/up.sh >"$up_out" 2>"$up_log" &
+    up_pid=$!
+}
+system_python=python3
+if [ -x /usr/bin/python3 ]; then system_python=/usr/bin/python3; fi
+if "$system_python" -c 'import ensurepip, venv' >/dev/null 2>&1; then start_testbed; fi
+bash scripts/setup.sh --test
+if [ -z "${up_pid-}" ]; then start_testbed; fi
+export PATH="$PWD/.venv/bin:$PATH"
+
 echo "test: ruff" >&2
 ruff check src tests bench examples
 ruff format --check src tests bench examples
-echo "test: mypy --strict" >&2
-mypy
+# mypy (about a minute of one CPU) runs beside the tests, which mostly wait on Slurm; its
+# verdict is printed and counted at the end.
+mypy_log=$(mktemp)
+echo "test: mypy --strict (beside the tests; its result comes at the end)" >&2
+mypy >"$mypy_log" 2>&1 &
+mypy_pid=$!
 up_status=0
 wait "$up_pid" || up_status=$?
 cat "$up_log" >&2
@@ -36,20 +48,22 @@ rm -f "$up_log" "$up_out"
 export "${conf_line?}"   # SLURM_CONF=<path>, the testbed's last line
 echo "test: testbed up, ${conf_line}" >&2
 set_up=$((SECONDS - started))
-echo "test: set-up, testbed, ruff and mypy took ${set_up} s; pytest" >&2
+echo "test: set-up, testbed and ruff took ${set_up} s; pytest" >&2
 # Three phases, by what a test needs (tests/conftest.py marks every test that needs the
 # testbed `testbed`; `serial`: it needs the cluster, or this host's /tmp, to itself):
 # 1. the testbed's side-by-side tests in HPCLAUNCH_TEST_WORKERS pytest-xdist workers,
-#    longest first, two at a time to a worker (--maxschedchunk 2: xdist's default first
-#    deal gives each worker a quarter of its share in a row, so one worker got the nine
-#    longest tests, ~850 s alone); they mostly wait on Slurm (time limits, requeues);
+#    longest first, a test or a group at a time to a worker (--dist loadgroup: a worker
+#    holds at most three; xdist's default first deal gave one worker the nine longest
+#    tests in a row, ~850 s alone; a module whose fixtures take a minute to build, such
+#    as test_e2e_runtimes' image and venv, is one xdist_group, built once); they mostly
+#    wait on Slurm (time limits, requeues);
 # 2. the testbed's serial tests one at a time (they crash or drain nodes, reconfigure
 #    slurmctld, count all jobs or wait for an idle cluster), mostly waiting too, while
 #    the unit tests (no testbed, not serial) fill the CPUs beside them in their own
 #    workers, their output kept and printed after;
 # 3. the serial unit tests (they compare this host's whole /tmp before and after).
 # Every phase runs whatever the others' outcome; the exit status is the first failure's.
-workers=${HPCLAUNCH_TEST_WORKERS:-4}
+workers=${HPCLAUNCH_TEST_WORKERS:-6}
 unit_workers=${HPCLAUNCH_UNIT_WORKERS:-2}
 reports=$(mktemp -d)
 # How busy the CPUs were in each phase (from /proc/stat's first line: busy jiffies over
@@ -64,7 +78,7 @@ busy_since() {  # busy_since "BUSY TOTAL" -> percent busy since then
 pytest_started=$SECONDS
 ticks=$(cpu_ticks)
 codes=()
-python -m pytest -q -n "$workers" --maxschedchunk 2 -m "testbed and not serial" \
+python -m pytest -q -n "$workers" --dist loadgroup -m "testbed and not serial" \
     --junitxml="$reports/side-by-side.xml" "$@" && codes+=(0) || codes+=($?)
 side_s=$((SECONDS - pytest_started))
 side_busy=$(busy_since "$ticks")
@@ -83,7 +97,13 @@ python -m pytest -q -m "serial and not testbed" \
     --junitxml="$reports/serial-unit.xml" "$@" && codes+=(0) || codes+=($?)
 # 5 is pytest's "nothing selected" (arguments naming only some phases' tests): not a
 # failure unless no phase selected anything.
+mypy_status=0
+wait "$mypy_pid" || mypy_status=$?
+echo "test: mypy --strict:" >&2
+cat "$mypy_log" >&2
+rm -f "$mypy_log"
 status=0
+if [ "$mypy_status" != 0 ]; then status=$mypy_status; fi
 selected=0
 for code in "${codes[@]}"; do
     if [ "$code" != 5 ]; then selected=1; fi
@@ -100,7 +120,7 @@ if [[ -n "${HPCLAUNCH_TEST_REPORTS:-}" ]]; then
     mkdir -p "$HPCLAUNCH_TEST_REPORTS" && cp "$reports"/*.xml "$HPCLAUNCH_TEST_REPORTS"/ || true
 fi
 rm -rf "$reports"
-echo "test: set-up, testbed, ruff and mypy ${set_up} s; pytest: testbed side by side" \
+echo "test: set-up, testbed and ruff ${set_up} s; pytest: testbed side by side" \
     "${side_s} s (${workers} workers, CPUs ${side_busy}% busy), serial beside the unit" \
     "tests ${beside_s} s (CPUs ${beside_busy}% busy)," \
     "serial unit tests $((SECONDS - pytest_started - side_s - beside_s)) s;" \

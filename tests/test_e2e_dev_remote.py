@@ -28,7 +28,8 @@ from test_e2e_dev import (
 )
 from test_e2e_remote import set_up  # noqa: F401  (the module's fixture: remote setup)
 
-pytestmark = [pytest.mark.testbed, pytest.mark.serial]
+# test_e2e_remote's xdist group: one login home and SSH master, one test at a time.
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("laptop")]
 
 
 @pytest.fixture
@@ -54,7 +55,8 @@ def test_jupyter_from_the_laptop(project: lp.Laptop) -> None:
 
 
 def _serving() -> list[str]:
-    """The login node's hpclaunch serving a laptop's command (serial: only ours)."""
+    """The login node's hpclaunch serving a laptop's command (only the laptop tests' own,
+    which run one at a time: their xdist group)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

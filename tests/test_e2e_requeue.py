@@ -2,12 +2,15 @@
 shell requeues -> the next attempt resumes (tests/programs/count_steps.py).
 
 Real slurmctld/slurmd, real `--signal=B:USR2@S`, `scontrol requeue` and
-SLURM_RESTART_COUNT. Time limits are 1-2 minutes and Slurm may send the signal up to a
-minute early (so -t 2 with --signal-before 45: never before 15 s, when the program may
-not have set its handler yet), so each test takes minutes: they run one after the
-other (each holds the whole testbed or waits on its clock). What the testbed cannot show: a site's
-`ProctrackType=proctrack/cgroup` (the testbed uses linuxproc; both deliver srun's
-forwarded signal to every process of the step) and preemption (no preemption here).
+SLURM_RESTART_COUNT. slurmctld looks at time limits every 30 s and sends
+`--signal=B:SIG@S` at the first look that finds at most S + 30 s left, so with `-t 1
+--signal-before 20` the signal comes 10 to 40 s after the start (never before the program
+has set its handler). The resumable programs are slower on a first attempt (sure to be
+signalled) than on a resumed one (tests/programs/count_steps_fast_resume.py: done before
+its own signal), so each test takes one requeue and about a minute of the testbed.
+What the testbed cannot show: a site's `ProctrackType=proctrack/cgroup` (the testbed uses
+linuxproc; both deliver srun's forwarded signal to every process of the step) and
+preemption (no preemption here).
 """
 
 from __future__ import annotations
@@ -30,6 +33,17 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 def _program(hpc: Hpc) -> None:
     shutil.copy(PROGRAMS / "count_steps.py", hpc.cwd / "count_steps.py")
+    shutil.copy(PROGRAMS / "count_steps_fast_resume.py", hpc.cwd / "count_steps_fast_resume.py")
+
+
+# 120 steps of 0.5 s on a first attempt (60 s: more than the 40 s before the signal), 0.02 s
+# each once resumed; `-t 1 --signal-before 20`: the signal comes 10 to 40 s in.
+STEPS = 120
+SIGNAL_SOON = ("-t", "1", "--requeue", "--signal-before", "20")
+# For ranks that take long to start (an image unpacked on each node first, as enroot
+# does): the signal 45 to 75 s in, after a first attempt of 200 steps (100 s) has begun.
+SLOW_START_STEPS = 200
+SIGNAL_LATER = ("-t", "2", "--requeue", "--signal-before", "45")
 
 
 def _record(hpc: Hpc, run_id: str) -> dict[str, Any]:
@@ -72,15 +86,13 @@ def _check_resumed(hpc: Hpc, proc: Any, ranks: int, steps: int) -> Path:
 
 def test_two_nodes_save_requeue_and_resume(hpc: Hpc) -> None:
     _program(hpc)
-    steps = 200  # 100 s of work: more than the first attempt has before the signal
     proc = hpc.run(
-        "run", "-N", "2", "--tasks-per-node", "2", "-t", "2", "--requeue",
-        "--signal-before", "45", "--env", f"STEPS={steps}", "--wait",
-        "--stage", "count_steps.py:CODE", "--",
-        "python3", "count_steps.py",
+        "run", "-N", "2", "--tasks-per-node", "2", *SIGNAL_SOON, "--env", f"STEPS={STEPS}",
+        "--wait", "--stage", "count_steps.py:CODE",
+        "--", "python3", "count_steps_fast_resume.py",
         timeout=600,
     )  # fmt: skip
-    run_dir = _check_resumed(hpc, proc, ranks=4, steps=steps)
+    run_dir = _check_resumed(hpc, proc, ranks=4, steps=STEPS)
     # Staged again for every attempt (markers per attempt), cleaned after each.
     for attempt in (0, 1):
         marks = sorted(p.name for p in (run_dir / "stage" / f"attempt-{attempt}").iterdir())
@@ -91,8 +103,8 @@ def test_two_nodes_save_requeue_and_resume(hpc: Hpc) -> None:
 def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(
-        "run", "-t", "2", "--requeue", "--max-requeues", "1", "--signal-before", "45",
-        "--env", "IGNORE=1", "--env", "STEPS=100000", "--wait", "--",
+        "run", *SIGNAL_SOON, "--max-requeues", "1", "--env", "IGNORE=1",
+        "--env", "STEPS=100000", "--wait", "--",
         "python3", "count_steps.py",
         timeout=600,
     )  # fmt: skip
@@ -110,8 +122,7 @@ def test_ignored_signal_ends_in_timeout_when_the_budget_is_spent(hpc: Hpc) -> No
 def test_cancel_between_attempts_ends_the_run(hpc: Hpc) -> None:
     _program(hpc)
     proc = hpc.run(
-        "run", "-t", "2", "--requeue", "--signal-before", "45", "--json",
-        "--env", "STEPS=100000", "--", "python3", "count_steps.py",
+        "run", *SIGNAL_SOON, "--json", "--env", "STEPS=100000", "--", "python3", "count_steps.py",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     started = json.loads(proc.stdout)

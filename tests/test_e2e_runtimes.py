@@ -34,7 +34,9 @@ import pytest
 import testbed
 from conftest import PROGRAMS, REPO, VENV_BIN, Hpc, _user_folder
 
-pytestmark = pytest.mark.testbed
+# One xdist group: the module-scoped image and venv (a minute to build, another to remove
+# with the unpacked copies) are built once, not on every worker that gets one of its tests.
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("runtimes")]
 
 SPANK = REPO / "tests" / "doubles" / "spank"
 RUNTIMES = ["pyxis", "ce"]
@@ -218,15 +220,17 @@ def test_requeue_inside_the_image_saves_and_resumes(hpc: Hpc, squashfs: Path, ru
     """The time-limit signal reaches the program inside the container (the task is the
     program: enter-image and ch-run exec it), it saves, the next attempt resumes (the CE's
     requeued job reads the same EDF from the run folder)."""
-    from test_e2e_requeue import _check_resumed
+    from test_e2e_requeue import SIGNAL_LATER, SLOW_START_STEPS, _check_resumed, _program
 
-    shutil.copy(PROGRAMS / "count_steps.py", hpc.cwd / "count_steps.py")
-    steps = 200
+    # Slow on the first attempt, fast once resumed: one requeue. The later signal: each
+    # node unpacks the image before its ranks start (the stand-in as enroot), which took
+    # more than the 10 s `-t 1 --signal-before 20` may leave on a loaded testbed.
+    _program(hpc)
+    steps = SLOW_START_STEPS
     proc = hpc.run(
-        "run", "-N", "2", "--tasks-per-node", "2", "-t", "2", "--requeue",
-        "--signal-before", "45", "--env", f"STEPS={steps}", "--wait",
-        "--container", str(squashfs), "--container-runtime", runtime,
-        "--", "python3", "count_steps.py",
+        "run", "-N", "2", "--tasks-per-node", "2", *SIGNAL_LATER, "--env", f"STEPS={steps}",
+        "--wait", "--container", str(squashfs), "--container-runtime", runtime,
+        "--", "python3", "count_steps_fast_resume.py",
         env=_env(hpc), timeout=600,
     )  # fmt: skip
     _check_resumed(hpc, proc, ranks=4, steps=steps)
