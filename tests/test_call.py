@@ -268,3 +268,31 @@ def test_without_cloudpickle_call_says_how_to_get_it(
         "with it). pip install 'hpclaunch[call]' (or pip install cloudpickle)"
     )
     assert not Path("runs").exists()
+
+
+def _says_hello() -> str:
+    print(f"hello from rank {_rank()}")
+    return "done"
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpclaunch", *args], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_cli_shows_a_call_under_its_functions_name(local: dict[str, str]) -> None:
+    """runs, status, show and logs see a call as a run, named by its function (the job
+    name too, which squeue shows), not by the interpreter that runs it."""
+    call = hpclaunch.submit(_says_hello, options={"tasks_per_node": 2, "environ": local})
+    assert call.result(timeout=120) == ["done", "done"]
+    name = f"{__name__}._says_hello"
+    (row,) = [line for line in _cli(local, "runs").splitlines() if call.run.id in line]
+    assert row.split()[6] == name, row  # the NAME column
+    assert call.run.record.job_name == name
+    assert "COMPLETED" in _cli(local, "status", call.run.id)
+    assert json.loads(_cli(local, "show", call.run.id, "--json"))["record"]["command"] == [name]
+    shown = _cli(local, "logs", call.run.id)
+    assert "hello from rank 0" in shown and "hello from rank 1" in shown

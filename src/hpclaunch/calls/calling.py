@@ -25,9 +25,11 @@ from hpclaunch.calls import files, pythons
 from hpclaunch.calls.outcome import Results, outcome
 from hpclaunch.errors import UserError, show
 from hpclaunch.handle import Run
+from hpclaunch.planning.validate import default_job_name
 
 T = TypeVar("T")
 _HERE_ONLY = ("cwd", "environ")  # api.run's own keywords a call takes too (not remote=)
+MAX_JOB_NAME = 200  # planning/validate's limit on --job-name
 
 
 class Call(Generic[T]):
@@ -111,6 +113,10 @@ def submit(
         planned = launching.plan_run(req)
     pythons.check(planned.spec)
     name = files.qualified_name(fn)
+    if planned.spec.job_name == default_job_name(req.program):
+        # Named by the function (runs' NAME column, squeue), not by the interpreter that
+        # runs it; a job name given here, in hpclaunch.toml or the profile stays.
+        req = replace(req, options={**req.options, "job_name": name[:MAX_JOB_NAME]})
     # Listed by the function's name (runs, show); the real program stays beside it.
     shown = (("command", [name]), ("call", {"fn": name, "program": list(req.program)}))
     req = replace(req, files=files.run_files(data), recorded=shown)
