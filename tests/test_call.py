@@ -67,6 +67,7 @@ def test_rank_3_raising_gives_its_exception_with_notes(
     assert "fails_on_rank_3" in remote and "ValueError: rank 3 says no" in remote
     assert seen["state"] == "FAILED"
     assert seen["seconds"] < 60  # the other ranks were ended, not left to sleep 120 s
+    assert 0 <= seen["ran_seconds"] < 60, seen
 
 
 def test_keyword_arguments_named_like_run_options_pass_through(
