@@ -205,9 +205,18 @@ def test_a_rank_of_another_python_says_so(tmp_path: Path) -> None:
         outcome(tmp_path / "call", 1, files.DEFAULT_LIMIT, lambda: "ended")
 
 
-def _rank_side(tmp_path: Path, fn: Any, *flags: str) -> str:
-    """Run one rank of a call of `fn` here with the interpreter's `flags`; its stderr."""
-    for name, data in files.run_files(files.payload(fn, (), {}, files.DEFAULT_LIMIT)):
+def _rank_side(
+    tmp_path: Path, fn: Any, *flags: str, args: tuple[Any, ...] = (), cloudpickle_version: str = ""
+) -> str:
+    """Run one rank of a call of `fn(*args)` here with the interpreter's `flags`; its
+    stderr. `cloudpickle_version`: the one the payload's header names instead."""
+    for name, data in files.run_files(files.payload(fn, args, {}, files.DEFAULT_LIMIT)):
+        if name.endswith(files.PAYLOAD) and cloudpickle_version:
+            header, _, blob = data.partition(b"\n")
+            mine = f"cloudpickle={cloudpickle.__version__}".encode()
+            assert mine in header, header
+            data = header.replace(mine, f"cloudpickle={cloudpickle_version}".encode())
+            data += b"\n" + blob
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(data)
     python, *rest = files.program(sys.executable)
@@ -224,9 +233,78 @@ def test_a_rank_imports_only_what_the_call_needs(tmp_path: Path) -> None:
     (compiled once by the caller), never its sources."""
     by_reference = _rank_side(tmp_path / "ref", os.getcwd, "-X", "importtime")
     assert "cloudpickle" not in by_reference and "runpy" not in by_reference
-    by_value = _rank_side(tmp_path / "value", _rank, "-v")
+    # A class of the caller's (pickled by value) needs cloudpickle's own rebuilders.
+    by_value = _rank_side(tmp_path / "value", _names_a_class, "-v")
     shipped = tmp_path / "value" / "call" / "lib" / "cloudpickle"
     assert f"code object from '{shipped}/__pycache__/cloudpickle.cpython-" in by_value
+
+
+class _Point:
+    x = 1
+
+
+def _names_a_class() -> int:
+    return _Point.x
+
+
+def _factorial(n: int) -> int:
+    return 1 if n <= 1 else n * _factorial(n - 1)
+
+
+def _python_major() -> int:
+    return sys.version_info[0]
+
+
+def _closures() -> list[Any]:
+    """Functions pickled by value in the ways a notebook makes them."""
+    count = [3]
+
+    def adds(x: int, by: int = 2, *, times: int = 4) -> int:
+        """adds doc"""
+        return (x + by + len(count)) * times
+
+    def tagged() -> str:
+        return str(tagged.tag)  # type: ignore[attr-defined]  # its own cell and attribute
+
+    tagged.tag = "t"  # type: ignore[attr-defined]
+
+    def never_bound() -> int:
+        return unbound  # an empty cell
+
+    if count == []:
+        unbound = 0
+    return [adds, tagged, never_bound, lambda: _factorial(5), _python_major]
+
+
+def _apply_all(functions: list[Any]) -> list[Any]:
+    seen: list[Any] = []
+    for fn in functions:
+        try:
+            value = fn(1) if fn.__name__ == "adds" else fn()
+        except NameError as exc:
+            value = f"NameError {exc}"
+        facts = ("__name__", "__qualname__", "__doc__", "__defaults__", "__kwdefaults__")
+        seen.append((value, [getattr(fn, name) for name in facts], fn.__annotations__))
+    return seen
+
+
+def test_a_function_pickled_by_value_loads_without_cloudpickle(tmp_path: Path) -> None:
+    """A notebook's function (pickled by value) is rebuilt by callrank's own copies of
+    cloudpickle's function rebuilders: cloudpickle's import (~40 ms a rank) is the
+    call's added cost otherwise. The functions behave and look as they do here."""
+    functions = _closures()
+    stderr = _rank_side(tmp_path / "own", _apply_all, "-X", "importtime", args=(functions,))
+    imported = {line.rpartition("|")[2].strip() for line in stderr.splitlines()}
+    assert "cloudpickle" not in imported and "re" not in imported, stderr
+    result = tmp_path / "own" / "call" / "result-0.pkl"
+    assert cloudpickle.loads(result.read_bytes()) == _apply_all(functions)
+    # A cloudpickle whose rebuilders callrank does not know: its own, shipped, serve.
+    stderr = _rank_side(
+        tmp_path / "other", _apply_all, "-v", args=(functions,), cloudpickle_version="9.0"
+    )
+    assert "/call/lib/cloudpickle/__pycache__/cloudpickle.cpython-" in stderr
+    result = tmp_path / "other" / "call" / "result-0.pkl"
+    assert cloudpickle.loads(result.read_bytes()) == _apply_all(functions)
 
 
 class _Unpicklable(Exception):
