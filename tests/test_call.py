@@ -20,8 +20,9 @@ import pytest
 import hpclaunch
 from conftest import PROGRAMS
 from hpclaunch import node
-from hpclaunch.calls import files
+from hpclaunch.calls import files, typedoptions
 from hpclaunch.calls.outcome import Results, outcome
+from hpclaunch.config.layering import cli_options
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import tests/
 CALL_USER = str(PROGRAMS / "call_user.py")
@@ -375,3 +376,29 @@ def test_the_cli_shows_a_call_under_its_functions_name(local: dict[str, str]) ->
     assert json.loads(_cli(local, "show", call.run.id, "--json"))["record"]["command"] == [name]
     shown = _cli(local, "logs", call.run.id)
     assert "hello from rank 0" in shown and "hello from rank 1" in shown
+
+
+def test_options_may_be_the_typed_run_options(
+    local: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """options= takes hpclaunch.RunOptions (the typed options object) as well as a
+    mapping: its typed values (seconds, MB, bytes) go through the layers as given."""
+    raw = {
+        "cluster": "local",
+        "tasks_per_node": 2,
+        "time": "1-02:03:04",
+        "mem": "2G",
+        "snapshot_limit": "64K",
+        "no_snapshot": True,
+        "env": ["A=1"],
+        "exp": "typed",
+    }
+    typed = cli_options(raw)
+    assert cli_options(typedoptions.given(typed)) == typed  # every kind reads back the same
+    for key in ("XDG_DATA_HOME", "HPCLAUNCH_CLUSTER"):
+        monkeypatch.setenv(key, local[key])
+    call = hpclaunch.submit(_rank, options=typed)
+    assert call.result(timeout=120) == [0, 1]
+    assert call.run.record.exp == "typed" and call.run.record.options["time"] == "1-02:03:04"
+    with pytest.raises(hpclaunch.UserError, match=r"^options\.snapshot_limit: 1000 bytes"):
+        hpclaunch.call(_rank, options=hpclaunch.RunOptions(snapshot_limit=1000))

@@ -17,12 +17,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 from hpclaunch import api, launching
 from hpclaunch.basics import states
-from hpclaunch.calls import files, pythons
+from hpclaunch.calls import files, pythons, typedoptions
 from hpclaunch.calls.outcome import Results, outcome
+from hpclaunch.config.options import RunOptions
 from hpclaunch.errors import UserError, show
 from hpclaunch.handle import Run
 from hpclaunch.planning.validate import default_job_name
@@ -71,24 +72,25 @@ class Call(Generic[T]):
 def call(
     fn: Callable[..., T],
     *args: Any,
-    options: Optional[Mapping[str, Any]] = None,
+    options: Union[Mapping[str, Any], RunOptions, None] = None,
     **kwargs: Any,
 ) -> Results[T]:
     """Run fn(*args, **kwargs) on every rank of a job (`options`: `hpclaunch run`
-    options, e.g. {"nodes": 2, "tasks_per_node": 2}); the results in rank order."""
+    options, e.g. {"nodes": 2, "tasks_per_node": 2}, or a hpclaunch.RunOptions); the
+    results in rank order."""
     return submit(fn, *args, options=options, **kwargs).result()
 
 
 def submit(
     fn: Callable[..., T],
     *args: Any,
-    options: Optional[Mapping[str, Any]] = None,
+    options: Union[Mapping[str, Any], RunOptions, None] = None,
     **kwargs: Any,
 ) -> Call[T]:
     """Start `call` and return its handle at once."""
     if not callable(fn):
         raise UserError("call", f"{show(fn)} is not callable", "", "")
-    given = dict(options or {})
+    given = typedoptions.given(options)
     limit = files.limit_bytes(given.pop(files.LIMIT_KEY, files.DEFAULT_LIMIT))
     here = {key: given.pop(key) for key in _HERE_ONLY if key in given}
     unknown = sorted(key for key in given if key not in api.BY_NAME_DEST)
