@@ -238,14 +238,18 @@ def test_a_rank_imports_only_what_the_call_needs(tmp_path: Path) -> None:
     by_value = _rank_side(tmp_path / "value", _names_a_class, "-v")
     shipped = tmp_path / "value" / "call" / "lib" / "cloudpickle"
     assert f"code object from '{shipped}/__pycache__/cloudpickle.cpython-" in by_value
+    assert cloudpickle.loads((shipped.parents[1] / "result-0.pkl").read_bytes()) == 2
 
 
 class _Point:
     x = 1
 
+    def doubled(self) -> int:  # a method: a function rebuilt inside a class cloudpickle rebuilds
+        return self.x * 2
+
 
 def _names_a_class() -> int:
-    return _Point.x
+    return _Point().doubled()
 
 
 def _factorial(n: int) -> int:
