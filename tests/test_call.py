@@ -20,8 +20,9 @@ import pytest
 import hpclaunch
 from conftest import PROGRAMS
 from hpclaunch import node
-from hpclaunch.calls import files
+from hpclaunch.calls import files, typedoptions
 from hpclaunch.calls.outcome import Results, outcome
+from hpclaunch.config.layering import cli_options
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import tests/
 CALL_USER = str(PROGRAMS / "call_user.py")
@@ -67,6 +68,7 @@ def test_rank_3_raising_gives_its_exception_with_notes(
     assert "fails_on_rank_3" in remote and "ValueError: rank 3 says no" in remote
     assert seen["state"] == "FAILED"
     assert seen["seconds"] < 60  # the other ranks were ended, not left to sleep 120 s
+    assert 0 <= seen["ran_seconds"] < 60, seen
 
 
 def test_keyword_arguments_named_like_run_options_pass_through(
@@ -204,9 +206,18 @@ def test_a_rank_of_another_python_says_so(tmp_path: Path) -> None:
         outcome(tmp_path / "call", 1, files.DEFAULT_LIMIT, lambda: "ended")
 
 
-def _rank_side(tmp_path: Path, fn: Any, *flags: str) -> str:
-    """Run one rank of a call of `fn` here with the interpreter's `flags`; its stderr."""
-    for name, data in files.run_files(files.payload(fn, (), {}, files.DEFAULT_LIMIT)):
+def _rank_side(
+    tmp_path: Path, fn: Any, *flags: str, args: tuple[Any, ...] = (), cloudpickle_version: str = ""
+) -> str:
+    """Run one rank of a call of `fn(*args)` here with the interpreter's `flags`; its
+    stderr. `cloudpickle_version`: the one the payload's header names instead."""
+    for name, data in files.run_files(files.payload(fn, args, {}, files.DEFAULT_LIMIT)):
+        if name.endswith(files.PAYLOAD) and cloudpickle_version:
+            header, _, blob = data.partition(b"\n")
+            mine = f"cloudpickle={cloudpickle.__version__}".encode()
+            assert mine in header, header
+            data = header.replace(mine, f"cloudpickle={cloudpickle_version}".encode())
+            data += b"\n" + blob
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(data)
     python, *rest = files.program(sys.executable)
@@ -223,9 +234,82 @@ def test_a_rank_imports_only_what_the_call_needs(tmp_path: Path) -> None:
     (compiled once by the caller), never its sources."""
     by_reference = _rank_side(tmp_path / "ref", os.getcwd, "-X", "importtime")
     assert "cloudpickle" not in by_reference and "runpy" not in by_reference
-    by_value = _rank_side(tmp_path / "value", _rank, "-v")
+    # A class of the caller's (pickled by value) needs cloudpickle's own rebuilders.
+    by_value = _rank_side(tmp_path / "value", _names_a_class, "-v")
     shipped = tmp_path / "value" / "call" / "lib" / "cloudpickle"
     assert f"code object from '{shipped}/__pycache__/cloudpickle.cpython-" in by_value
+    assert cloudpickle.loads((shipped.parents[1] / "result-0.pkl").read_bytes()) == 2
+
+
+class _Point:
+    x = 1
+
+    def doubled(self) -> int:  # a method: a function rebuilt inside a class cloudpickle rebuilds
+        return self.x * 2
+
+
+def _names_a_class() -> int:
+    return _Point().doubled()
+
+
+def _factorial(n: int) -> int:
+    return 1 if n <= 1 else n * _factorial(n - 1)
+
+
+def _python_major() -> int:
+    return sys.version_info[0]
+
+
+def _closures() -> list[Any]:
+    """Functions pickled by value in the ways a notebook makes them."""
+    count = [3]
+
+    def adds(x: int, by: int = 2, *, times: int = 4) -> int:
+        """adds doc"""
+        return (x + by + len(count)) * times
+
+    def tagged() -> str:
+        return str(tagged.tag)  # type: ignore[attr-defined]  # its own cell and attribute
+
+    tagged.tag = "t"  # type: ignore[attr-defined]
+
+    def never_bound() -> int:
+        return unbound  # an empty cell
+
+    if count == []:
+        unbound = 0
+    return [adds, tagged, never_bound, lambda: _factorial(5), _python_major]
+
+
+def _apply_all(functions: list[Any]) -> list[Any]:
+    seen: list[Any] = []
+    for fn in functions:
+        try:
+            value = fn(1) if fn.__name__ == "adds" else fn()
+        except NameError as exc:
+            value = f"NameError {exc}"
+        facts = ("__name__", "__qualname__", "__doc__", "__defaults__", "__kwdefaults__")
+        seen.append((value, [getattr(fn, name) for name in facts], fn.__annotations__))
+    return seen
+
+
+def test_a_function_pickled_by_value_loads_without_cloudpickle(tmp_path: Path) -> None:
+    """A notebook's function (pickled by value) is rebuilt by callrank's own copies of
+    cloudpickle's function rebuilders: cloudpickle's import (~40 ms a rank) is the
+    call's added cost otherwise. The functions behave and look as they do here."""
+    functions = _closures()
+    stderr = _rank_side(tmp_path / "own", _apply_all, "-X", "importtime", args=(functions,))
+    imported = {line.rpartition("|")[2].strip() for line in stderr.splitlines()}
+    assert "cloudpickle" not in imported and "re" not in imported, stderr
+    result = tmp_path / "own" / "call" / "result-0.pkl"
+    assert cloudpickle.loads(result.read_bytes()) == _apply_all(functions)
+    # A cloudpickle whose rebuilders callrank does not know: its own, shipped, serve.
+    stderr = _rank_side(
+        tmp_path / "other", _apply_all, "-v", args=(functions,), cloudpickle_version="9.0"
+    )
+    assert "/call/lib/cloudpickle/__pycache__/cloudpickle.cpython-" in stderr
+    result = tmp_path / "other" / "call" / "result-0.pkl"
+    assert cloudpickle.loads(result.read_bytes()) == _apply_all(functions)
 
 
 class _Unpicklable(Exception):
@@ -268,3 +352,57 @@ def test_without_cloudpickle_call_says_how_to_get_it(
         "with it). pip install 'hpclaunch[call]' (or pip install cloudpickle)"
     )
     assert not Path("runs").exists()
+
+
+def _says_hello() -> str:
+    print(f"hello from rank {_rank()}")
+    return "done"
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpclaunch", *args], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_cli_shows_a_call_under_its_functions_name(local: dict[str, str]) -> None:
+    """runs, status, show and logs see a call as a run, named by its function (the job
+    name too, which squeue shows), not by the interpreter that runs it."""
+    call = hpclaunch.submit(_says_hello, options={"tasks_per_node": 2, "environ": local})
+    assert call.result(timeout=120) == ["done", "done"]
+    name = f"{__name__}._says_hello"
+    (row,) = [line for line in _cli(local, "runs").splitlines() if call.run.id in line]
+    assert row.split()[6] == name, row  # the NAME column
+    assert call.run.record.job_name == name
+    assert "COMPLETED" in _cli(local, "status", call.run.id)
+    assert json.loads(_cli(local, "show", call.run.id, "--json"))["record"]["command"] == [name]
+    shown = _cli(local, "logs", call.run.id)
+    assert "hello from rank 0" in shown and "hello from rank 1" in shown
+
+
+def test_options_may_be_the_typed_run_options(
+    local: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """options= takes hpclaunch.RunOptions (the typed options object) as well as a
+    mapping: its typed values (seconds, MB, bytes) go through the layers as given."""
+    raw = {
+        "cluster": "local",
+        "tasks_per_node": 2,
+        "time": "1-02:03:04",
+        "mem": "2G",
+        "snapshot_limit": "64K",
+        "no_snapshot": True,
+        "env": ["A=1"],
+        "exp": "typed",
+    }
+    typed = cli_options(raw)
+    assert cli_options(typedoptions.given(typed)) == typed  # every kind reads back the same
+    for key in ("XDG_DATA_HOME", "HPCLAUNCH_CLUSTER"):
+        monkeypatch.setenv(key, local[key])
+    call = hpclaunch.submit(_rank, options=typed)
+    assert call.result(timeout=120) == [0, 1]
+    assert call.run.record.exp == "typed" and call.run.record.options["time"] == "1-02:03:04"
+    with pytest.raises(hpclaunch.UserError, match=r"^options\.snapshot_limit: 1000 bytes"):
+        hpclaunch.call(_rank, options=hpclaunch.RunOptions(snapshot_limit=1000))

@@ -49,6 +49,8 @@ def test_rank_3_raising_on_the_testbed(hpc: Hpc) -> None:
     assert node in testbed.node_names(), where
     assert "ValueError: rank 3 says no" in remote
     assert seen["state"] == "FAILED"
+    # The job ends with rank 3: the other ranks are not left to sleep their 120 s.
+    assert 0 <= seen["ran_seconds"] < 60, seen
 
 
 def test_call_inside_salloc_is_a_step(hpc: Hpc) -> None:

@@ -33,6 +33,7 @@ _EXPORTS = {
     "Run": "handle",
     "RemoteRun": "remote.handle",
     "RunRecord": "records.runrecord",
+    "RunOptions": "config.options",
     "HpclaunchError": "errors",
     "UserError": "errors",
     "SlurmError": "errors",
@@ -51,6 +52,7 @@ __all__ = [
     "RemoteRun",
     "Results",
     "Run",
+    "RunOptions",
     "RunRecord",
     "SlurmError",
     "State",
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from hpclaunch.calls.calling import Call, call, submit
     from hpclaunch.calls.outcome import RemoteError, Results
     from hpclaunch.config.jobspec import JobSpec
+    from hpclaunch.config.options import RunOptions
     from hpclaunch.config.profiles import Profile, load_profile
     from hpclaunch.errors import HpclaunchError, SlurmError, UserError
     from hpclaunch.handle import Run

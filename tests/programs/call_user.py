@@ -67,7 +67,11 @@ elif what == "raises":
         seen["type"] = type(exc).__name__
         seen["notes"] = list(getattr(exc, "__notes__", []))
     seen["seconds"] = time.monotonic() - start
-    seen["state"] = hpclaunch.get("last").state
+    failed = hpclaunch.get("last")
+    seen["state"] = failed.state
+    # From the first rank's start to the job's end: not the queue's wait before it.
+    ranks = failed.record.events.first_start
+    seen["ran_seconds"] = failed.record.ended_at - ranks if ranks and failed.record.ended_at else -1
 elif what == "kwargs":
     one = {"cluster": cluster, "no_snapshot": True}
     seen["results"] = list(hpclaunch.call(takes_run_option_names, nodes=5, time="x", options=one))

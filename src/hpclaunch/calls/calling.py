@@ -17,17 +17,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 from hpclaunch import api, launching
 from hpclaunch.basics import states
-from hpclaunch.calls import files, pythons
+from hpclaunch.calls import files, pythons, typedoptions
 from hpclaunch.calls.outcome import Results, outcome
+from hpclaunch.config.options import RunOptions
 from hpclaunch.errors import UserError, show
 from hpclaunch.handle import Run
+from hpclaunch.planning.validate import default_job_name
 
 T = TypeVar("T")
 _HERE_ONLY = ("cwd", "environ")  # api.run's own keywords a call takes too (not remote=)
+MAX_JOB_NAME = 200  # planning/validate's limit on --job-name
 
 
 class Call(Generic[T]):
@@ -69,24 +72,25 @@ class Call(Generic[T]):
 def call(
     fn: Callable[..., T],
     *args: Any,
-    options: Optional[Mapping[str, Any]] = None,
+    options: Union[Mapping[str, Any], RunOptions, None] = None,
     **kwargs: Any,
 ) -> Results[T]:
     """Run fn(*args, **kwargs) on every rank of a job (`options`: `hpclaunch run`
-    options, e.g. {"nodes": 2, "tasks_per_node": 2}); the results in rank order."""
+    options, e.g. {"nodes": 2, "tasks_per_node": 2}, or a hpclaunch.RunOptions); the
+    results in rank order."""
     return submit(fn, *args, options=options, **kwargs).result()
 
 
 def submit(
     fn: Callable[..., T],
     *args: Any,
-    options: Optional[Mapping[str, Any]] = None,
+    options: Union[Mapping[str, Any], RunOptions, None] = None,
     **kwargs: Any,
 ) -> Call[T]:
     """Start `call` and return its handle at once."""
     if not callable(fn):
         raise UserError("call", f"{show(fn)} is not callable", "", "")
-    given = dict(options or {})
+    given = typedoptions.given(options)
     limit = files.limit_bytes(given.pop(files.LIMIT_KEY, files.DEFAULT_LIMIT))
     here = {key: given.pop(key) for key in _HERE_ONLY if key in given}
     unknown = sorted(key for key in given if key not in api.BY_NAME_DEST)
@@ -111,6 +115,10 @@ def submit(
         planned = launching.plan_run(req)
     pythons.check(planned.spec)
     name = files.qualified_name(fn)
+    if planned.spec.job_name == default_job_name(req.program):
+        # Named by the function (runs' NAME column, squeue), not by the interpreter that
+        # runs it; a job name given here, in hpclaunch.toml or the profile stays.
+        req = replace(req, options={**req.options, "job_name": name[:MAX_JOB_NAME]})
     # Listed by the function's name (runs, show); the real program stays beside it.
     shown = (("command", [name]), ("call", {"fn": name, "program": list(req.program)}))
     req = replace(req, files=files.run_files(data), recorded=shown)

@@ -1,7 +1,8 @@
 """What a call writes into its run folder before the job starts, and the ranks' program.
 
 The function and its arguments are pickled with cloudpickle (the optional extra `call`;
-one line when it is missing) behind a one-line JSON header (the caller's Python), and
+one line when it is missing) behind a one-line header (the caller's Python and
+cloudpickle versions), and
 refused in one line above the payload limit, before anything is submitted. The
 caller's cloudpickle (pure Python) travels too, into call/lib/: the ranks load the
 payload with the copy that made it, so a job whose Python lacks cloudpickle works, and
@@ -85,7 +86,10 @@ def payload(
             f"limit {human(limit)}",
             f"pass big data as files (stage=...), or raise options={{{LIMIT_KEY!r}: '...'}}",
         )
-    header = "hpclaunch-call python=%d.%d\n" % sys.version_info[:2]  # noqa: UP031 - two ints
+    # The ranks' Python must be this major.minor; node/callrank.py rebuilds a function
+    # without importing cloudpickle when it knows this version's rebuilders.
+    version = getattr(pickler, "__version__", "")
+    header = "hpclaunch-call python=%d.%d cloudpickle=%s\n" % (*sys.version_info[:2], version)  # noqa: UP031
     return header.encode("ascii") + blob
 
 
