@@ -117,6 +117,12 @@ def check_fact(profile: Profile, fact: str, value: str, script: list[str]) -> No
         assert snippets and any(snippets[0] in line for line in script), snippets
         if profile.cpu_bind == "none":  # none given: srun binds as the site's plugin does
             assert not any("--cpu-bind" in line for line in script), profile.name
+    elif fact == "cpu_partition":  # the partition without GPUs, or none on that Slurm
+        cpu = sorted(name for name, part in profile.partitions.items() if part.gpus == 0)
+        assert cpu == ([] if value.startswith("none") else snippets[:1]), (profile.name, cpu)
+        limit = re.search(r"at most (\S+)", value)
+        if limit and cpu:
+            assert parse_time(limit.group(1), fact) == profile.partitions[cpu[0]].max_time
     elif fact == "network" and not profile.env:  # InfiniBand sites: NCCL needs nothing
         assert "no variables" in value
     elif fact in ("gpu_request", "companions", "network", "rendezvous"):
@@ -129,6 +135,7 @@ def held_facts(profile: Profile) -> set[str]:
     """The facts of issue 31's list that this profile sets: each must be cited or marked
     unverified (the facts table's rows are the profile's [sources])."""
     held = {"gpus", "cpus", "memory", "arch", "gpu_request", "container", "binding"}
+    held.add("cpu_partition")  # "GPU and CPU partitions": a CPU one, or none said so
     held.add("partition" if profile.default_partition else "max_time")
     optional = {
         "network": bool(profile.env),
@@ -285,3 +292,11 @@ def test_jean_zays_qos_ladder_asks_t4_beyond_20_hours() -> None:
     assert "--qos=qos_gpu_h100-t4" in str(long.value) and "jobs over 20 h" in str(long.value)
     _prepare("jean-zay", gpus_per_node="4", account="abc@h100", time="30:00:00",
              qos="qos_gpu_h100-t4")  # fmt: skip
+
+
+def test_a_cpu_partition_takes_cpu_work_and_refuses_gpus() -> None:
+    """Leonardo's DCGP nodes (dcgp_usr_prod): a job there asks no GPU; GPUs are refused."""
+    _prepare("leonardo", partition="dcgp_usr_prod", cpus_per_task="112")
+    with pytest.raises(UserError) as caught:
+        _prepare("leonardo", partition="dcgp_usr_prod", gpus_per_node="4")
+    assert "--gpus-per-node" in str(caught.value) and "dcgp_usr_prod" in str(caught.value)
