@@ -61,6 +61,11 @@ def test_show_gives_each_fact_its_source_and_marks_the_unverified(env: dict[str,
     assert facts["gpus"]["source"].startswith("https://apps.fz-juelich.de/")
     assert facts["rendezvous"]["value"] == "<first node>i" and facts["rendezvous"]["unverified"]
     assert facts["gpu_request"]["value"] == "--gres=gpu:{}"
+    assert facts["cpu_partition"]["value"] == "batch" and facts["cpu_partition"]["unverified"]
+    assert facts["binding"]["value"] == "none given" and facts["container"]["value"] == "apptainer"
+    frontier = json.loads(hpclaunch(env, "profile", "show", "frontier", "--json").stdout)
+    shown = {f["fact"]: f["value"] for f in frontier["facts"]}
+    assert shown["cpu_partition"] == "none" and shown["binding"] == "--cpu-bind=mask"
     text = hpclaunch(env, "profile", "show", "juwels-booster").stdout
     assert "source: UNVERIFIED" in text and "unverified: partition, gpu_request" in text
 
