@@ -64,3 +64,26 @@ def test_an_aarch64_py_spy_is_refused_for_x86_nodes(
         _prepare("leonardo", fake_elf(tmp_path / "bin", "aarch64"), monkeypatch)
     assert "is built for aarch64" in str(caught.value)
     _prepare("leonardo", fake_elf(tmp_path / "x86", "x86_64"), monkeypatch)
+
+
+def test_remote_setup_fetches_wheels_for_the_clusters_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`remote setup` asks pip for wheels of the machine the cluster's probe reported (an
+    aarch64 login node on Alps, JUPITER, Isambard-AI), never for this one's."""
+    import subprocess
+
+    from hpclaunch.remote import wheels
+
+    asked: list[list[str]] = []
+
+    def pip(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(wheels.subprocess, "run", pip)
+    wheels.dependencies(tmp_path, {"version": "3.11", "machine": "aarch64", "glibc": "2.34"})
+    [argv] = asked
+    platforms = [argv[i + 1] for i, word in enumerate(argv) if word == "--platform"]
+    assert platforms and all(p.endswith("_aarch64") for p in platforms), platforms
+    assert "manylinux_2_34_aarch64" in platforms and "--python-version" in argv
