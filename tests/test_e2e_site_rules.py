@@ -77,6 +77,7 @@ def refused(hpc: Hpc, *args: str) -> str:
     """`hpclaunch run ARGS -- true` refused: exit 2, one line, nothing queued or kept."""
     said = error_line(hpc.run("run", "-N", "2", "--gpus-per-node", "1", *args, "--", "true"))
     assert hpc.run_dirs() == [] and testbed.jobs_from(hpc.cwd) == []
+    assert hpc.runs() == []  # no record half-written: the run index names nothing either
     return said
 
 
@@ -118,3 +119,4 @@ def test_any_rejection_by_slurm_is_one_line_exit_2_and_leaves_nothing(hpc: Hpc) 
     assert said.startswith("hpclaunch: error: sbatch: the site refused the job: ")
     assert "reservation" in said.lower()
     assert hpc.run_dirs() == [] and testbed.jobs_from(hpc.cwd) == []
+    assert hpc.runs() == []

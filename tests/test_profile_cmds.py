@@ -61,6 +61,11 @@ def test_show_gives_each_fact_its_source_and_marks_the_unverified(env: dict[str,
     assert facts["gpus"]["source"].startswith("https://apps.fz-juelich.de/")
     assert facts["rendezvous"]["value"] == "<first node>i" and facts["rendezvous"]["unverified"]
     assert facts["gpu_request"]["value"] == "--gres=gpu:{}"
+    assert facts["cpu_partition"]["value"] == "batch" and facts["cpu_partition"]["unverified"]
+    assert facts["binding"]["value"] == "none given" and facts["container"]["value"] == "apptainer"
+    frontier = json.loads(hpclaunch(env, "profile", "show", "frontier", "--json").stdout)
+    shown = {f["fact"]: f["value"] for f in frontier["facts"]}
+    assert shown["cpu_partition"] == "none" and shown["binding"] == "--cpu-bind=mask"
     text = hpclaunch(env, "profile", "show", "juwels-booster").stdout
     assert "source: UNVERIFIED" in text and "unverified: partition, gpu_request" in text
 
@@ -104,7 +109,11 @@ PARTS = "PartitionName=gpu AllowGroups=ALL Default=YES QoS=gpuqos DefaultTime=00
         "PartitionName=cpu AllowGroups=ALL QoS=N/A DefaultTime=NONE OverSubscribe=NO\n"  # fmt: skip
 
 
+ASSOC = "proj1||normal,gpuqos\nproj2|gpu|normal\n"  # sacctmgr -P Account,Partition,QOS
+
+
 def fake_site(monkeypatch: pytest.MonkeyPatch, select: str, qos: Optional[str]) -> None:
+    assoc = None if qos is None else ASSOC  # no accounting: neither answers
     answers = {
         ("sinfo", "-h", "-o"): SINFO,
         ("scontrol", "show", "partition"): PARTS,
@@ -115,7 +124,14 @@ def fake_site(monkeypatch: pytest.MonkeyPatch, select: str, qos: Optional[str]) 
     config = {"ClusterName": "mycluster", "SLURM_VERSION": "22.05.8", "SelectType": select,
               "JobSubmitPlugins": "lua" if qos is None else "(null)"}  # fmt: skip
     monkeypatch.setattr(discover, "slurm_config", lambda: config)
-    monkeypatch.setattr(commands, "query", lambda argv, timeout: answers[tuple(argv[:3])])
+
+    def query(argv: list[str], timeout: float) -> Optional[str]:
+        if argv[:5] == ["sacctmgr", "-n", "-P", "show", "assoc"]:
+            assert argv[5] == "user=alice", argv  # the user's own associations
+            return assoc
+        return answers[tuple(argv[:3])]
+
+    monkeypatch.setattr(commands, "query", query)
 
 
 def write_and_load(tmp_path: Path, text: str) -> Profile:
@@ -130,7 +146,7 @@ def test_init_writes_what_the_site_says_and_marks_no_guess(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fake_site(monkeypatch, "select/cons_tres", "normal\ngpuqos\n")
-    text = profileinit.profile_text("mysite", profileinit.ask_site())
+    text = profileinit.profile_text("mysite", profileinit.ask_site("alice"))
     profile = write_and_load(tmp_path, text)
     assert profile.detect_cluster_names == ("mycluster",)
     assert profile.default_partition == "gpu" and profile.arch == "aarch64"
@@ -150,6 +166,10 @@ def test_init_writes_what_the_site_says_and_marks_no_guess(
     assert "22.05.8" in profile.sources["slurm_version"]
     assert "normal, gpuqos" in profile.sources["accounting"]
     assert "rules" not in profile.sources  # no job_submit filter
+    assert profile.sources["accounts"] == (  # sacctmgr show assoc: where -A/--qos may go
+        "sacctmgr show assoc user=alice: proj1 (QoS normal,gpuqos); "
+        "proj2 (partition gpu, QoS normal)"
+    )
     assert "# features (--constraint): a100, ib" in text and "QoS: gpuqos" in text
 
 
@@ -157,12 +177,13 @@ def test_init_marks_its_guesses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     """No cons_tres: --gpus-per-node is not understood, so the GPU line is --gres (a
     guess); no accounting; a node without Arch: this machine's, a guess."""
     fake_site(monkeypatch, "select/cons_res", None)
-    site = profileinit.ask_site()
+    site = profileinit.ask_site("alice")
     site.arch = ""
     profile = write_and_load(tmp_path, profileinit.profile_text("mysite", site))
     assert set(profile.unverified) == {"arch", "gpu_request"}
     assert profile.sbatch_lines == {"gpus-per-node": "--gres=gpu:{}"}
     assert "does not answer" in profile.sources["accounting"]
+    assert "accounts" not in profile.sources  # not asked where accounting is silent
     assert profile.sources["rules"] == "unknown: the site filters jobs (JobSubmitPlugins=lua)"
     assert profile.arch == os.uname().machine
 

@@ -115,12 +115,43 @@ def check_fact(profile: Profile, fact: str, value: str, script: list[str]) -> No
         assert value == profile.container.runtime
     elif fact == "binding":  # srun's --cpu-bind: a word of the launch line
         assert snippets and any(snippets[0] in line for line in script), snippets
+        if profile.cpu_bind == "none":  # none given: srun binds as the site's plugin does
+            assert not any("--cpu-bind" in line for line in script), profile.name
+    elif fact == "cpu_partition":  # the partition without GPUs, or none on that Slurm
+        cpu = sorted(name for name, part in profile.partitions.items() if part.gpus == 0)
+        assert cpu == ([] if value.startswith("none") else snippets[:1]), (profile.name, cpu)
+        limit = re.search(r"at most (\S+)", value)
+        if limit and cpu:
+            assert parse_time(limit.group(1), fact) == profile.partitions[cpu[0]].max_time
     elif fact == "network" and not profile.env:  # InfiniBand sites: NCCL needs nothing
         assert "no variables" in value
     elif fact in ("gpu_request", "companions", "network", "rendezvous"):
         assert lines, f"{profile.name} {fact}: no script line in {value!r}"
     else:
         assert fact == "max_time"  # Perlmutter: no partition named, nothing to check
+
+
+def held_facts(profile: Profile) -> set[str]:
+    """The facts of issue 31's list that this profile sets: each must be cited or marked
+    unverified (the facts table's rows are the profile's [sources])."""
+    held = {"gpus", "cpus", "memory", "arch", "gpu_request", "container", "binding"}
+    held.add("cpu_partition")  # "GPU and CPU partitions": a CPU one, or none said so
+    held.add("partition" if profile.default_partition else "max_time")
+    optional = {
+        "network": bool(profile.env),
+        "companions": bool(profile.sbatch_args),
+        "rendezvous": bool(profile.rendezvous_suffix),
+        "min_poll_interval": profile.min_poll_interval > 0,
+        "rules": bool(profile.rules),
+        "account": bool(profile.account_pattern),
+    }
+    return held | {fact for fact, holds in optional.items() if holds}
+
+
+@pytest.mark.parametrize("site", TABLED)
+def test_every_fact_a_profile_holds_is_cited_or_marked_unverified(site: str) -> None:
+    profile = load_profile(site)
+    assert sorted(held_facts(profile) - set(profile.sources)) == [], site
 
 
 def test_sites_without_a_suffix_leave_master_addr_to_the_first_node(tmp_path: Path) -> None:
@@ -215,9 +246,8 @@ def test_the_table_of_sites_agrees_with_the_profiles() -> None:
     for site in TABLED:
         row = re.search(rf"^\| {re.escape(site)} \| (.*) \|$", text, re.M)
         assert row, site
-        _, gpus, request, companions, rendezvous, arch, floor, unverified = row.group(1).split(
-            " | "
-        )
+        cells = row.group(1).split(" | ")
+        _, gpus, request, companions, rendezvous, arch, floor, containers, unverified = cells
         profile = load_profile(site)
         assert int(gpus) == profile.node.gpus
         assert request == f"`{profile.sbatch_lines.get('gpus-per-node', '--gpus-per-node={}')}`"
@@ -225,6 +255,7 @@ def test_the_table_of_sites_agrees_with_the_profiles() -> None:
         suffix = profile.rendezvous_suffix
         assert rendezvous == (f"`<node>{suffix}`" if suffix else "first node")
         assert arch == profile.arch and floor == f"{profile.min_poll_interval} s"
+        assert containers == profile.container.runtime, site
         assert int(unverified) == len(profile.unverified), site
 
 
@@ -261,3 +292,11 @@ def test_jean_zays_qos_ladder_asks_t4_beyond_20_hours() -> None:
     assert "--qos=qos_gpu_h100-t4" in str(long.value) and "jobs over 20 h" in str(long.value)
     _prepare("jean-zay", gpus_per_node="4", account="abc@h100", time="30:00:00",
              qos="qos_gpu_h100-t4")  # fmt: skip
+
+
+def test_a_cpu_partition_takes_cpu_work_and_refuses_gpus() -> None:
+    """Leonardo's DCGP nodes (dcgp_usr_prod): a job there asks no GPU; GPUs are refused."""
+    _prepare("leonardo", partition="dcgp_usr_prod", cpus_per_task="112")
+    with pytest.raises(UserError) as caught:
+        _prepare("leonardo", partition="dcgp_usr_prod", gpus_per_node="4")
+    assert "--gpus-per-node" in str(caught.value) and "dcgp_usr_prod" in str(caught.value)

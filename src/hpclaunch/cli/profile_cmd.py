@@ -54,10 +54,12 @@ def show_cmd(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the file written.")
 def init_cmd(name: str, force: bool, as_json: bool) -> None:
     """Write a profile for this Slurm site by asking it: scontrol show config, sinfo with
-    GRES and features, scontrol show partition, scontrol show node and sacctmgr where
-    accounting answers. Nothing is asked of you; what is guessed is marked unverified.
+    GRES and features, scontrol show partition, scontrol show node and sacctmgr (QoS, your
+    associations) where accounting answers. Nothing is asked of you; what is guessed is
+    marked unverified.
     With --remote HOST it asks that cluster and writes the profile there."""
     from hpclaunch.basics.filemodes import make_dirs, write_atomic
+    from hpclaunch.basics.users import user_name
     from hpclaunch.config.profiles import BUILTIN, check_name, load_profile, user_profile_dir
     from hpclaunch.errors import UserError
     from hpclaunch.slurm.profileinit import ask_site, profile_text
@@ -72,7 +74,7 @@ def init_cmd(name: str, force: bool, as_json: bool) -> None:
         raise UserError(
             "NAME", f"{name}: {path} exists", "", "Add --force to replace it, or pick a name"
         )
-    site = ask_site()
+    site = ask_site(user_name(env))
     text = profile_text(name, site)
     make_dirs(folder, "private")
     write_atomic(path, text)

@@ -65,6 +65,9 @@ def facts(profile: Profile) -> list[dict[str, Any]]:
         "rendezvous": f"<first node>{profile.rendezvous_suffix}",
         "network": " ".join(f"{k}={v}" for k, v in profile.env.items()),
         "container": profile.container.runtime,
+        "binding": f"--cpu-bind={profile.cpu_bind}" if profile.cpu_bind != "none" else "none given",
+        "cpu_partition": ", ".join(n for n, p in profile.partitions.items() if p.gpus == 0)
+        or "none",
         "min_poll_interval": f"{profile.min_poll_interval} s",
         "rules": "; ".join(rule.message for rule in profile.rules),
     }

@@ -348,7 +348,8 @@ def check(
     path = environ.get("PATH", "")
     watch_s = gpu_watch_lines.interval_from_values(options, res.gpus_per_node, local, path)
     world_size = res.nodes * res.tasks_per_node
-    profiled = profiling.from_values(options, world_size, local, environ)
+    arch = "" if local else profile.arch  # a local run's ranks run on this machine
+    profiled = profiling.from_values(options, world_size, local, environ, arch)
     return Checked(
         profile=profile,
         program=program,

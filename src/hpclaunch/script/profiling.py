@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from hpclaunch import node
+from hpclaunch.basics.elfarch import machine_of
 from hpclaunch.basics.shell import Word
 from hpclaunch.config.jobspec import JobSpec, Profiling
 from hpclaunch.config.options import BY_NAME, RunOptions
@@ -28,10 +29,15 @@ ON_PATH = ("nsys", "rocprof")
 
 
 def from_values(
-    options: RunOptions, world_size: int, local: bool, environ: Mapping[str, str]
+    options: RunOptions,
+    world_size: int,
+    local: bool,
+    environ: Mapping[str, str],
+    arch: str = "",
 ) -> Optional[Profiling]:
     """The checked request, or None without one. Both options or neither; ranks within
-    the job; the profiler present where that can be seen from here."""
+    the job; the profiler present where that can be seen from here; a shipped py-spy
+    built for `arch`, the nodes' CPUs (the profile's; "" for a local run: this machine)."""
     text, tool = options.profile_ranks, options.profiler
     if text is None and tool is None:
         return None
@@ -49,6 +55,7 @@ def from_values(
     pyspy = ""
     if tool == "py-spy":
         pyspy = _pyspy(environ)
+        _same_arch(pyspy, arch)
     elif tool in ON_PATH and local and not options.container:
         _on_path(str(tool), environ)
     return Profiling(ranks=ranks, tool=str(tool), pyspy=pyspy)
@@ -107,6 +114,20 @@ def _pyspy(environ: Mapping[str, str]) -> str:
             PYSPY_FIX,
         )
     return found[0]
+
+
+def _same_arch(pyspy: str, arch: str) -> None:
+    """The shipped py-spy must run on the nodes (issue 31: Alps, JUPITER and Isambard-AI
+    are aarch64): refused here rather than failing in the rank after the queue."""
+    built_for = machine_of(Path(pyspy))
+    if arch and built_for is not None and built_for != arch:
+        raise UserError(
+            "--profiler",
+            f"py-spy {pyspy} is built for {built_for}",
+            f"the cluster profile's nodes are {arch} (its arch)",
+            f"Install a py-spy built for {arch} first on PATH (pip download py-spy "
+            f"--only-binary :all: --platform manylinux2014_{arch}), or pick another --profiler",
+        )
 
 
 def pyspy_path(paths: RunPaths) -> Path:

@@ -5,8 +5,9 @@ Slurm version, SelectType: whether --gpus-per-node is understood), `sinfo` with 
 features (partitions, GPUs, cores, memory, times), `scontrol show partition` (default
 and maximum times, whole-node partitions, QoS), `scontrol show node` of one node of the
 default partition (its CPU architecture), and `sacctmgr show qos` where accounting
-answers. Nothing is asked of the user. What is a guess is listed in the profile's
-`unverified` and said in its [sources]."""
+answers, then `sacctmgr show assoc` of the user (the accounts, partitions and QoS they may
+use, written as a fact to check `-A`/`--qos` against by eye). Nothing is asked of the
+user. What is a guess is listed in the profile's `unverified` and said in its [sources]."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ class SiteFacts:
     arch: str = ""  # "" = not found
     qos_names: Optional[list[str]] = None  # None: accounting does not answer
     job_submit: str = ""  # JobSubmitPlugins: the site filters jobs by rules not listed here
+    user: str = ""
+    # (account, partition or "", QoS names) per association; None: not asked or no answer
+    assoc: Optional[list[tuple[str, str, str]]] = None
 
 
 def _query(argv: list[str]) -> Optional[str]:
@@ -114,8 +118,19 @@ def _arch(partition: str) -> str:
     return arch if arch in ("x86_64", "aarch64") else ""
 
 
-def ask_site() -> SiteFacts:
-    """Everything the site says of itself (raises NoController when Slurm is silent)."""
+def _assoc(user: str) -> Optional[list[tuple[str, str, str]]]:
+    """The user's associations: which accounts (and partitions, QoS) they may use."""
+    argv = ["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}"]
+    out = _query([*argv, "format=Account,Partition,QOS"])
+    if out is None:
+        return None
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    return [(row[0], row[1], row[2]) for row in rows if len(row) >= 3 and row[0]]
+
+
+def ask_site(user: str = "") -> SiteFacts:
+    """Everything the site says of itself (raises NoController when Slurm is silent);
+    `user`'s associations too where accounting answers."""
     config = discover.slurm_config()
     if config is None:
         raise discover.no_controller("profile init asks Slurm", discover.slurm_signs({}))
@@ -131,6 +146,8 @@ def ask_site() -> SiteFacts:
         arch=_arch(default) if default else "",
         qos_names=None if qos is None else [q for q in qos.split() if q],
         job_submit=config.get("JobSubmitPlugins", "").replace("(null)", ""),
+        user=user,
+        assoc=_assoc(user) if qos is not None and user else None,
     )
 
 
@@ -216,6 +233,18 @@ def _sources_lines(site: SiteFacts, asked: str, cons_tres: bool) -> list[str]:
         if site.qos_names is None
         else f"sacctmgr show qos answers: {', '.join(site.qos_names) or '(none)'}",
     }
+    if site.assoc is not None:
+        sources["accounts"] = f"sacctmgr show assoc user={site.user}: " + (
+            "; ".join(_assoc_text(row) for row in site.assoc) or "(none)"
+        )
     if site.job_submit:  # its rules reject jobs: add them as [[rules]] once known
         sources["rules"] = f"unknown: the site filters jobs (JobSubmitPlugins={site.job_submit})"
     return ["[sources]", *(f"{k} = {_toml(v)}" for k, v in sources.items())]
+
+
+def _assoc_text(row: tuple[str, str, str]) -> str:
+    """'proj1 (partition gpu, QoS normal,gpuqos)': one association as a fact."""
+    account, partition, qos = row
+    said = [f"partition {partition}" if partition else "", f"QoS {qos}" if qos else ""]
+    inside = ", ".join(part for part in said if part)
+    return f"{account} ({inside})" if inside else account
