@@ -94,6 +94,14 @@ def test_every_command_takes_json_and_has_a_case() -> None:
     assert sorted(found) == sorted(CASES), "a command without a case here (or a case too many)"
 
 
+def test_docs_json_names_every_command() -> None:
+    """docs/json.md says what every command's --json prints: each command is named
+    there in backquotes (`sweep` for submitting a sweep)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "json.md").read_text()
+    named = {name: "sweep" if name == "sweep submit" else name for name, _ in _commands(cli)}
+    assert [name for name, shown in named.items() if f"`{shown}" not in doc] == []
+
+
 def _cli(work: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [HPCLAUNCH, *args], cwd=work, env=local_env(work), stdin=subprocess.DEVNULL,
