@@ -5,8 +5,9 @@ a command has no --json, or none of the cases below (a new command needs both).
 The cases run on the local backend (no Slurm): a finished run, a running one (cancel,
 stack, top), a local sweep whose points write a result. `attach` joins a Slurm job's
 allocation, `dev` gets one and `remote setup` needs a cluster to install on: their JSON
-is shown by tests/test_e2e_attach.py, tests/test_e2e_dev.py and tests/test_e2e_remote.py;
-here each must refuse with its one error line and nothing on stdout."""
+is shown by tests/test_e2e_attach.py, tests/test_e2e_dev.py and, for `remote setup`, the
+last test here (the install itself replaced); in the walk each must refuse with its one
+error line and nothing on stdout."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import click
+import pytest
 
 from builders import local_env
 from hpclaunch.cli.group import cli, every_command
@@ -153,3 +156,24 @@ def test_every_command_prints_json_by_the_rule(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(30)
+
+
+def test_remote_setup_json_is_one_object_and_its_progress_goes_to_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The walk can only show `remote setup --json` refusing (no cluster to install on,
+    and tests/test_e2e_remote.py sets up without --json): here the install answers as
+    a successful one would, and stdout is the one object, its progress on stderr."""
+    from click.testing import CliRunner
+
+    import hpclaunch.remote.setup as remote_setup
+
+    def installed(host: str, python: str, environ: object, wanted: object, out: TextIO) -> int:
+        print(f"hpclaunch: {host}: installed hpclaunch-0.whl into ~/.hpclaunch/venv", file=out)
+        return 0
+
+    monkeypatch.setattr(remote_setup, "setup", installed)
+    shown = CliRunner().invoke(cli, ["remote", "setup", "login", "--with", "stack", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {"host": "login", "installed": True, "extras": ["stack"]}
+    assert "installed hpclaunch-0.whl" in shown.stderr
