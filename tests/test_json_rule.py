@@ -177,3 +177,33 @@ def test_remote_setup_json_is_one_object_and_its_progress_goes_to_stderr(
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout) == {"host": "login", "installed": True, "extras": ["stack"]}
     assert "installed hpclaunch-0.whl" in shown.stderr
+
+
+def test_logs_follow_json_streams_one_object_per_line_to_the_runs_end(tmp_path: Path) -> None:
+    """`logs --follow --json` streams: every line as it comes, one object a line, to the
+    run's end, and exits with the run's exit code as `logs --follow` does (its summary
+    line, for a person, on stderr); not only the output so far."""
+    program = (
+        "import sys, time; print('first', flush=True); time.sleep(3); print('second'); sys.exit(3)"
+    )
+    started = subprocess.Popen(
+        [HPCLAUNCH, "run", "--", sys.executable, "-c", program], cwd=tmp_path,
+        env=local_env(tmp_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any("first" in p.read_text() for p in tmp_path.rglob("rank-0.out")):
+            assert time.monotonic() < deadline and started.poll() is None, "no first line"
+            time.sleep(0.1)
+        followed = _cli(tmp_path, ["logs", "--follow", "--json"])
+        tail = _cli(tmp_path, ["logs", "--follow", "--json", "-n", "1"])  # the run has ended
+    finally:
+        started.kill()
+        started.wait(30)
+    rows = [json.loads(line) for line in followed.stdout.splitlines()]
+    assert all(set(row) == {"run_id", "node", "rank", "text"} for row in rows), rows
+    assert [row["text"] for row in rows if row["rank"] == 0] == ["first", "second"], rows
+    assert followed.returncode == 3 and "FAILED, exit code 3" in followed.stderr, followed.stderr
+    assert [json.loads(line)["text"] for line in tail.stdout.splitlines()] == ["second"]
+    assert tail.returncode == 3, tail.stderr
