@@ -119,6 +119,24 @@ def test_last_is_this_projects_newest_run_and_all_projects_anyones(tmp_path: Pat
     assert ran_one in _ok(_hpclaunch(one / "sub", tmp_path, "status"))
 
 
+def test_last_inside_a_job_is_still_its_projects(tmp_path: Path) -> None:
+    """A job's ranks get $HPCLAUNCH_PROJECT, the project's name (docs/contract.md): an
+    hpclaunch command run inside the job (a dev session's terminal, a program that
+    submits more) finds its project's `last`, not that of a folder named after it."""
+    one = _project(tmp_path, "one")
+    program = (
+        "import os, subprocess, sys; print(os.environ['HPCLAUNCH_PROJECT'], flush=True);"
+        " sys.exit(subprocess.call([sys.executable, '-m', 'hpclaunch', 'status', '--json']))"
+    )
+    started = _hpclaunch(one / "sub", tmp_path, "run", "--json", "--", PY, "-c", program)
+    assert started.returncode == 0, started.stderr
+    run_id = _run_id(started)
+    tag = "[vm 0] "
+    ranks = [line[len(tag) :] for line in started.stderr.splitlines() if line.startswith(tag)]
+    assert ranks[0] == "one"  # the contract's variable, as before
+    assert json.loads("\n".join(ranks[1:]))["run_id"] == run_id  # the newest: the run itself
+
+
 def test_cancel_last_cancels_this_projects_running_local_sweep(tmp_path: Path) -> None:
     one, two = _project(tmp_path, "one"), _project(tmp_path, "two")
     env = {**local_env(tmp_path)}

@@ -116,7 +116,7 @@ def sent_environment(environ: Mapping[str, str], names: Iterable[str] = ()) -> d
 
 def project_mirror(cwd: Path, ship: Optional[str]) -> dict[str, str]:
     """The shipped project a command is for, as the cluster holds it (`last` there is
-    its newest run): {HPCLAUNCH_PROJECT: its mirror} where this folder is in a git work
+    its newest run): {HPCLAUNCH_SHIPPED_PROJECT: its mirror} where this folder is in a git work
     tree (or --ship names one); elsewhere ANY_PROJECT (a folder --ship shipped has no
     name without --ship: its runs are found by `last` of any project)."""
     from hpclaunch.records.index import ANY_PROJECT, PROJECT_VARIABLE
