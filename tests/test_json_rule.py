@@ -207,3 +207,23 @@ def test_logs_follow_json_streams_one_object_per_line_to_the_runs_end(tmp_path: 
     assert followed.returncode == 3 and "FAILED, exit code 3" in followed.stderr, followed.stderr
     assert [json.loads(line)["text"] for line in tail.stdout.splitlines()] == ["second"]
     assert tail.returncode == 3, tail.stderr
+
+
+def test_image_import_json_is_one_object_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk shows `image import --json` refusing only (no runtime here to import
+    with; tests/test_e2e_runtimes.py imports without --json): with the import answering
+    as a successful one, stdout is the one object docs/json.md names."""
+    from click.testing import CliRunner
+
+    from hpclaunch.payload import imports
+
+    def made(runtime: str, source: str, output: object, cwd: Path, name: object) -> object:
+        return imports.Imported(where=f"{cwd}/img.sqsh", size=4096, runtime=runtime)
+
+    monkeypatch.setattr(imports, "import_image", made)
+    args = ["image", "import", "--json", "--container-runtime", "pyxis", "docker://x"]
+    shown = CliRunner().invoke(cli, args)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {
+        "image": f"{Path.cwd()}/img.sqsh", "size": 4096, "runtime": "pyxis"
+    }  # fmt: skip
