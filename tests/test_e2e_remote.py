@@ -425,6 +425,39 @@ def test_outside_git_only_a_named_folder_ships(set_up: None) -> None:
             shutil.rmtree(made) if made.is_dir() else made.unlink()
 
 
+def test_last_from_a_folder_shipped_outside_git_is_its_projects(set_up: None) -> None:
+    """Issue 29: over --remote `last` is the shipped project's, for a folder outside git
+    shipped with --ship too: `status` from the first folder (no --ship: only run and sweep
+    take it) shows its own run, not the second folder's newer one (remote/shipmemory.py)."""
+    import pwd
+    import uuid
+
+    user = pwd.getpwnam(lp.USER)
+    projects = lp.login_home() / ".hpclaunch" / "projects"
+    folders = [lp.home() / f"plain-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    run_ids: list[str] = []
+    try:
+        for folder in folders:
+            folder.mkdir()
+            os.chown(folder, user.pw_uid, user.pw_gid)
+            plain = lp.Laptop(folder)
+            plain.write("train.py", "print('plain')\n")
+            done = plain.run(
+                "run", "--remote", lp.LOGIN, "--ship", ".", "--wait", "--json",
+                "--", "python3", "train.py",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            run_ids.append(json.loads(done.stdout.splitlines()[0])["run_id"])
+        status = lp.Laptop(folders[0]).run("status", "--remote", lp.LOGIN, "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert json.loads(status.stdout)["run_id"] == run_ids[0], (status.stdout, run_ids)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+            for made in projects.glob(f"{folder.name}-*"):
+                shutil.rmtree(made) if made.is_dir() else made.unlink()
+
+
 def test_profile_init_over_remote_writes_the_clusters_profile_there(project: lp.Laptop) -> None:
     """`profile init NAME --remote HOST` asks the cluster's Slurm and writes the profile on
     the cluster (where its runs read it); a 2x1 GPU run from the laptop then uses it."""

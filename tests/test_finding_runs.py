@@ -119,6 +119,24 @@ def test_last_is_this_projects_newest_run_and_all_projects_anyones(tmp_path: Pat
     assert ran_one in _ok(_hpclaunch(one / "sub", tmp_path, "status"))
 
 
+def test_last_inside_a_job_is_still_its_projects(tmp_path: Path) -> None:
+    """A job's ranks get $HPCLAUNCH_PROJECT, the project's name (docs/contract.md): an
+    hpclaunch command run inside the job (a dev session's terminal, a program that
+    submits more) finds its project's `last`, not that of a folder named after it."""
+    one = _project(tmp_path, "one")
+    program = (
+        "import os, subprocess, sys; print(os.environ['HPCLAUNCH_PROJECT'], flush=True);"
+        " sys.exit(subprocess.call([sys.executable, '-m', 'hpclaunch', 'status', '--json']))"
+    )
+    started = _hpclaunch(one / "sub", tmp_path, "run", "--json", "--", PY, "-c", program)
+    assert started.returncode == 0, started.stderr
+    run_id = _run_id(started)
+    tag = "[vm 0] "
+    ranks = [line[len(tag) :] for line in started.stderr.splitlines() if line.startswith(tag)]
+    assert ranks[0] == "one"  # the contract's variable, as before
+    assert json.loads("\n".join(ranks[1:]))["run_id"] == run_id  # the newest: the run itself
+
+
 def test_cancel_last_cancels_this_projects_running_local_sweep(tmp_path: Path) -> None:
     one, two = _project(tmp_path, "one"), _project(tmp_path, "two")
     env = {**local_env(tmp_path)}
@@ -208,10 +226,12 @@ def test_over_remote_last_is_the_shipped_projects(tmp_path: Path) -> None:
     laptop = tmp_path / "laptop"
     (laptop / "sub").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(laptop)], check=True, timeout=60)
-    sent = project_mirror(laptop / "sub", None)
+    laptop_env = {"XDG_DATA_HOME": str(tmp_path / "laptop-xdg")}
+    sent = project_mirror(laptop / "sub", None, laptop_env)
     assert sent == {index.PROJECT_VARIABLE: f"~/{PROJECTS}/{mirror_name(laptop)}"}
-    # No git work tree: nothing names a project, and `last` there is anyone's.
-    assert project_mirror(tmp_path, None) == {index.PROJECT_VARIABLE: index.ANY_PROJECT}
+    # No git work tree and never shipped from: nothing names a project, `last` is anyone's
+    # (a folder shipped with --ship: test_a_folder_shipped_outside_git_names_its_project).
+    assert project_mirror(tmp_path, None, laptop_env) == {index.PROJECT_VARIABLE: index.ANY_PROJECT}
     home = tmp_path / "home"
     cluster = {**local_env(tmp_path), "HOME": str(home), **sent}
     mirror = home / PROJECTS / mirror_name(laptop)
@@ -226,6 +246,34 @@ def test_over_remote_last_is_the_shipped_projects(tmp_path: Path) -> None:
     assert refs.run_dir("last", cluster, all_projects=True) == newest
     anyones = {**cluster, index.PROJECT_VARIABLE: index.ANY_PROJECT}
     assert refs.run_dir("last", anyones) == newest
+
+
+def test_a_folder_shipped_outside_git_names_its_project(tmp_path: Path) -> None:
+    """Issue 29: over --remote `last` is the shipped project's, also for a folder outside
+    git shipped with --ship DIR: later commands from that folder (or below it, or from the
+    shipped folder) take no --ship, so the laptop remembers, privately, what it shipped
+    as and names that mirror; a folder that shipped nothing stays anyone's."""
+    from hpclaunch.remote.forward import project_mirror
+    from hpclaunch.remote.ship import PROJECTS, mirror_name
+    from hpclaunch.remote.shipmemory import memory_path, remember
+
+    laptop_env = {"XDG_DATA_HOME": str(tmp_path / "laptop-xdg")}
+    plain, code, elsewhere = tmp_path / "plain", tmp_path / "code", tmp_path / "elsewhere"
+    for folder in (plain / "sub", code, elsewhere):
+        folder.mkdir(parents=True)
+    shipped = project_mirror(plain, "../code", laptop_env)  # `run --ship ../code` from plain
+    assert shipped == {index.PROJECT_VARIABLE: f"~/{PROJECTS}/{mirror_name(code)}"}
+    anyones = {index.PROJECT_VARIABLE: index.ANY_PROJECT}
+    assert project_mirror(plain, None, laptop_env) == anyones  # nothing shipped yet
+    remember(plain, code, laptop_env)  # what forward does once the folder shipped
+    for here in (plain, plain / "sub", code):
+        assert project_mirror(here, None, laptop_env) == shipped, here
+    assert project_mirror(elsewhere, None, laptop_env) == anyones
+    memory = memory_path(laptop_env)
+    assert memory.stat().st_mode & 0o777 == 0o600
+    assert memory.parent.stat().st_mode & 0o777 == 0o700
+    memory.write_text("not json")  # a damaged memory narrows nothing and fails nothing
+    assert project_mirror(plain, None, laptop_env) == anyones
 
 
 def test_the_apis_remote_run_names_its_project_too(tmp_path: Path) -> None:
@@ -248,4 +296,4 @@ def test_the_apis_remote_run_names_its_project_too(tmp_path: Path) -> None:
     laptop.mkdir()
     subprocess.run(["git", "init", "-q", str(laptop)], check=True, timeout=60)
     call(Conn(), ["run", "--", "true"], {}, laptop_cwd=laptop, cwd="x")  # type: ignore[arg-type]
-    assert [(one["env"], one["cwd"]) for one in sent] == [(project_mirror(laptop, None), "x")]
+    assert [(one["env"], one["cwd"]) for one in sent] == [(project_mirror(laptop, None, {}), "x")]

@@ -5,8 +5,9 @@ a command has no --json, or none of the cases below (a new command needs both).
 The cases run on the local backend (no Slurm): a finished run, a running one (cancel,
 stack, top), a local sweep whose points write a result. `attach` joins a Slurm job's
 allocation, `dev` gets one and `remote setup` needs a cluster to install on: their JSON
-is shown by tests/test_e2e_attach.py, tests/test_e2e_dev.py and tests/test_e2e_remote.py;
-here each must refuse with its one error line and nothing on stdout."""
+is shown by tests/test_e2e_attach.py, tests/test_e2e_dev.py and, for `remote setup`, the
+last test here (the install itself replaced); in the walk each must refuse with its one
+error line and nothing on stdout."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import click
+import pytest
 
 from builders import local_env
 from hpclaunch.cli.group import cli, every_command
@@ -94,6 +97,14 @@ def test_every_command_takes_json_and_has_a_case() -> None:
     assert sorted(found) == sorted(CASES), "a command without a case here (or a case too many)"
 
 
+def test_docs_json_names_every_command() -> None:
+    """docs/json.md says what every command's --json prints: each command is named
+    there in backquotes (`sweep` for submitting a sweep)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "json.md").read_text()
+    named = {name: "sweep" if name == "sweep submit" else name for name, _ in _commands(cli)}
+    assert [name for name, shown in named.items() if f"`{shown}" not in doc] == []
+
+
 def _cli(work: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [HPCLAUNCH, *args], cwd=work, env=local_env(work), stdin=subprocess.DEVNULL,
@@ -145,3 +156,74 @@ def test_every_command_prints_json_by_the_rule(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(30)
+
+
+def test_remote_setup_json_is_one_object_and_its_progress_goes_to_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The walk can only show `remote setup --json` refusing (no cluster to install on,
+    and tests/test_e2e_remote.py sets up without --json): here the install answers as
+    a successful one would, and stdout is the one object, its progress on stderr."""
+    from click.testing import CliRunner
+
+    import hpclaunch.remote.setup as remote_setup
+
+    def installed(host: str, python: str, environ: object, wanted: object, out: TextIO) -> int:
+        print(f"hpclaunch: {host}: installed hpclaunch-0.whl into ~/.hpclaunch/venv", file=out)
+        return 0
+
+    monkeypatch.setattr(remote_setup, "setup", installed)
+    shown = CliRunner().invoke(cli, ["remote", "setup", "login", "--with", "stack", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {"host": "login", "installed": True, "extras": ["stack"]}
+    assert "installed hpclaunch-0.whl" in shown.stderr
+
+
+def test_logs_follow_json_streams_one_object_per_line_to_the_runs_end(tmp_path: Path) -> None:
+    """`logs --follow --json` streams: every line as it comes, one object a line, to the
+    run's end, and exits with the run's exit code as `logs --follow` does (its summary
+    line, for a person, on stderr); not only the output so far."""
+    program = (
+        "import sys, time; print('first', flush=True); time.sleep(3); print('second'); sys.exit(3)"
+    )
+    started = subprocess.Popen(
+        [HPCLAUNCH, "run", "--", sys.executable, "-c", program], cwd=tmp_path,
+        env=local_env(tmp_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any("first" in p.read_text() for p in tmp_path.rglob("rank-0.out")):
+            assert time.monotonic() < deadline and started.poll() is None, "no first line"
+            time.sleep(0.1)
+        followed = _cli(tmp_path, ["logs", "--follow", "--json"])
+        tail = _cli(tmp_path, ["logs", "--follow", "--json", "-n", "1"])  # the run has ended
+    finally:
+        started.kill()
+        started.wait(30)
+    rows = [json.loads(line) for line in followed.stdout.splitlines()]
+    assert all(set(row) == {"run_id", "node", "rank", "text"} for row in rows), rows
+    assert [row["text"] for row in rows if row["rank"] == 0] == ["first", "second"], rows
+    assert followed.returncode == 3 and "FAILED, exit code 3" in followed.stderr, followed.stderr
+    assert [json.loads(line)["text"] for line in tail.stdout.splitlines()] == ["second"]
+    assert tail.returncode == 3, tail.stderr
+
+
+def test_image_import_json_is_one_object_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk shows `image import --json` refusing only (no runtime here to import
+    with; tests/test_e2e_runtimes.py imports without --json): with the import answering
+    as a successful one, stdout is the one object docs/json.md names."""
+    from click.testing import CliRunner
+
+    from hpclaunch.payload import imports
+
+    def made(runtime: str, source: str, output: object, cwd: Path, name: object) -> object:
+        return imports.Imported(where=f"{cwd}/img.sqsh", size=4096, runtime=runtime)
+
+    monkeypatch.setattr(imports, "import_image", made)
+    args = ["image", "import", "--json", "--container-runtime", "pyxis", "docker://x"]
+    shown = CliRunner().invoke(cli, args)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {
+        "image": f"{Path.cwd()}/img.sqsh", "size": 4096, "runtime": "pyxis"
+    }  # fmt: skip

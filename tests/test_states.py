@@ -291,3 +291,26 @@ def test_the_documented_exit_codes_by_cause_are_the_recorded_ones() -> None:
         assert exit_code_for(state) == int(code)
     assert exit_code_for("CANCELLED") == EXIT_CANCELLED == 128 + signal.SIGTERM
     assert EXIT_INTERRUPTED == 128 + signal.SIGINT
+
+
+def _codes_of(table: str) -> set[int]:
+    """The exit codes a markdown table's first column names ('143 / 129' gives both)."""
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
+    return {int(code) for row in rows for code in re.findall(r"\b\d+\b", row)}
+
+
+def test_every_table_of_exit_codes_gives_every_cause_its_code() -> None:
+    # One table of exit codes (issue 29): the by-cause codes (cancel, Ctrl-C, SIGTERM,
+    # SIGHUP, time limit, node failure) are in every table a reader may land on, the
+    # README's and docs/internals.md's `run --wait` one, not only in the by-cause table.
+    repo = Path(__file__).parents[1]
+    internals = (repo / "docs" / "internals.md").read_text()
+    by_cause = internals.split("### Exit codes of ended runs, by cause")[1].split("\n\n")[2]
+    causes = {int(c) for row in by_cause.splitlines()[2:] for c in row.split("|")[3].split("/")}
+    assert causes == {143, 130, 129, 124, 122}, causes
+    run_wait = internals.split("## Exit codes of `hpclaunch run --wait`")[1].split("\n### ")[0]
+    readme = (repo / "README.md").read_text()
+    readme_table = readme.split("### Exit codes of `run --wait` and of local runs")[1]
+    readme_table = readme_table.split("\n\n| code")[1].split("\n\n")[0]
+    assert causes <= _codes_of(run_wait), sorted(causes - _codes_of(run_wait))
+    assert causes <= _codes_of(readme_table), sorted(causes - _codes_of(readme_table))

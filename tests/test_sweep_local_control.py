@@ -207,6 +207,8 @@ def test_ctrl_c_in_a_local_sweep_is_the_users_and_a_second_ends_the_ranks(
             runner.kill()
     assert runner.returncode == 130, err
     assert "Ctrl-C again to end them now" in out  # where the sweep shows its progress
+    # The grace period is shown, as a local run's first Ctrl-C shows it (issue 29).
+    assert "interrupted: waiting up to 5 s for the ranks to exit; Ctrl-C again" in out, out
     points = _status(tmp_path)["points"]
     assert [(p["state"], p["exit_code"]) for p in points] == [("CANCELLED", 130)] * 3
     reasons = [runrecord.load(sweep_dir / "points" / str(p)).reason for p in range(3)]

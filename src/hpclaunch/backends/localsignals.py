@@ -10,6 +10,9 @@ from types import FrameType
 from typing import Any
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The ranks' grace period between SIGTERM and SIGKILL: a local run's and a local sweep's
+# points' (LocalPlan.kill_grace_s), which the first Ctrl-C's line shows.
+KILL_GRACE_S = 5.0
 
 
 class SignalBox:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hpclaunch.backends.localreaper import Reaper
-from hpclaunch.backends.localsignals import SignalBox, Stopped, waiting_line
+from hpclaunch.backends.localsignals import KILL_GRACE_S, SignalBox, Stopped, waiting_line
 from hpclaunch.node import HPCLAUNCH_NODE_LABEL
 from hpclaunch.node.stage_guard import signals_held  # the same guard the staging tars start under
 from hpclaunch.observe.jobend import exit_code_of, first_failure
@@ -57,7 +57,7 @@ class LocalPlan:
     job_id: int
     cpus_per_task: int
     cwd: Path
-    kill_grace_s: float = 5.0
+    kill_grace_s: float = KILL_GRACE_S
     # The environment the tasks start from (the requester's, never read here from
     # os.environ): SLURM_* of an outer allocation are dropped from it.
     base_env: Mapping[str, str] = field(default_factory=dict)

@@ -13,8 +13,9 @@ from typing import Optional, TextIO
 from hpclaunch import node
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.local import run_setup
-from hpclaunch.backends.localsignals import stop_reason
+from hpclaunch.backends.localsignals import SignalBox, stop_reason
 from hpclaunch.backends.requests import DryRun
+from hpclaunch.backends.stepsignals import DISABLE_STATUS, StepStop, kill_wait_s
 from hpclaunch.basics import shell
 from hpclaunch.basics.states import State
 from hpclaunch.basics.users import with_user
@@ -23,7 +24,7 @@ from hpclaunch.observe.jobend import JobStatus, exit_code_of, first_failure
 from hpclaunch.observe.logs import LogFollower
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script import gpu_watch_lines, render
-from hpclaunch.slurm import commands
+from hpclaunch.slurm import commands, discover
 
 _POLL_S = 0.2
 _WATCH_STOP_S = 5.0
@@ -42,6 +43,7 @@ def with_step_vars(launch: Launch, env: dict[str, str], port: str) -> dict[str, 
     """`env` with what the batch script would export for the ranks (start and dry-run)."""
     env.pop("MASTER_ADDR", None)
     env["MASTER_PORT"] = port
+    env[DISABLE_STATUS] = "1"  # a Ctrl-C reaches the ranks at once (stepsignals.py)
     if render.uses_local(launch.spec, list(launch.plan.task_env)):
         # As the batch script sets it: the bootstrap of each node's local rank 0 makes
         # the folder (private, an unpredictable name) and tells the node's other ranks.
@@ -86,6 +88,7 @@ class StepBackend(Backend):
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._stopped_by: dict[str, int] = {}  # a step ended by a signal to hpclaunch
         self._watches: dict[str, GpuWatchStep] = {}
+        self._grace_s: dict[str, float] = {}  # the site's KillWait, shown on a Ctrl-C
 
     def dry_run(self, launch: Launch) -> DryRun[tuple[str, ...]]:
         return step_dry_run(launch)
@@ -97,7 +100,10 @@ class StepBackend(Backend):
         job_id = launch.environ["SLURM_JOB_ID"]
         env = step_env(launch)
         argv = [shell.expand(w, env) for w in launch.plan.srun_argv]
-        self._procs[job_id] = commands.start(argv, env)
+        self._grace_s[job_id] = kill_wait_s(discover.slurm_config())
+        # A session of its own: a terminal's Ctrl-C reaches hpclaunch only, which hands
+        # it on (stepsignals.StepStop), not srun as well (the ranks would get it twice).
+        self._procs[job_id] = commands.start(argv, env, own_session=True)
         if launch.plan.watch_argv:
             self._watches[job_id] = GpuWatchStep(list(launch.plan.watch_argv), env)
         return job_id
@@ -140,20 +146,29 @@ class StepBackend(Backend):
         watch = self._watches.get(job_id)
         follower = LogFollower(paths.logs, out, err)
         deadline = None if timeout is None else time.monotonic() + timeout
+        stop = StepStop(proc, self._grace_s.get(job_id, kill_wait_s(None)), err)
+        box = SignalBox()  # Ctrl-C, SIGTERM, SIGHUP noted, handed to `stop` each tick
+        box.hold()
         try:
             while proc.poll() is None:
+                signum = box.take()
+                if signum is not None:
+                    stop.on_signal(signum)
+                stop.tick()
                 follower.poll()
-                if watch is not None:
+                if watch is not None and stop.signum is None:
                     watch.start_when_due()
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"step of job {job_id} still running")
                 time.sleep(_POLL_S)
-        except KeyboardInterrupt as exc:  # Ctrl-C 130, SIGTERM/SIGHUP 128+N (the table)
-            signum = self._stopped_by[job_id] = getattr(exc, "signum", signal.SIGINT)
-            self.cancel(job_id)
-            proc.wait()
+        finally:
+            box.release()
+        if stop.signum is not None:  # Ctrl-C 130, SIGTERM/SIGHUP 128+N (the table)
+            self._stopped_by[job_id] = stop.signum
+            if watch is not None:
+                watch.stop()
             follower.drain()
-            return 128 + signum, State.CANCELLED.value
+            return 128 + stop.signum, State.CANCELLED.value
         if watch is not None:
             watch.stop()
         time.sleep(_POLL_S)
@@ -175,7 +190,7 @@ class GpuWatchStep:
 
     def start_when_due(self) -> None:
         if self.proc is None and not self.stopped and time.monotonic() >= self.due:
-            self.proc = commands.start(self.argv, self.env)
+            self.proc = commands.start(self.argv, self.env, own_session=True)
 
     def stop(self) -> None:
         """SIGUSR1 (srun passes it to the task), a few seconds to write the last samples,

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     "--json",
     "as_json",
     is_flag=True,
-    help="The output so far, one JSON object per line: run_id, node, rank, text.",
+    help="The output so far (with --follow, to the run's end), one JSON object per line: "
+    "run_id, node, rank, text.",
 )
 @all_projects_option
 def logs_cmd(
@@ -84,16 +85,16 @@ def logs_cmd(
             )
         if follow:
             raise UserError("--attempt", "with --follow", "", "Follow without --attempt")
-    if as_json:  # a listing: one object per line of output (docs/json.md)
-        lines = Run(run_dir).logs(rank, attempt).splitlines()
-        if tail is not None:
-            lines = lines[-tail:] if tail else []
-        for line in lines:
-            click.echo(json.dumps({"run_id": record.run_id, **_tagged(line)}))
+    if as_json and not follow:  # a listing: one object per line of output (docs/json.md)
+        _list_as_json(Run(run_dir).logs(rank, attempt), record.run_id, tail)
         return 0
+    # --follow --json: a stream, every line (stdout's and stderr's) one object on stdout.
+    streamed = _JsonLines(record.run_id) if as_json else None
+    base_out, base_err = (streamed, streamed) if streamed is not None else (sys.stdout, sys.stderr)
     kept: deque[tuple[_Tail, str]] = deque(maxlen=tail)
-    tails = [_Tail(sys.stdout, kept), _Tail(sys.stderr, kept)] if tail is not None else []
-    out, err = (tails[0], tails[1]) if tails else (sys.stdout, sys.stderr)
+    tails = [_Tail(base_out, kept), _Tail(base_err, kept)] if tail is not None else []
+    out, err = (tails[0], tails[1]) if tails else (base_out, base_err)
+    no_tag = no_tag and streamed is None  # the tag is what the objects' node and rank come from
     follower: Union[LogFollower, AttemptFollower]
     if attempt is not None:
         follower = LogFollower(
@@ -118,6 +119,8 @@ def logs_cmd(
         _Tail.release(tails)
     ended = _follow(follower, run_dir, record.cluster) if follow else None
     follower.drain()
+    if streamed is not None:
+        streamed.finish()
     if ended is None:
         return 0
     # Followed to its end: the run's own summary line and exit code, as `run --wait` ends.
@@ -129,6 +132,14 @@ def logs_cmd(
     if ended.exit_code is not None:
         return ended.exit_code
     return 0 if ended.state == states.State.COMPLETED.value else 1
+
+
+def _list_as_json(output: str, run_id: str, tail: Optional[int]) -> None:
+    lines = output.splitlines()
+    if tail is not None:
+        lines = lines[-tail:] if tail else []
+    for line in lines:
+        click.echo(json.dumps({"run_id": run_id, **_tagged(line)}))
 
 
 def _follow(
@@ -180,6 +191,33 @@ class _Tail(io.StringIO):
             safe_write(stream._stream, line)
         for stream in streams:
             stream._stream.flush()
+
+
+class _JsonLines(io.StringIO):
+    """What `logs --follow --json` prints to: each line the followers write (tagged, from
+    stdout or stderr) becomes one object on stdout, as `logs --json` lists the output so
+    far; a line not ended yet waits for its end (or `finish`)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self._run_id = run_id
+        self._part = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._part = (self._part + text).split("\n")
+        for line in lines:
+            click.echo(json.dumps({"run_id": self._run_id, **_tagged(line)}))
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:  # plain tags, whole lines: what the objects are made of
+        return False
+
+    def finish(self) -> None:
+        if self._part:
+            self.write("\n")
 
 
 _TAG = re.compile(r"\[(\S+) (\d+)\] ?(.*)", re.DOTALL)

@@ -25,7 +25,9 @@ from hpclaunch.records import locking
 Warn = Callable[[str], None]
 PROJECT = "project"  # an index line's key: the project the run was started from
 #: Where a laptop's hpclaunch says, over --remote, which shipped project a command is for.
-PROJECT_VARIABLE = "HPCLAUNCH_PROJECT"
+#: Not HPCLAUNCH_PROJECT, the project's name every job's ranks get (docs/contract.md): an
+#: hpclaunch command inside a job took that name for a folder and found no `last`.
+PROJECT_VARIABLE = "HPCLAUNCH_SHIPPED_PROJECT"
 ANY_PROJECT = "*"  # its value for a laptop folder with no project: `last` is anyone's
 
 
@@ -40,7 +42,7 @@ def _home(environ: Mapping[str, str]) -> Path:
 
 def project_of(cwd: Path, environ: Mapping[str, str]) -> str:
     """The project a run started here belongs to (`last` is its newest run): the shipped
-    project's folder over --remote ($HPCLAUNCH_PROJECT), else the git work tree's top
+    project's folder over --remote ($HPCLAUNCH_SHIPPED_PROJECT), else the git work tree's top
     holding cwd, else cwd itself."""
     shipped = environ.get(PROJECT_VARIABLE)
     if shipped == ANY_PROJECT:

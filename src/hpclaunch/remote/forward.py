@@ -114,18 +114,22 @@ def sent_environment(environ: Mapping[str, str], names: Iterable[str] = ()) -> d
     }
 
 
-def project_mirror(cwd: Path, ship: Optional[str]) -> dict[str, str]:
+def project_mirror(cwd: Path, ship: Optional[str], environ: Mapping[str, str]) -> dict[str, str]:
     """The shipped project a command is for, as the cluster holds it (`last` there is
-    its newest run): {HPCLAUNCH_PROJECT: its mirror} where this folder is in a git work
-    tree (or --ship names one); elsewhere ANY_PROJECT (a folder --ship shipped has no
-    name without --ship: its runs are found by `last` of any project)."""
+    its newest run): {HPCLAUNCH_SHIPPED_PROJECT: its mirror} where this folder is in a git
+    work tree (or --ship names one); outside git, the folder --ship last shipped from here
+    (shipmemory.py: later commands take no --ship); else ANY_PROJECT (`last` is anyone's)."""
     from hpclaunch.records.index import ANY_PROJECT, PROJECT_VARIABLE
     from hpclaunch.remote.ship import PROJECTS, mirror_name, ship_root
+    from hpclaunch.remote.shipmemory import recall
 
     try:
         root, _ = ship_root(cwd, None if ship is None else Path(ship))
     except UserError:
-        return {PROJECT_VARIABLE: ANY_PROJECT}
+        remembered = recall(cwd, environ)
+        if remembered is None:
+            return {PROJECT_VARIABLE: ANY_PROJECT}
+        root = remembered
     return {PROJECT_VARIABLE: f"~/{PROJECTS}/{mirror_name(root)}"}
 
 
@@ -292,18 +296,22 @@ def forward(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[str, str
             from hpclaunch.basics.units import parse_size
             from hpclaunch.remote.ship import ship_root
 
-            ship_root(cwd, None if laptop.ship is None else Path(laptop.ship))
+            shipped_root, _ = ship_root(cwd, None if laptop.ship is None else Path(laptop.ship))
             limit = parse_size(settings.ship_limit, "[remote] ship_limit")
     conn = Connection(Host.parse(host), environ).open()
     if wants_terminal(argv):  # no secret crosses this way, but the project's name may
-        text = json.dumps(request(conn, argv, env=project_mirror(cwd, laptop.ship)))
+        text = json.dumps(request(conn, argv, env=project_mirror(cwd, laptop.ship, environ)))
         code = conn.stream([*SERVE, base64.b64encode(text.encode()).decode()], tty=True)
         return not_set_up(conn) if code == NOT_SET_UP else code
-    sent = {**sent_environment(environ, names), **project_mirror(cwd, laptop.ship)}
+    sent = {**sent_environment(environ, names), **project_mirror(cwd, laptop.ship, environ)}
     extra: dict[str, Any] = {"env": sent}
     if limit is not None:
         shipped = ship_code(conn, cwd, program_of(argv), laptop.ship, limit)
         print(shipping_line(conn, shipped), file=sys.stderr)
+        if laptop.ship is not None:  # later commands from here (no --ship) name it too
+            from hpclaunch.remote.shipmemory import remember
+
+            remember(cwd, shipped_root, environ)
         extra["cwd"] = shipped.remote_cwd
     if argv and (argv[0] == "plot" or list(argv[:2]) == ["sweep", "plot"]):
         return _plot(conn, argv, cwd, extra)

@@ -67,7 +67,7 @@ def call(
     used = used_names(argv, (*names, *config_forward_env(environ)))
     sent = sent_environment(environ, used)
     if laptop_cwd is not None:
-        sent.update(project_mirror(laptop_cwd, None))
+        sent.update(project_mirror(laptop_cwd, None, environ))
     header = request(conn, argv, env=sent, **extra)
     return conn.run(list(SERVE), stdin=json.dumps(header).encode() + b"\n")
 

@@ -110,7 +110,7 @@ def remote_session(host: str, argv: Sequence[str], cwd: Path, environ: Mapping[s
     conn = Connection(Host.parse(host), environ).open()
     sent = {
         **forward.sent_environment(environ, names),
-        **forward.project_mirror(cwd, laptop.ship),
+        **forward.project_mirror(cwd, laptop.ship, environ),
     }
     first = json.dumps(forward.request(conn, [*words, FRAMES_FLAG], env=sent)).encode() + b"\n"
     view = View(environ)

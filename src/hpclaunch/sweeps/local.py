@@ -26,6 +26,7 @@ from typing import Any, Optional, TextIO
 from hpclaunch.backends.base import Backend, Launch
 from hpclaunch.backends.localreaper import process_start
 from hpclaunch.backends.localsettle import CANCEL_REQUESTED
+from hpclaunch.backends.localsignals import KILL_GRACE_S, waiting_line
 from hpclaunch.backends.sweepstate import Sweep
 from hpclaunch.basics import states
 from hpclaunch.config.jobspec import JobSpec
@@ -90,11 +91,9 @@ def run_points(
         except BaseException as exc:
             _interrupted(ls, pending, exc)
             if isinstance(exc, KeyboardInterrupt):
-                say(
-                    "hpclaunch: interrupted: waiting for the running points' ranks to exit; "
-                    "Ctrl-C again to end them now"
-                )
-                _let_them_end(ls, list(futures), getattr(exc, "signum", signal.SIGINT))
+                signum = getattr(exc, "signum", signal.SIGINT)
+                say(waiting_line(signum, KILL_GRACE_S).rstrip("\n"))
+                _let_them_end(ls, list(futures), signum)
             raise
     for index in indices:  # cancelled before they started: their records say so
         if index not in codes:
