@@ -1,0 +1,75 @@
+"""What a held sweep's submission spends outside Python (issue 26, Performance: a held
+1,000-point sweep to its printed id against submitit's whole process). Behaviour, not
+timing: how many git calls, which processes wait on which, what is compiled."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpclaunch.payload import project, snapshot
+
+
+def _git(cwd: Path, *args: str) -> None:
+    ident = ["-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run(["git", *ident, *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    _git(tmp_path, "add", "train.py")
+    _git(tmp_path, "commit", "-q", "-m", "init")
+    return tmp_path
+
+
+def _git_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    calls: list[list[str]] = []
+    real = subprocess.run
+
+    def counting(argv: Any, *args: Any, **kwargs: Any) -> Any:
+        words = list(argv)
+        if words[:1] == ["git"]:  # its subcommand: the first word after the -c pairs
+            rest = [w for i, w in enumerate(words[1:]) if not w.startswith("-")]
+            rest = [w for w in rest if words[words.index(w) - 1] != "-c"]
+            calls.append(rest[:1])
+        return real(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counting)
+    return calls
+
+
+def test_a_clean_tree_costs_one_git_call_for_its_diff(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The diff of a clean tree was three git calls (the index's path, HEAD, the diff)
+    and a copy of the index: one status call now says there is nothing to diff."""
+    calls = _git_calls(monkeypatch)
+    assert snapshot.diff(repo) == ""
+    assert calls == [["status"]]
+
+
+def test_a_dirty_tree_still_gives_its_diff(repo: Path) -> None:
+    (repo / "train.py").write_text("print(2)\n")
+    assert "+print(2)" in snapshot.diff(repo)
+    _git(repo, "add", "train.py")  # staged only
+    assert "+print(2)" in snapshot.diff(repo)
+
+
+def test_git_state_is_one_call(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    calls = _git_calls(monkeypatch)
+    assert project.git_state(repo) == {"commit": head.stdout.strip(), "dirty": False}
+    (repo / "train.py").write_text("print(3)\n")
+    assert project.git_state(repo)["dirty"] is True
+    assert calls == [["status"], ["status"]]
+
+
+def test_git_state_before_the_first_commit_and_outside_git(tmp_path: Path) -> None:
+    assert project.git_state(tmp_path) == {}
+    _git(tmp_path, "init", "-q")
+    assert project.git_state(tmp_path) == {}
