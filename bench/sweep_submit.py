@@ -73,6 +73,9 @@ class Run:
         for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "PYTHONDONTWRITEBYTECODE"):
             self.env.pop(var, None)
         self.src = {"this tree": ROOT / "src", "baseline": baseline_src()}
+        for src in self.src.values():  # bytecode of every module, as pip makes at install
+            argv = [cluster.PY, "-m", "compileall", "-q", str(src / "hpclaunch")]
+            subprocess.run(argv, env=self.env, check=True, stdout=subprocess.DEVNULL)
 
     def hpclaunch(self, tree: str, rep: int) -> float:
         argv = [*hl(self.src[tree]), "sweep", "--cluster", "slurm"]

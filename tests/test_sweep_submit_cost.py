@@ -4,6 +4,7 @@ timing: how many git calls, which processes wait on which, what is compiled."""
 
 from __future__ import annotations
 
+import marshal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,55 @@ def test_git_state_before_the_first_commit_and_outside_git(tmp_path: Path) -> No
     assert project.git_state(tmp_path) == {}
     _git(tmp_path, "init", "-q")
     assert project.git_state(tmp_path) == {}
+
+
+def test_the_bootstrap_bytecode_is_copied_not_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiling the shipped bootstrap (1,200 lines) again for every sweep and run: its
+    installed bytecode (pip compiles at install) is copied, stamped for the copy, and
+    Python's loader takes it as it is."""
+    import importlib.machinery
+    import py_compile
+    import shutil
+
+    from hpclaunch import node
+    from hpclaunch.script import runfolder
+
+    origin = tmp_path / "pkg" / node.BOOTSTRAP
+    origin.parent.mkdir()
+    shutil.copyfile(node.path(node.BOOTSTRAP), origin)
+    py_compile.compile(str(origin), doraise=True)
+    shipped = tmp_path / "run" / node.BOOTSTRAP
+    shipped.parent.mkdir()
+    shutil.copyfile(origin, shipped)
+
+    def no_compile(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(py_compile, "compile", no_compile)
+    runfolder.precompile(shipped, origin)
+    loader = importlib.machinery.SourceFileLoader("bootstrap", str(shipped))
+    monkeypatch.setattr(loader, "source_to_code", no_compile)  # only the pyc may serve
+    code = loader.get_code("bootstrap")
+    assert code is not None and code.co_filename == str(shipped)
+
+
+def test_stale_bytecode_is_not_copied(tmp_path: Path) -> None:
+    """An installed pyc that no longer matches its source (edited in place) is not
+    shipped: the copy is compiled from its own text."""
+    import importlib.util
+    import py_compile
+
+    from hpclaunch.script import runfolder
+
+    origin, shipped = tmp_path / "a.py", tmp_path / "b.py"
+    origin.write_text("X = 1\n")
+    py_compile.compile(str(origin), doraise=True)
+    origin.write_text("X = 22\n")  # another size: the pyc is stale
+    shipped.write_text("X = 22\n")
+    runfolder.precompile(shipped, origin)
+    cached = Path(importlib.util.cache_from_source(str(shipped)))
+    namespace: dict[str, Any] = {}
+    exec(marshal.loads(cached.read_bytes()[16:]), namespace)
+    assert namespace["X"] == 22
