@@ -5,7 +5,9 @@ timing: how many git calls, which processes wait on which, what is compiled."""
 from __future__ import annotations
 
 import marshal
+import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +128,42 @@ def test_stale_bytecode_is_not_copied(tmp_path: Path) -> None:
     namespace: dict[str, Any] = {}
     exec(marshal.loads(cached.read_bytes()[16:]), namespace)
     assert namespace["X"] == 22
+
+
+def _slow_slurm(folder: Path, monkeypatch: pytest.MonkeyPatch, delay: float) -> None:
+    """scontrol and sinfo that each take `delay` seconds to answer, first on PATH."""
+    folder.mkdir()
+    answers = {
+        "scontrol": "ClusterName = slow\nMaxArraySize = 1001\n",
+        "sinfo": "debug*|infinite|2|4|(null)|1000|1-infinite|0|n/a\n",
+        "sbatch": "",
+    }
+    for name, text in answers.items():
+        tool = folder / name
+        tool.write_text(f"#!/bin/sh\nsleep {delay}\nprintf '%s' '{text}'\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+
+
+def test_the_controller_and_the_partitions_are_asked_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scontrol show config, then sinfo, each waiting on slurmctld in turn: both queries
+    now wait together (a sweep's and a run's planning asks both)."""
+    from hpclaunch.config.profiles import Profile
+    from hpclaunch.planning import preparing
+    from hpclaunch.slurm import discover
+
+    delay = 0.6
+    _slow_slurm(tmp_path / "bin", monkeypatch, delay)
+    discover.slurm_config.cache_clear()
+    discover.partitions.cache_clear()
+    try:
+        start = time.perf_counter()
+        profile = preparing._with_discovered(Profile(name="slow", discover=True))
+        took = time.perf_counter() - start
+    finally:
+        discover.slurm_config.cache_clear()
+        discover.partitions.cache_clear()
+    assert profile.cluster_name == "slow" and "debug" in profile.partitions
+    assert took < 1.8 * delay  # one after the other: 2 x delay and more

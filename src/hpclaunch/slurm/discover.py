@@ -56,6 +56,18 @@ def slurm_config() -> Optional[dict[str, str]]:
     return config
 
 
+def ask_together() -> Optional[dict[str, str]]:
+    """slurm_config(), with partitions() asked at the same time (both cached): the two
+    queries wait on slurmctld together instead of one after the other. sinfo's answer
+    is waited for only where scontrol's came (no controller: the caller stops)."""
+    asking = threading.Thread(target=partitions, daemon=True)
+    asking.start()
+    config = slurm_config()
+    if config is not None:
+        asking.join()
+    return config
+
+
 def slurm_signs(environ: Mapping[str, str]) -> list[str]:
     """What says this machine means to use Slurm (then no answer is an error, not a local
     run): SLURM_CONF set (a missing file named), Slurm's commands on PATH."""
