@@ -7,6 +7,7 @@ from __future__ import annotations
 import marshal
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,23 @@ def test_the_controller_and_the_partitions_are_asked_at_once(
         discover.partitions.cache_clear()
     assert profile.cluster_name == "slow" and "debug" in profile.partitions
     assert took < 1.8 * delay  # one after the other: 2 x delay and more
+
+
+# What submitting a sweep imports (cli/sweep_cmd.submit_cmd, sweeps/submit.start) and
+# modules it must not import: each costs the interpreter's start before the sweep id.
+SUBMIT_IMPORTS = (
+    "hpclaunch.cli.main, hpclaunch.cli.group, hpclaunch.cli.sweep_cmd, hpclaunch.api, "
+    "hpclaunch.sweeps.submit, hpclaunch.cli.sweep_report"
+)
+NOT_ON_THE_PATH = ("tarfile", "pydantic", "difflib")
+
+
+def test_submitting_a_sweep_imports_no_tarfile() -> None:
+    """tarfile (node/stage_guard's link check, in jobs only) came with launching's
+    imports into every submission; pydantic (profiles) and difflib stay out as well."""
+    probe = f"import sys, {SUBMIT_IMPORTS}; print(' '.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "hpclaunch.sweeps.submit" in loaded
+    assert [name for name in NOT_ON_THE_PATH if name in loaded] == []
