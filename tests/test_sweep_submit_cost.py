@@ -137,6 +137,7 @@ def _slow_slurm(folder: Path, monkeypatch: pytest.MonkeyPatch, delay: float) -> 
     answers = {
         "scontrol": "ClusterName = slow\nMaxArraySize = 1001\n",
         "sinfo": "debug*|infinite|2|4|(null)|1000|1-infinite|0|n/a\n",
+        "sacctmgr": "",
         "sbatch": "",
     }
     for name, text in answers.items():
@@ -188,3 +189,48 @@ def test_submitting_a_sweep_imports_no_tarfile() -> None:
     loaded = set(done.stdout.split())
     assert "hpclaunch.sweeps.submit" in loaded
     assert [name for name in NOT_ON_THE_PATH if name in loaded] == []
+
+
+def test_sacctmgr_is_asked_with_the_controller_and_the_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep's MaxSubmitJobs question (sacctmgr) waited after planning's scontrol and
+    sinfo: it goes in the same round now (sweeps/limits.asking_limits, slurm/along.py)."""
+    from hpclaunch import launching
+    from hpclaunch.config.profiles import Profile
+    from hpclaunch.planning import preparing
+    from hpclaunch.slurm import discover
+    from hpclaunch.sweeps import limits
+
+    delay = 0.6
+    _slow_slurm(tmp_path / "bin", monkeypatch, delay)
+    environ = {**os.environ, "USER": "someone"}
+    req = launching.LaunchRequest({}, ("true",), tmp_path, environ)
+    discover.slurm_config.cache_clear()
+    discover.partitions.cache_clear()
+    try:
+        start = time.perf_counter()
+        with limits.asking_limits(environ):
+            preparing._with_discovered(Profile(name="slow", discover=True))
+        found = limits.site_limits(req)
+        took = time.perf_counter() - start
+    finally:
+        discover.slurm_config.cache_clear()
+        discover.partitions.cache_clear()
+    assert (found.max_array_size, found.max_submit_jobs) == (1001, None)
+    assert took < 1.8 * delay  # in turn: 2 x delay and more
+
+
+def test_nothing_is_asked_along_where_planning_asks_no_slurm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan that asks Slurm nothing (a local run) starts no sacctmgr either, and what
+    was wanted is forgotten after the block."""
+    from hpclaunch.slurm import along
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(along.commands, "query", lambda argv, timeout: asked.append(argv))
+    with along.asked_along(["sacctmgr", "x"], 1.0):
+        pass
+    along.start()
+    assert asked == [] and along._ASKED == {}
