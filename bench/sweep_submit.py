@@ -191,8 +191,9 @@ def render(data: dict[str, Any]) -> str:
             "nodes: taken under load; read the same-run ratios), slurm "
             f"{f.get('slurm')}, python {f.get('python')}, submitit {f.get('submitit')}. "
             f"Median (min-max) of n={n} interleaved reps after a warm-up rep; every array held "
-            f"and cancelled. Baseline: the tree at {data['baseline']} (before the issue-26 "
-            f"fixes) from a `git archive` copy, same interpreter. The harness took "
+            f"and cancelled. Baseline: the tree at {data['baseline']} (SWEEP_BASELINE; the "
+            "default 27c0c09 is before the issue-26 fixes) from a `git archive` copy, same "
+            f"interpreter; both trees compiled first, as pip does. The harness took "
             f"{data['total_s']:.0f} s, {data['waited_s']:.0f} s of it waiting for job-table "
             "room.",
             "",
