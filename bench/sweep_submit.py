@@ -219,10 +219,19 @@ def render(data: dict[str, Any]) -> str:
                 f"({this / peer:.2f}x; target at most 1.00x, aim 0.2 s); baseline {base:.3f} s "
                 f"({base / peer:.2f}x)",
             ),
+            "- Where this tree's time went, and what issue 26 cut (tests/test_sweep_submit_cost.py "
+            "locks each in): scontrol show config, sinfo and sacctmgr are asked at once "
+            "(slurm/discover.ask_together, slurm/along.py), not one after the other; two git "
+            "calls, not four (one `git status --porcelain=v2 --branch` says a clean tree has "
+            "no diff); the shipped bootstrap's bytecode is copied from the installed one, not "
+            "compiled for every sweep; no tarfile import. What remains: the interpreter's start "
+            "and the imports (about 250 hpclaunch and standard modules; ~50 dataclasses built), "
+            "the 1,000 point folders, sweep.json written twice.",
             "",
             *h.reproduce(
                 "export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf",
-                f"env -u PYTHONDONTWRITEBYTECODE REPS={n} .venv/bin/python bench/sweep_submit.py",
+                f"env -u PYTHONDONTWRITEBYTECODE SWEEP_BASELINE={data['baseline']} REPS={n} "
+                ".venv/bin/python bench/sweep_submit.py",
             ),
         ],
     )
