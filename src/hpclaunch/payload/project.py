@@ -61,14 +61,32 @@ def name(cwd: Path) -> str:
     return root(cwd).name or "project"
 
 
+def git_status(cwd: Path) -> Optional[tuple[str, bool]]:
+    """(HEAD's commit, "" before the first commit; whether tracked files differ from it,
+    staged or not) from ONE `git status --porcelain=v2 --branch` call; None outside git
+    or on a git error. --no-optional-locks (see `git`) keeps status from refreshing the
+    user's index (https://git-scm.com/docs/git-status, "BACKGROUND REFRESH")."""
+    args = ["status", "--porcelain=v2", "--branch", "--untracked-files=no"]
+    try:
+        out = git(cwd, args, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    commit, dirty = "", False
+    for line in os.fsdecode(out.stdout).splitlines():
+        if line.startswith("# branch.oid "):
+            oid = line[len("# branch.oid ") :].strip()
+            commit = "" if oid == "(initial)" else oid
+        elif line and not line.startswith("#"):  # 1/2/u: a changed or unmerged entry
+            dirty = True
+    return commit, dirty
+
+
 def git_state(cwd: Path) -> dict[str, Any]:
     """Commit and dirtiness (a boolean) of the project, recorded with the run; empty
-    outside git."""
-    try:
-        head = git(cwd, ["rev-parse", "HEAD"], timeout=5)
-        if head.returncode != 0:
-            return {}
-        dirty = git(cwd, ["status", "--porcelain", "--untracked-files=no"], timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+    outside git or before the first commit."""
+    found = git_status(cwd)
+    if found is None or not found[0]:
         return {}
-    return {"commit": os.fsdecode(head.stdout).strip(), "dirty": bool(dirty.stdout.strip())}
+    return {"commit": found[0], "dirty": found[1]}

@@ -31,7 +31,7 @@ from typing import Optional
 from hpclaunch.basics import filemodes
 from hpclaunch.basics.units import format_size
 from hpclaunch.errors import UserError
-from hpclaunch.payload.project import GIT_TIMEOUT, git_root
+from hpclaunch.payload.project import GIT_TIMEOUT, git_root, git_status
 from hpclaunch.payload.project import git as _git
 
 FIELD = "code snapshot"
@@ -356,9 +356,14 @@ def diff(root: Path) -> str:
     # config says, `git apply` must take the patch as is.
     args = ["-c", "diff.relative=false", "diff", "--binary", "--no-color", "--no-ext-diff"]
     args += ["--no-textconv", "--submodule=short", "--src-prefix=a/", "--dst-prefix=b/"]
+    # One status call says whether there is anything to diff: a clean tree (the common
+    # case) costs no index copy and no diff (two git calls of a sweep's four).
+    found = git_status(root)
+    if found is None or not found[1]:
+        return ""
     try:
         with _index_copy(root) as env:
-            if _git(root, ["rev-parse", "-q", "--verify", "HEAD"], timeout=10).returncode == 0:
+            if found[0]:  # a commit to diff against
                 # "--": a file may be named HEAD
                 out, note = _git(root, [*args, "HEAD", "--"], extra_env=env), ""
             else:

@@ -217,9 +217,9 @@ def _container(
 
 def _with_discovered(profile: Profile) -> Profile:
     """Fill partitions the profile does not describe from sinfo (profile facts win)."""
-    if discover.slurm_config() is None:
+    if discover.ask_together() is None:  # scontrol show config and sinfo, at once
         raise discover.no_controller(f"cluster {profile.name} needs Slurm", [])
-    found = dict(discover.partitions())  # one sinfo call
+    found = dict(discover.partitions())  # one sinfo call, answered already
     merged = {**found, **profile.partitions}
     return profile.model_copy(
         update={"partitions": merged, "cluster_name": discover.cluster_name()}

@@ -8,8 +8,10 @@ these, so a run and a sweep point hold the same files.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
+from typing import Optional
 
 from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
@@ -43,20 +45,52 @@ def write_files(
     watching = bool(spec.watch_interval_s)
     for source in node.shipped(staging, watching, mounts, sends, placing=placing):
         shutil.copyfile(node.path(source), paths.shipped(source))
-    precompile(paths.shipped(node.BOOTSTRAP))
+    precompile(paths.shipped(node.BOOTSTRAP), node.path(node.BOOTSTRAP))
     profiling.ship(spec, paths)  # py-spy beside the bootstrap, where every rank looks
     for name, text in files:
         ((paths.shipped_dir or paths.run_dir) / name).write_text(text)
     runrecord.write_json(paths.run_dir / SPEC_JSON, spec.to_record())
 
 
-def precompile(module: Path) -> None:
+def precompile(module: Path, origin: Optional[Path] = None) -> None:
     """The bootstrap's bytecode, made once here: ranks whose Python is this one load it
-    instead of compiling (others compile once, on the first rank)."""
+    instead of compiling (others compile once, on the first rank). `origin`: the file
+    `module` was copied from; its own cached bytecode, when fresh, is copied with the
+    copy's timestamp instead of compiling 1,200 lines again (a fifth of a held sweep's
+    writing; the header is PEP 552's timestamp form, https://peps.python.org/pep-0552/)."""
+    if origin is not None and _copy_cached(origin, module):
+        return
     import py_compile
 
     with contextlib.suppress(py_compile.PyCompileError, OSError):  # else ranks compile it
         py_compile.compile(str(module), doraise=True)
+
+
+def _copy_cached(origin: Path, module: Path) -> bool:
+    """origin's cached bytecode as module's, when it matches origin as it is (magic
+    number, a timestamp pyc with origin's mtime and size); False when it does not."""
+    from importlib.util import MAGIC_NUMBER, cache_from_source
+
+    try:
+        with open(cache_from_source(str(origin)), "rb") as fh:
+            data = fh.read()
+        have = os.stat(origin)
+        if data[:8] != MAGIC_NUMBER + b"\0\0\0\0" or data[8:16] != _stamp(have):
+            return False
+        target = Path(cache_from_source(str(module)))
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(data[:8] + _stamp(os.stat(module)) + data[16:])
+    except OSError:
+        return False
+    return True
+
+
+def _stamp(info: os.stat_result) -> bytes:
+    """A timestamp pyc's source mtime and size, as importlib checks them."""
+    mask = 0xFFFFFFFF
+    return (int(info.st_mtime) & mask).to_bytes(4, "little") + (info.st_size & mask).to_bytes(
+        4, "little"
+    )
 
 
 __all__ = ["SPEC_JSON", "precompile", "write_files"]

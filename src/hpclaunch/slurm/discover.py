@@ -19,7 +19,7 @@ from typing import Optional
 from hpclaunch.basics.units import parse_time
 from hpclaunch.config.profiles import Partition
 from hpclaunch.errors import NoController
-from hpclaunch.slurm import commands
+from hpclaunch.slurm import along, commands
 
 _TIMEOUT_S = 15.0
 # How long "is there a controller" may take: a dead one makes scontrol retry for ~10 s,
@@ -53,6 +53,20 @@ def slurm_config() -> Optional[dict[str, str]]:
         key, sep, value = line.partition("=")
         if sep:
             config[key.strip()] = value.strip()
+    return config
+
+
+def ask_together() -> Optional[dict[str, str]]:
+    """slurm_config(), with partitions() asked at the same time (both cached): the two
+    queries wait on slurmctld together instead of one after the other. sinfo's answer
+    is waited for only where scontrol's came (no controller: the caller stops). The
+    queries a caller wants asked along (along.asked_along) start with them."""
+    asking = threading.Thread(target=partitions, daemon=True)
+    asking.start()
+    along.start()
+    config = slurm_config()
+    if config is not None:
+        asking.join()
     return config
 
 

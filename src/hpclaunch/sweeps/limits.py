@@ -5,15 +5,27 @@ the sweep is large against it: one counter, never a listing of every user's jobs
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Optional
 
 from hpclaunch.basics import users
 from hpclaunch.config import layering
-from hpclaunch.slurm import commands, discover
+from hpclaunch.slurm import along, commands, discover
 from hpclaunch.sweeps import arrays
 
 if TYPE_CHECKING:
     from hpclaunch.launching import LaunchRequest
+
+
+SACCTMGR_TIMEOUT_S = 10.0
+
+
+def asking_limits(environ: Mapping[str, str]) -> AbstractContextManager[None]:
+    """Around planning: site_limits' sacctmgr query starts with planning's scontrol and
+    sinfo (slurm/along.py), where the plan asks Slurm at all."""
+    user = users.user_name(environ)
+    return along.asked_along(arrays.sacctmgr_argv(user), SACCTMGR_TIMEOUT_S)
 
 
 def site_limits(req: LaunchRequest) -> arrays.SiteLimits:
@@ -21,7 +33,7 @@ def site_limits(req: LaunchRequest) -> arrays.SiteLimits:
     where an accounting database answers sacctmgr."""
     max_array, max_jobs = arrays.limits_from_config(discover.slurm_config() or {})
     user = users.user_name(req.environ)
-    answer = commands.query(arrays.sacctmgr_argv(user), timeout=10)
+    answer = along.answer(arrays.sacctmgr_argv(user), SACCTMGR_TIMEOUT_S)  # with sinfo
     given = layering.cli_options(req.options)  # typed, as `run` reads them (checked by plan)
     account, partition = given.account, given.partition
     max_submit = (

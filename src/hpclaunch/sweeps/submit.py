@@ -25,7 +25,7 @@ from hpclaunch.records import index, pointrecords, runpaths, sweeprecord
 from hpclaunch.script import render
 from hpclaunch.sweeps import arrays, folder, script
 from hpclaunch.sweeps.gridnames import env_only_note
-from hpclaunch.sweeps.limits import queued_jobs, site_limits
+from hpclaunch.sweeps.limits import asking_limits, queued_jobs, site_limits
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 from hpclaunch.sweeps.points import Point, build_points, check_placeholders
 
@@ -94,7 +94,8 @@ def plan_sweep(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
     points, found_space = sweep_points(req, opts)
     if (opts.wandb_sweep or opts.count) and not req.program:
         req = replace(req, program=(WANDB_PROGRAM,))  # job.sh's line; the agent's replaces it
-    planned = launching.plan_run(req)
+    with asking_limits(req.environ):  # site_limits' sacctmgr, asked with Slurm's facts
+        planned = launching.plan_run(req)
     # The points' backend, asked once: a sweep is its own jobs, never steps of an
     # allocation this command runs in (sbatch works inside one too).
     runner = pick(planned.prepared.profile, in_allocation=False)
