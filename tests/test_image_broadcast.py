@@ -90,8 +90,13 @@ def test_the_image_is_sent_and_its_copy_printed_then_dropped(tmp_path: Path) -> 
     # The stage guard (with --stage) counts the image among the copies it removes.
     found = stage_guard.broadcast_copies({stage_guard.HPCLAUNCH_STAGE_BCAST: sent_map})
     assert found == {str(image): copy}
+    # An earlier attempt's copy of this job (--requeue) goes too; another job's stays.
+    earlier, other = (tmp_path / "local-parent" / f"hpclaunch-bcast-{j}.ab.0" for j in (42, 43))
+    earlier.write_bytes(b"x")
+    other.write_bytes(b"x")
     done = _send(tmp_path, os.environ["PATH"], "--drop", sent_map)
     assert done.returncode == 0 and not os.path.exists(copy) and image.exists()
+    assert not earlier.exists() and other.exists()
 
 
 def test_a_refused_sbcast_leaves_the_shared_image_with_a_note(tmp_path: Path) -> None:

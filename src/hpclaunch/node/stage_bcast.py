@@ -15,11 +15,13 @@ another user planted is used. MAP_JSON ({shared path: node-local copy}) tells th
 Where sbcast is missing or refused, what was not sent stays out of the map and each node
 reads the shared copy, as without broadcast, with one note.
 ``stage_bcast.py --drop MAP_JSON`` (one task per node after the ranks, where no stage
-guard runs) removes this node's copies.
+guard runs) removes this node's copies and what an earlier attempt of the same job
+(--requeue) left there.
 
 Standard library only, never an import of hpclaunch; Python >= 3.6 (the nodes' python3).
 """
 
+import contextlib
 import json
 import os
 import secrets
@@ -74,13 +76,20 @@ def write_map(path: str, sent: Dict[str, str]) -> None:
 
 
 def drop(map_path: str) -> None:
-    """This node's copies in the map (this user's regular files only), the partial too."""
+    """This node's copies in the map (this user's regular files only), the partial too,
+    and what an earlier attempt of this job (--requeue keeps the job id) left here."""
+    sent = {}  # type: Dict[str, str]
     try:
         with open(map_path) as handle:
             sent = json.load(handle)
     except (OSError, ValueError):
-        return
-    for copy in sent.values() if isinstance(sent, dict) else ():
+        pass
+    copies = list(sent.values()) if isinstance(sent, dict) else []
+    parent = os.environ.get("HPCLAUNCH_LOCAL_PARENT") or "/tmp"
+    mine = "%s%s." % (PREFIX, os.environ.get("SLURM_JOB_ID", "0"))
+    with contextlib.suppress(OSError):
+        copies += [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(mine)]
+    for copy in copies:
         try:
             info = os.lstat(copy)
             if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
