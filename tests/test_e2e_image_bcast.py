@@ -9,6 +9,7 @@ root's only (no setuid fusermount), as in test_e2e_venvpack's squashfuse test.""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -56,6 +57,18 @@ def _read_by(traces: list[Path], path_part: str) -> int:
     return total
 
 
+def _no_copies_left(hpc: Hpc) -> None:
+    """No copy a run's broadcast.json names (a refused one's partial too) is on a node."""
+    names = set()
+    for run_dir in hpc.run_dirs():
+        sent = json.loads((run_dir / "broadcast.json").read_text())
+        names |= {os.path.basename(copy) for copy in sent.values()}
+    assert names or hpc.run_dirs() == []
+    for node in ("node1", "node2"):
+        left = sorted(names & set(testbed.node_tmp(node)))
+        assert left == [], (node, left)
+
+
 def test_a_charliecloud_image_file_is_read_once_with_sbcast_and_once_per_node_without(
     root: Hpc,
 ) -> None:
@@ -95,9 +108,24 @@ def test_a_charliecloud_image_file_is_read_once_with_sbcast_and_once_per_node_wi
             assert all(by_chrun) and copies == [0, 0], (by_chrun, copies)
         print(f"{how}: {shared} bytes read from the shared image ({size} bytes), per ch-run "
               f"{by_chrun}, from node-local copies {copies}")  # fmt: skip
-        # Nothing of the copy is left on either node.
-        for node in ("node1", "node2"):
-            left = [p for p in testbed.node_tmp(node) if "hpclaunch-bcast-" in p]
-            assert left == [], (node, left)
+        _no_copies_left(hpc)
     notes = [p.read_text() for p in hpc.cwd.glob("**/logs/batch.out")]
     assert sum("hpclaunch: note: sbcast of" in text for text in notes) == 1, notes
+
+
+def test_with_stage_the_guards_remove_the_image_copy(root: Hpc) -> None:
+    if testbed.layout() != "netns":
+        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
+    if not (IMAGES / "debian-python").is_dir():
+        pytest.skip("the testbed has no debian-python image")
+    image = _image(root)
+    (root.cwd / "blob").write_bytes(b"data")
+    program = "import os; print('DATA', open(os.environ['HPCLAUNCH_DATA']).read())"
+    proc = root.run("run", "-N", "2", "--wait", "--container", str(image),
+                    "--container-runtime", "charliecloud", "--stage", str(root.cwd / "blob"),
+                    "--", "python3", "-c", program, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("DATA data") == 2, proc.stdout[-2000:]
+    [run_dir] = root.run_dirs()
+    assert len(json.loads((run_dir / "broadcast.json").read_text())) == 2  # blob and image
+    _no_copies_left(root)
