@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,11 @@ def _image(hpc: Hpc) -> Path:
     return image
 
 
+def _broadcast_always(hpc: Hpc) -> None:
+    """The testbed has 2 nodes: below the default image_broadcast_min_nodes (8)."""
+    (hpc.cwd / "hpclaunch.toml").write_text("[clusters.slurm]\nimage_broadcast_min_nodes = 2\n")
+
+
 def _read_by(traces: list[Path], path_part: str) -> int:
     """Bytes read (read/pread64) from files whose path holds `path_part`."""
     total = 0
@@ -78,6 +84,7 @@ def test_a_charliecloud_image_file_is_read_once_with_sbcast_and_once_per_node_wi
     if not (IMAGES / "debian-python").is_dir():
         pytest.skip("the testbed has no debian-python image")
     image = _image(hpc)
+    _broadcast_always(hpc)
     size = image.stat().st_size
     for how in ("broadcast", "per-node"):
         traces = hpc.folder(f"traces-{how}")
@@ -119,6 +126,7 @@ def test_with_stage_the_guards_remove_the_image_copy(root: Hpc) -> None:
     if not (IMAGES / "debian-python").is_dir():
         pytest.skip("the testbed has no debian-python image")
     image = _image(root)
+    _broadcast_always(root)
     (root.cwd / "blob").write_bytes(b"data")
     program = "import os; print('DATA', open(os.environ['HPCLAUNCH_DATA']).read())"
     proc = root.run("run", "-N", "2", "--wait", "--container", str(image),
@@ -129,3 +137,41 @@ def test_with_stage_the_guards_remove_the_image_copy(root: Hpc) -> None:
     [run_dir] = root.run_dirs()
     assert len(json.loads((run_dir / "broadcast.json").read_text())) == 2  # blob and image
     _no_copies_left(root)
+
+
+def test_clean_removes_the_image_copies_of_a_cancelled_job(root: Hpc) -> None:
+    """Without --stage a cancelled job never reaches its drop step: its copies stay in the
+    nodes' /tmp until `hpclaunch clean` (or the next staging step) sees squeue no longer
+    lists the job. Only this job's copies (broadcast.json's names) are checked: other
+    tests' jobs run on the same nodes meanwhile."""
+    if testbed.layout() != "netns":
+        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
+    if not (IMAGES / "debian-python").is_dir():
+        pytest.skip("the testbed has no debian-python image")
+    image = _image(root)
+    _broadcast_always(root)
+    program = "import time; print('UP', flush=True); time.sleep(300)"
+    proc = root.run("run", "-N", "2", "--json", "--container", str(image), "--container-runtime",
+                    "charliecloud", "--", "python3", "-c", program)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id, run_dir = json.loads(proc.stdout)["job_id"], Path(json.loads(proc.stdout)["run_dir"])
+    deadline = time.monotonic() + 180
+    while len([p for p in (run_dir / "logs").glob("rank-*.out") if "UP" in p.read_text()]) < 2:
+        assert time.monotonic() < deadline, "the job never started its ranks"
+        time.sleep(0.5)
+    names = {
+        os.path.basename(c) for c in json.loads((run_dir / "broadcast.json").read_text()).values()
+    }
+    assert len(names) == 1, names  # the image's copy, one name on every node
+    assert root.run("cancel", job_id).returncode == 0
+    while root.cmd(["squeue", "-h", "-j", job_id]).stdout.strip():
+        assert time.monotonic() < deadline + 120, "the cancelled job stays in squeue"
+        time.sleep(0.5)
+    for node in ("node1", "node2"):  # the defect: nothing removed them
+        assert names <= set(testbed.node_tmp(node)), node
+    clean = root.cmd(
+        ["srun", "-N2", "--ntasks-per-node=1", "hpclaunch", "clean", "--folder", "/tmp"]
+    )
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    for node in ("node1", "node2"):
+        assert not names & set(testbed.node_tmp(node)), (node, clean.stdout)

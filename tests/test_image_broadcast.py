@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from hpclaunch.config.profiles import Profile
+from hpclaunch.errors import UserError
 from hpclaunch.node import stage_bcast, stage_guard
 from test_broadcast import REFUSED, SBCAST, _bin
 from test_runtimes import _plan, _srun
@@ -28,7 +32,7 @@ def _lines(script: str, needle: str) -> list[int]:
 
 def test_the_ranks_run_the_node_local_copy_of_an_image_file(site: Path) -> None:
     image = str(site / "images" / "pytorch.sqsh")
-    plan = _plan(site, "apptainer", container=image)
+    plan = _plan(site, "apptainer", container=image, nodes="8")  # image_broadcast_min_nodes
     lines = plan.script.splitlines()
     send = _lines(plan.script, "stage_bcast.py")[0]
     assert lines[send].startswith("HPCLAUNCH_IMAGE=$(") and lines[send].endswith(f"{image})")
@@ -49,9 +53,36 @@ def test_one_node_and_a_directory_image_are_not_broadcast(site: Path) -> None:
     image = str(site / "images" / "pytorch.sqsh")
     for plan in (
         _plan(site, "apptainer", container=image, nodes="1"),
-        _plan(site, "charliecloud", container=str(site / "images" / "rootfs")),
+        _plan(site, "charliecloud", container=str(site / "images" / "rootfs"), nodes="8"),
     ):
         assert "HPCLAUNCH_IMAGE" not in plan.script and "stage_bcast" not in plan.script
+
+
+def test_an_image_is_broadcast_from_the_profiles_node_count_on(site: Path) -> None:
+    """image_broadcast_min_nodes (default 8): sbcast reads the whole file, each node's
+    runtime only the blocks it touches, so fewer nodes read the image per node; the
+    staged data's broadcast is unchanged. A project file's [clusters.NAME] lowers it."""
+    image = str(site / "images" / "pytorch.sqsh")
+    data = site / "data"
+    data.mkdir()
+    (data / "x.txt").write_text("x")
+    for nodes, sent in (("7", False), ("8", True)):
+        plan = _plan(site, "apptainer", container=image, nodes=nodes)
+        assert ("HPCLAUNCH_IMAGE" in plan.script) is sent, nodes
+        assert ("stage_bcast" in plan.script) is sent, nodes
+        assert (image in _srun(plan)) is not sent, nodes
+    staged = _plan(site, "apptainer", container=image, nodes="7", stage=(str(data),))
+    [send] = _lines(staged.script, "stage_bcast.py")
+    assert "--container" not in staged.script.splitlines()[send]  # the data only
+    assert "HPCLAUNCH_IMAGE" not in staged.script
+    (site / "project").mkdir(exist_ok=True)
+    (site / "project" / "hpclaunch.toml").write_text(
+        "[clusters.gpusite]\nimage_broadcast_min_nodes = 2\n"
+    )
+    assert "HPCLAUNCH_IMAGE" in _plan(site, "apptainer", container=image).script
+    with pytest.raises(UserError) as info:
+        Profile.model_validate({"name": "s", "image_broadcast_min_nodes": 0})
+    assert "image_broadcast_min_nodes: 0 is not a node count" in info.value.line()
 
 
 def test_with_staging_the_guards_remove_the_copy(site: Path) -> None:
@@ -59,7 +90,7 @@ def test_with_staging_the_guards_remove_the_copy(site: Path) -> None:
     data.mkdir()
     (data / "x.txt").write_text("x")
     plan = _plan(site, "apptainer", container=str(site / "images" / "pytorch.sqsh"),
-                 stage=(str(data),))  # fmt: skip
+                 stage=(str(data),), nodes="8")  # fmt: skip
     assert "stage_bcast.py --drop" not in plan.script
     assert _lines(plan.script, "stage_bcast.py")[0] < _lines(plan.script, "stage_node.py run")[0]
 

@@ -54,17 +54,6 @@ export HPCLAUNCH_CONTAINER_PASS='SLURM_* SLURMD_NODENAME PMI_* PMIX_* HPCLAUNCH_
 # program through file descriptor 3, a pipe (never a command line or a file).
 # What one rank runs, after the runtime's bash -c wrapper opened that pipe:
 #   singularity exec --cleanenv --pwd /project/project_465000000/alice/llm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/pfs,/scratch/project_465000000/alice/hpclaunch,/flash/project_465000000/alice/hpclaunch,/project/project_465000000/alice/llm /appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif bash -c '$WITH_CONDA && exec "$@"' hpclaunch-activate python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py --hpclaunch-env-fd=3 python train.py
-# (the image: each node's copy sent by sbcast, $HPCLAUNCH_IMAGE)
-
-# Each file the nodes would read from the shared file system (staged data, the
-# packed venv, the container image file) is sent once to every node's local
-# folder with sbcast; where sbcast is missing or refused, each node reads the
-# shared copy (a note says so).
-HPCLAUNCH_LOCAL_PARENT=${SLURM_TMPDIR:-${TMPDIR:-/tmp}}
-export HPCLAUNCH_LOCAL_PARENT
-export HPCLAUNCH_STAGE_BCAST=/scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/broadcast.json
-HPCLAUNCH_IMAGE=$(python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/stage_bcast.py - /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/broadcast.json --container /appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif)
-[ -n "$HPCLAUNCH_IMAGE" ] || HPCLAUNCH_IMAGE=/appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif
 
 srun \
     --kill-on-bad-exit=1 \
@@ -73,7 +62,7 @@ srun \
     --ntasks-per-node=8 \
     --cpus-per-task=7 \
     --cpu-bind=verbose,mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
-    bash -c 'exec 3< <(for n in $(compgen -e); do printf "%s=%s\0" "$n" "${!n}"; done) && exec "$@"' hpclaunch-task singularity exec --cleanenv --pwd /project/project_465000000/alice/llm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/pfs,/scratch/project_465000000/alice/hpclaunch,/flash/project_465000000/alice/hpclaunch,/project/project_465000000/alice/llm "${HPCLAUNCH_IMAGE}" bash -c '$WITH_CONDA && exec "$@"' hpclaunch-activate python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py --hpclaunch-env-fd=3 python train.py &
+    bash -c 'exec 3< <(for n in $(compgen -e); do printf "%s=%s\0" "$n" "${!n}"; done) && exec "$@"' hpclaunch-task singularity exec --cleanenv --pwd /project/project_465000000/alice/llm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/pfs,/scratch/project_465000000/alice/hpclaunch,/flash/project_465000000/alice/hpclaunch,/project/project_465000000/alice/llm /appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif bash -c '$WITH_CONDA && exec "$@"' hpclaunch-activate python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/bootstrap.py --hpclaunch-env-fd=3 python train.py &
 HPCLAUNCH_STEP_PID=$!
 # The GPU watch (--no-watch turns it off): a sampler per node beside the ranks,
 # outside any container, started a moment after them so that they never wait
@@ -96,6 +85,4 @@ if [ -n "${HPCLAUNCH_WATCH_PID-}" ]; then  # (not when the ranks never started)
     wait "$HPCLAUNCH_WATCH_PID"
     rm -f -- "$HPCLAUNCH_WATCH_STOP"
 fi
-# The ranks are done: each node removes its copy of the image.
-srun --overlap --nodes=4 --ntasks=4 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 python3 -I -S /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/stage_bcast.py --drop /scratch/project_465000000/alice/hpclaunch/default/20260101-000000-000-abcd/broadcast.json
 exit "$HPCLAUNCH_RC"

@@ -27,10 +27,13 @@ RUNTIMES = ("apptainer", "charliecloud")
 
 def image_file(spec: JobSpec) -> str:
     """The container image each node would read from the shared file system, where it is
-    a file and the job has more than one node; '' otherwise (a directory image is a
-    tree of many files: not broadcast)."""
+    a file and the job has more than one node and at least the profile's
+    image_broadcast_min_nodes (below, the nodes' reads of the blocks they touch cost the
+    shared file system less than sbcast's read of the whole file); '' otherwise (a
+    directory image is a tree of many files: not broadcast)."""
     job = spec.container
-    if job is None or spec.nodes < 2 or job.runtime not in RUNTIMES:
+    fewest = max(2, job.broadcast_min_nodes) if job else 2
+    if job is None or spec.nodes < fewest or job.runtime not in RUNTIMES:
         return ""
     return job.image if job.image.startswith("/") and not Path(job.image).is_dir() else ""
 
