@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -37,12 +36,14 @@ def clean_cmd(
     dry_run: bool, folder: Optional[str], as_json: bool, stage_cache: bool, run_root: str
 ) -> int:
     """Remove your node-local folders (FOLDER/hpclaunch-<jobid>.<random>, and local runs'
-    FOLDER/hpclaunch-local-<id>-p<pid>.<random>) of runs that no longer run, on this
-    machine: a local run's folder when the hpclaunch process that ran it is gone, a Slurm
-    job's when squeue no longer lists the job. The next staging step on a node does the
-    same for Slurm jobs by itself; to clean every node of an allocation:
-    srun --ntasks-per-node=1 hpclaunch clean. Only folders you own are touched, never a
-    running job's or run's; what cannot be decided is left alone and said.
+    FOLDER/hpclaunch-local-<id>-p<pid>.<random>) and broadcast copies (of files and
+    container images sent with sbcast: FOLDER/hpclaunch-bcast-<jobid>.<random>.<n>) of
+    runs that no longer run, on this machine: a local run's folder when the hpclaunch
+    process that ran it is gone, a Slurm job's when squeue no longer lists the job. The
+    next staging step on a node does the same for Slurm jobs by itself; to clean every
+    node of an allocation: srun --ntasks-per-node=1 hpclaunch clean. Only folders and
+    files you own are touched, never a running job's or run's; what cannot be decided is
+    left alone and said.
 
     Local leftovers: a local run removes its node-local folder itself when it ends
     (completed, failed, cancelled or Ctrl-C). Only a local run whose hpclaunch process
@@ -53,7 +54,7 @@ def clean_cmd(
     With --stage-cache: remove every pack of the stage cache but those a queued or
     running job uses (one squeue call) or a run started in the last minute."""
     from hpclaunch.basics.users import user_name
-    from hpclaunch.node.stage_guard import leftovers
+    from hpclaunch.node.stage_guard import leftovers, remove_leftover
 
     env = environ()
     if stage_cache:
@@ -64,7 +65,7 @@ def clean_cmd(
     removed, undecided = _decide(found, user)
     if not dry_run:
         for path in removed:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_leftover(path)
     if as_json:
         click.echo(json.dumps({"dry_run": dry_run, "removed": removed, "kept": undecided}))
         return 0

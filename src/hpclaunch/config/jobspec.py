@@ -55,6 +55,8 @@ class ContainerJob:
     # The CSCS Container Engine's EDF: what it inherits and its annotations (runtimes.py).
     base_environment: tuple[str, ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
+    # The profile's image_broadcast_min_nodes: fewer nodes read the image file per node.
+    broadcast_min_nodes: int = 8
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,18 @@ def _node_logs_above(cls: Any, value: Any) -> Any:
     return value
 
 
+def _image_broadcast_min_nodes(cls: Any, value: Any) -> Any:
+    """image_broadcast_min_nodes: a node count, 1 or more (2 or fewer: every multi-node job)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(
+            "image_broadcast_min_nodes",
+            f"{show(value)} is not a node count",
+            "a whole number, 1 or more",
+            "Write e.g. image_broadcast_min_nodes = 8",
+        )
+    return value
+
+
 def _memory(cls: Any, value: Any) -> Any:
     return parse_memory(value, "node.memory") if isinstance(value, str) else value
 
@@ -230,6 +242,13 @@ class Profile(_Record):
     # tagged "[node rank]") instead of two files a rank: a file per rank floods a
     # parallel file system's metadata servers (docs/scale.md).
     node_logs_above: int = field(default=64, metadata={"before": _node_logs_above})
+    # From this many nodes on, a --container image file is sent to every node with sbcast
+    # (script/imagebcast.py). sbcast sends the whole file, while each node's runtime reads
+    # only the blocks it touches: on the testbed 113 MiB sent against ~11 MiB read per node
+    # (docs/benchmarks.md, image rows), so the broadcast pays from about 10 nodes on.
+    image_broadcast_min_nodes: int = field(
+        default=8, metadata={"before": _image_broadcast_min_nodes}
+    )
     arch: Literal["x86_64", "aarch64"] = "x86_64"  # the compute nodes' CPUs (wheels, py-spy)
     # Appended to the first node's name for MASTER_ADDR (JSC: "i", the InfiniBand name).
     rendezvous_suffix: str = ""

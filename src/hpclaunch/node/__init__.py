@@ -20,8 +20,9 @@ These files are shipped out of this package:
   running that node's slots from the sweep's queue (the nodes' ``python3``, >= 3.8).
 - ``venv_mount.py``: a packed venv (`hpclaunch env pack`) mounted with squashfuse at its
   original path, once per node beside the ranks, when no Apptainer mounts it (>= 3.6).
-- ``stage_bcast.py``: staged files and a packed venv sent once to every node with sbcast,
-  by the batch script before the guards start (>= 3.6).
+- ``stage_bcast.py``: staged files, a packed venv and a --container image file sent once
+  to every node with sbcast, by the batch script before the guards start; ``--drop``
+  removes a node's copies after the ranks (>= 3.6).
 - ``relay.py``: `hpclaunch dev`'s relay, its text handed to the node's ``python3 -I -S
   -c`` in an overlapping step: TCP to a loopback port carried over the step's stdio
   (Python >= 3.8); the host imports its frame codec.

@@ -1,9 +1,11 @@
 """Staged files sent once to every node with sbcast, instead of read by every node.
 
 Run by the batch script (on the job's first node) before the stage guards start:
-``python3 -I -S stage_bcast.py STAGE_JSON|- MAP_JSON [IMAGE...]``. Each file the guards
-would read from the shared file system (a staged archive, file or SquashFS image that
-no container mounts, every part of a folder's pack) and each IMAGE (a packed venv) is
+``python3 -I -S stage_bcast.py STAGE_JSON|- MAP_JSON [--container IMAGE] [IMAGE...]``.
+Each file the guards would read from the shared file system (a staged archive, file or
+SquashFS image that no container mounts, every part of a folder's pack), each IMAGE (a
+packed venv) and last the --container image file (its path to use, the copy or the
+shared file, printed for the batch script's $HPCLAUNCH_IMAGE) is
 sent with ``sbcast -p FILE COPY`` (https://slurm.schedmd.com/sbcast.html: Slurm reads it
 once and fans it out to the job's nodes through slurmd's tree) to
 ``$HPCLAUNCH_LOCAL_PARENT/hpclaunch-bcast-<job>.<random>.<n>`` on every node: a name
@@ -12,14 +14,19 @@ another user planted is used. MAP_JSON ({shared path: node-local copy}) tells th
 (and node/venv_mount.py) which copies to read; each removes its node's copies once used.
 Where sbcast is missing or refused, what was not sent stays out of the map and each node
 reads the shared copy, as without broadcast, with one note.
+``stage_bcast.py --drop MAP_JSON`` (one task per node after the ranks, where no stage
+guard runs) removes this node's copies and what an earlier attempt of the same job
+(--requeue) left there.
 
 Standard library only, never an import of hpclaunch; Python >= 3.6 (the nodes' python3).
 """
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 from typing import Any, Dict, List
@@ -68,13 +75,42 @@ def write_map(path: str, sent: Dict[str, str]) -> None:
     os.rename(tmp, path)
 
 
+def drop(map_path: str) -> None:
+    """This node's copies in the map (this user's regular files only), the partial too,
+    and what an earlier attempt of this job (--requeue keeps the job id) left here."""
+    sent = {}  # type: Dict[str, str]
+    try:
+        with open(map_path) as handle:
+            sent = json.load(handle)
+    except (OSError, ValueError):
+        pass
+    copies = list(sent.values()) if isinstance(sent, dict) else []
+    parent = os.environ.get("HPCLAUNCH_LOCAL_PARENT") or "/tmp"
+    mine = "%s%s." % (PREFIX, os.environ.get("SLURM_JOB_ID", "0"))
+    with contextlib.suppress(OSError):
+        copies += [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(mine)]
+    for copy in copies:
+        try:
+            info = os.lstat(copy)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                os.unlink(copy)
+        except (OSError, TypeError):
+            pass  # not on this node, or its guard removed it first
+
+
 def main(argv: List[str]) -> int:
+    if argv[:1] == ["--drop"]:
+        drop(argv[1])
+        return 0
     spec_path, map_path, images = argv[0], argv[1], argv[2:]
+    container = ""
+    if images[:1] == ["--container"]:
+        container, images = images[1], images[2:]
     spec = {}  # type: Dict[str, Any]
     if spec_path != "-":  # "-": no --stage, only a packed venv
         with open(spec_path) as handle:
             spec = json.load(handle)
-    files = shared_files(spec) + images
+    files = shared_files(spec) + images + ([container] if container else [])
     parent = os.environ.get("HPCLAUNCH_LOCAL_PARENT") or "/tmp"
     sbcast = shutil.which("sbcast")
     sent = {}  # type: Dict[str, str]
@@ -87,6 +123,8 @@ def main(argv: List[str]) -> int:
     elif files:
         sent = broadcast(files, parent, sbcast)
     write_map(map_path, sent)
+    if container:  # the batch script's $HPCLAUNCH_IMAGE: this node's copy or the shared file
+        sys.stdout.write(sent.get(container, container) + "\n")
     return 0
 
 

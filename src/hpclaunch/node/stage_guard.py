@@ -67,12 +67,15 @@ HPCLAUNCH_ATTEMPT = "HPCLAUNCH_ATTEMPT"
 HPCLAUNCH_STAGE_MARKS = "HPCLAUNCH_STAGE_MARKS"  # --requeue: the attempt's stage/ folder
 HPCLAUNCH_STAGE_BCAST = "HPCLAUNCH_STAGE_BCAST"  # the map of sbcast's node-local copies
 
-# hpclaunch-<jobid>[-a<N>].<random> (a Slurm job's, attempt N of a --requeue job), and
-# hpclaunch-local-<id>-p<pid>.<random> (a local run's, supervised by process <pid>).
+# hpclaunch-<jobid>[-a<N>].<random> (a Slurm job's, attempt N of a --requeue job),
+# hpclaunch-local-<id>-p<pid>.<random> (a local run's, supervised by process <pid>), and
+# hpclaunch-bcast-<jobid>.<random>.<n> (a file sbcast sent, stage_bcast.py: a job stopped
+# before its drop step or guards, cancelled or timed out, leaves it; no attempt in its name).
 LEFTOVER = re.compile(
     "^" + re.escape(LOCAL_PREFIX)
-    + r"(?:(?P<job>\d+)(?:-a(?P<attempt>\d+))?|local-(?P<local>\d+)-p(?P<pid>\d+))"
-    + r"\.[A-Za-z0-9_]+$"
+    + r"(?:(?P<bcast>bcast-)?(?P<job>\d+)(?:-a(?P<attempt>\d+))?"
+    + r"|local-(?P<local>\d+)-p(?P<pid>\d+))"
+    + r"\.[A-Za-z0-9_]+(?(bcast)\.\d+|)$"
 )  # fmt: skip
 
 
@@ -156,10 +159,12 @@ def record_local(record_dir: str, node: str, tag: str, local: str) -> str:
 
 
 def leftovers(folder: str, tag: str = "", local: bool = False) -> List[str]:
-    """This user's node-local folders (names: LEFTOVER) in `folder` but this job's: of
-    other Slurm jobs, and of this job's other attempts (`tag`: local_tag()). Local runs'
-    folders too when `local` (`hpclaunch clean` decides those by their launcher).
-    Only real folders this user owns: never a symlink, never anyone else's."""
+    """This user's node-local folders and broadcast copies (names: LEFTOVER) in `folder`
+    but this job's: of other Slurm jobs, and of this job's other attempts (`tag`:
+    local_tag(); a copy's name has no attempt, so every copy of this job stays: the drop
+    step removes an earlier attempt's). Local runs' folders too when `local` (`hpclaunch
+    clean` decides those by their launcher). Only real folders and regular files this
+    user owns: never a symlink, never anyone else's."""
     found = []  # type: List[str]
     try:
         names = os.listdir(folder)
@@ -171,16 +176,29 @@ def leftovers(folder: str, tag: str = "", local: bool = False) -> List[str]:
         match = LEFTOVER.match(name)
         if not match or (match.group("local") and not local):
             continue
-        if match.group("job") == current and (match.group("attempt") or "") == my_attempt:
+        bcast = bool(match.group("bcast"))
+        if match.group("job") == current and (
+            bcast or (match.group("attempt") or "") == my_attempt
+        ):
             continue  # this attempt of this job (another node's, where /tmp is shared)
         path = os.path.join(folder, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if info.st_uid == uid and (info.st_mode & 0o170000) == 0o040000:  # S_ISDIR, no link
+        kind = stat.S_ISREG if bcast else stat.S_ISDIR  # lstat: a symlink is neither
+        if info.st_uid == uid and kind(info.st_mode):
             found.append(path)
     return found
+
+
+def remove_leftover(path: str) -> None:
+    """Remove what leftovers() found: a folder, or a broadcast copy (a file)."""
+    if LEFTOVER.match(os.path.basename(path)).group("bcast"):  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def clean_leftovers(folder: str, user: str, tag: str, dry_run: bool = False) -> List[str]:
@@ -200,7 +218,7 @@ def clean_leftovers(folder: str, user: str, tag: str, dry_run: bool = False) -> 
         if job in live and job != current:
             continue
         if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_leftover(path)
         removed.append(path)
     return removed
 

@@ -226,6 +226,7 @@ def resolve(
         pass_env=settings.pass_env,
         base_environment=settings.base_environment if runtime == "ce" else (),
         annotations=tuple(settings.annotations.items()) if runtime == "ce" else (),
+        broadcast_min_nodes=profile.image_broadcast_min_nodes,
     )
 
 

@@ -11,6 +11,7 @@ from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import Profile
 from hpclaunch.payload import containers, runtimes
 from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script import imagebcast
 
 Files = tuple[tuple[str, str], ...]
 
@@ -42,7 +43,8 @@ def enter(
     if job.runtime == "ce":
         per_task = [*profile.gpu_vars, *profile.gpu_unset]
         files = ((runtimes.EDF_NAME, runtimes.edf_text(job, passed, local, per_task)),)
-    return containers.wrap(job, argv, passed, local), flags, files
+    # More than one node: the ranks run the image's node-local copy (imagebcast.py).
+    return imagebcast.use_copy(spec, containers.wrap(job, argv, passed, local)), flags, files
 
 
 def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
@@ -52,6 +54,9 @@ def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
     if job.runtime not in runtimes.PIPED:
         return runtimes.comment(job)
     inner = argv[4:]  # after: bash -c WRAPPER hpclaunch-task
+    image = imagebcast.image_file(spec)  # readable: the image, not $HPCLAUNCH_IMAGE
+    inner = [image if word == shell.Var(imagebcast.VAR) else word for word in inner]
+    sent = [f"# (the image: each node's copy sent by sbcast, ${imagebcast.VAR})"] if image else []
     return [
         "",
         shell.comment(f"Each task enters the image with {job.command} ({job.runtime}), which"),
@@ -60,4 +65,5 @@ def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
         "or a file).",
         "# What one rank runs, after the runtime's bash -c wrapper opened that pipe:",
         shell.comment("  " + shell.command(inner)),
+        *sent,
     ]

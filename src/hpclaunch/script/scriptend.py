@@ -8,7 +8,7 @@ from typing import Optional
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import Profile
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import badnodes, gpu_watch_lines, requeue, venvmount
+from hpclaunch.script import badnodes, gpu_watch_lines, imagebcast, requeue, venvmount
 
 
 def launch_lines(
@@ -25,6 +25,8 @@ def launch_lines(
     in a loop that keeps it off bad nodes."""
     staging = bool(spec.stage or spec.stage_out)
     mounting = venvmount.mounts_on_nodes(spec)
+    # Without stage guards, a step after the ranks removes the image's copies.
+    dropping = bool(profile and imagebcast.end_lines(spec, profile, paths))
     chain = spec.chain > 1
     watch = gpu_watch_lines.start_lines(spec, watch_argv, paths) if watch_argv else []
     watch = badnodes.watch_lines(spec, watch)  # --preflight/--spares: off the same nodes
@@ -36,7 +38,7 @@ def launch_lines(
         step += [srun_line + " &", "HPCLAUNCH_STEP_PID=$!", *watch]
         step += ['wait "$HPCLAUNCH_STEP_PID"', "HPCLAUNCH_RC=$?"]
     else:
-        ended = staging or chain or mounting or placed
+        ended = staging or chain or mounting or placed or dropping
         step += [srun_line, "HPCLAUNCH_RC=$?"] if ended else [srun_line]
     if watch:
         step += gpu_watch_lines.stop_lines()
@@ -55,10 +57,12 @@ def launch_lines(
         ]
     if mounting:
         body += venvmount.end_lines()
+    if profile and dropping:
+        body += imagebcast.end_lines(spec, profile, paths)
     if spec.requeue:
         body += requeue.end_lines(spec.requeue, paths.run_dir, spec.time_s)
     elif chain:
         body += requeue.chain_end_lines(paths.run_dir)
-    elif staging or watch or mounting or placed:
+    elif staging or watch or mounting or placed or dropping:
         body.append('exit "$HPCLAUNCH_RC"')
     return body
