@@ -111,9 +111,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests/durations.json), then the rest of the testbed's: they mostly wait on Slurm, so
     starting them early lets the unit tests fill the CPUs meanwhile instead of the run
     ending on a requeue test of four minutes dealt out last (scripts/test.sh deals them
-    two at a time, --maxschedchunk 2, so that no worker gets the longest ones in a row).
-    A stable sort: every worker collects the same order, and the order within a group
-    stays the files' own."""
+    a test or an xdist_group at a time, --dist loadgroup, so that no worker gets the
+    longest ones in a row). A group's tests stay together in the files' order, at the
+    place of its longest test: a worker runs a group one test after another, and a test
+    of another module in between would tear its module's fixtures down and build them
+    again (the laptop group's `remote setup`, the runtimes group's image). A stable sort:
+    every worker collects the same order, and the order within a group stays the files'
+    own."""
     for item in items:
         # Whatever needs the testbed (every such fixture asks for slurm_conf) is marked so,
         # so that scripts/test.sh can run the unit tests beside the serial phase.
@@ -125,12 +129,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         seconds = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):
         seconds = {}
-    items.sort(
-        key=lambda item: (
-            -float(seconds.get(item.nodeid, 0)),
-            0 if item.get_closest_marker("testbed") else 1,
-        )
-    )
+    group_seconds: dict[str, float] = {}
+    group_first: dict[str, int] = {}
+    for place, item in enumerate(items):
+        group = _xdist_group(item)
+        if group:
+            own = float(seconds.get(item.nodeid, 0))
+            group_seconds[group] = max(group_seconds.get(group, 0.0), own)
+            group_first.setdefault(group, place)
+    places = {id(item): place for place, item in enumerate(items)}
+
+    def longest_first(item: pytest.Item) -> tuple[float, int, int]:
+        group = _xdist_group(item)
+        own = group_seconds[group] if group else float(seconds.get(item.nodeid, 0))
+        # One key for a whole group (its place: its first test's), so nothing comes between.
+        place = group_first[group] if group else places[id(item)]
+        return (-own, 0 if item.get_closest_marker("testbed") else 1, place)
+
+    items.sort(key=longest_first)
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """The item's pytest-xdist group (marker ``xdist_group``), or ""."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return ""
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", ""))
 
 
 @pytest.fixture
