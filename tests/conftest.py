@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests/durations.json), then the rest of the testbed's: they mostly wait on Slurm, so
     starting them early lets the unit tests fill the CPUs meanwhile instead of the run
     ending on a requeue test of four minutes dealt out last (scripts/test.sh deals them
-    a test or an xdist_group at a time, --dist loadgroup, so that no worker gets the
+    a test or a group (XDIST_GROUPS) at a time, --dist loadgroup, so that no worker gets the
     longest ones in a row). A group's tests stay together in the files' order, at the
     place of its longest test: a worker runs a group one test after another, and a test
     of another module in between would tear its module's fixtures down and build them
@@ -132,7 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     group_seconds: dict[str, float] = {}
     group_first: dict[str, int] = {}
     for place, item in enumerate(items):
-        group = _xdist_group(item)
+        group = _xdist_group(item.nodeid)
         if group:
             own = float(seconds.get(item.nodeid, 0))
             group_seconds[group] = max(group_seconds.get(group, 0.0), own)
@@ -140,7 +140,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     places = {id(item): place for place, item in enumerate(items)}
 
     def longest_first(item: pytest.Item) -> tuple[float, int, int]:
-        group = _xdist_group(item)
+        group = _xdist_group(item.nodeid)
         own = group_seconds[group] if group else float(seconds.get(item.nodeid, 0))
         # One key for a whole group (its place: its first test's), so nothing comes between.
         place = group_first[group] if group else places[id(item)]
@@ -149,12 +149,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=longest_first)
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    """The item's pytest-xdist group (marker ``xdist_group``), or ""."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return ""
-    return str(mark.args[0] if mark.args else mark.kwargs.get("name", ""))
+# Modules whose tests run one after another on one pytest-xdist worker under scripts/test.sh
+# (--dist loadgroup), so that their module fixtures are built once (the runtimes image and
+# venv, the laptop's `remote setup`). Made here, by module: xdist 3.8's own `xdist_group`
+# marker renames `item._nodeid`, which pytest 9 no longer reads (Node.nodeid comes from
+# `_id`), and its scheduler then deals every test alone.
+XDIST_GROUPS = {
+    "tests/test_e2e_runtimes.py": "runtimes",
+    "tests/test_e2e_remote.py": "laptop",
+    "tests/test_e2e_dev_remote.py": "laptop",
+}
+
+
+def _xdist_group(nodeid: str) -> str:
+    """The test's group (:data:`XDIST_GROUPS`, by its module), or ""."""
+    return XDIST_GROUPS.get(nodeid.split("::", 1)[0], "")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup with :data:`XDIST_GROUPS`: a group is one unit of work."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroups(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_group(nodeid) or str(super()._split_scope(nodeid))
+
+    return ModuleGroups(config, log)
 
 
 @pytest.fixture

@@ -28,8 +28,9 @@ from test_e2e_dev import (
 )
 from test_e2e_remote import set_up  # noqa: F401  (the module's fixture: remote setup)
 
-# test_e2e_remote's xdist group: one login home and SSH master, one test at a time.
-pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("laptop")]
+# test_e2e_remote's xdist group (tests/conftest.py's XDIST_GROUPS): one login home and
+# SSH master, one test at a time.
+pytestmark = pytest.mark.testbed
 
 
 @pytest.fixture

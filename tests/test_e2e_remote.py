@@ -26,7 +26,7 @@ import testbed
 # One xdist group with test_e2e_dev_remote, run one test after another on one worker: one
 # login home, SSH master and `remote setup` for all; beside the other tests, whose jobs
 # run from the testbed's work folder, not from the login home.
-pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("laptop")]
+pytestmark = pytest.mark.testbed
 
 SECRET = "s3cret-" + os.urandom(6).hex()
 TOKEN = "tok-" + os.urandom(6).hex()

@@ -34,9 +34,10 @@ import pytest
 import testbed
 from conftest import PROGRAMS, REPO, VENV_BIN, Hpc, _user_folder
 
-# One xdist group: the module-scoped image and venv (a minute to build, another to remove
-# with the unpacked copies) are built once, not on every worker that gets one of its tests.
-pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("runtimes")]
+# One xdist group (tests/conftest.py's XDIST_GROUPS): the module-scoped image and venv (a
+# minute to build, another to remove with the unpacked copies) are built once, not on
+# every worker that gets one of its tests.
+pytestmark = pytest.mark.testbed
 
 SPANK = REPO / "tests" / "doubles" / "spank"
 RUNTIMES = ["pyxis", "ce"]
