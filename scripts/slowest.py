@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-
-GROUP_SUFFIX = re.compile(r"@\w+$")
 
 
 def test_times(reports: list[Path]) -> list[tuple[float, str]]:
@@ -32,10 +29,7 @@ def test_times(reports: list[Path]) -> list[tuple[float, str]]:
             continue  # a phase that did not run (interrupted, or nothing selected)
         for case in ET.parse(report).iter("testcase"):
             module = case.get("classname", "").replace(".", "/")
-            # pytest-xdist's --dist loadgroup appends "@GROUP" to a grouped test's id; the
-            # test's own id is what tests/conftest.py looks up.
-            name = GROUP_SUFFIX.sub("", case.get("name") or "")
-            found.append((float(case.get("time") or 0), f"{module}.py::{name}"))
+            found.append((float(case.get("time") or 0), f"{module}.py::{case.get('name')}"))
     return found
 
 
