@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -28,12 +29,21 @@ from hpclaunch.backends.localtasks import (
     LocalTasks,
     free_port,
     local_job_id,
-    run_local,
     short_hostname,
     step_env,
 )
 
 SRC = Path(hpclaunch.__file__).resolve().parents[1]
+
+
+def run_local(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
+    """The step's tasks run here as LocalBackend runs them (attached: a signal from the
+    spawn on ends them), their logs streamed; the step's exit code."""
+    tasks = LocalTasks(plan, attached=True)
+    tasks.spawn()
+    return tasks.supervise(out, err)
+
+
 BOOTSTRAP = SRC / "hpclaunch" / "node" / "bootstrap.py"
 
 # The user's program. Every rank records its pid; rank FAIL_RANK ends with FAIL_CODE (a
@@ -265,13 +275,15 @@ def test_without_bootstrap_task_codes_are_used(tmp_path: Path) -> None:
 DRIVER = """\
 import json, os, sys
 from pathlib import Path
-from hpclaunch.backends.localtasks import LocalPlan, run_local
+from hpclaunch.backends.localtasks import LocalPlan, LocalTasks
 argv, logs, pids, cwd = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 plan = LocalPlan(task_argv=tuple(argv), nodes=2, tasks_per_node=2,
                  env={"HPCLAUNCH_LOG_DIR": str(logs), "PIDS_DIR": pids, "OTHERS": "sleep"},
                  log_dir=logs, job_name="t", job_id=5, cpus_per_task=1, cwd=Path(cwd),
                  base_env=dict(os.environ))
-sys.exit(run_local(plan, sys.stdout, sys.stderr))
+tasks = LocalTasks(plan, attached=True)
+tasks.spawn()
+sys.exit(tasks.supervise(sys.stdout, sys.stderr))
 """
 
 

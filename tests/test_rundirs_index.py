@@ -51,10 +51,10 @@ def test_find_by_prefix_job_id_and_last(tmp_path: Path, monkeypatch: pytest.Monk
         entry = {"run_id": run_id, "run_dir": str(tmp_path / run_id), "job_id": job_id}
         index.add(entry, _env(tmp_path))
         made.append(run_id)
-    assert refs.run_entry("last", _env(tmp_path))["run_id"] == made[1]
-    assert refs.run_entry("101", _env(tmp_path))["run_id"] == made[0]
-    assert refs.run_entry(made[0][:15], _env(tmp_path))["run_id"] == made[0]
+    assert refs.run_dir("last", _env(tmp_path)).name == made[1]
+    assert refs.run_dir("101", _env(tmp_path)).name == made[0]
+    assert refs.run_dir(made[0][:15], _env(tmp_path)).name == made[0]
     with pytest.raises(UserError, match="matches 2 runs"):
-        refs.run_entry("2023", _env(tmp_path))
+        refs.run_dir("2023", _env(tmp_path))
     with pytest.raises(UserError, match="no run matches"):
-        refs.run_entry("nope", _env(tmp_path))
+        refs.run_dir("nope", _env(tmp_path))

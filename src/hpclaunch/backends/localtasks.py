@@ -390,11 +390,3 @@ class LocalTasks:
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None
-
-
-def run_local(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
-    """Run the step's tasks here, stream their logs, return the step's exit code
-    (LocalTasks.supervise). No task process outlives the call."""
-    tasks = LocalTasks(plan, attached=True)  # a signal from the spawn on ends the tasks
-    tasks.spawn()
-    return tasks.supervise(out, err)

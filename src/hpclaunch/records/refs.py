@@ -149,15 +149,6 @@ def sweep_of(folder: Path) -> Optional[tuple[Path, int]]:
     return (sweep_folder, int(folder.name)) if sweep_record.is_sweep(sweep_folder) else None
 
 
-def run_entry(ref: str, environ: Mapping[str, str], warn: Optional[Warn] = None) -> Entry:
-    """RUN's index line among plain runs: a run id, a unique prefix, a job id, or `last`
-    (this project's newest run)."""
-    every = index.live(environ, warn)
-    if ref == "last":
-        return _last([e for e in every if not e.get("sweep")], environ, False, "RUN")
-    return _run_entry(ref, every)
-
-
 def _last(
     entries: list[Entry], environ: Mapping[str, str], all_projects: bool, field: str
 ) -> Entry:
