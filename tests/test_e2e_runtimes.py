@@ -325,3 +325,58 @@ def test_a_packed_venv_inside_the_image(
     else:
         edf = (root.run_dirs()[-1] / "container.toml").read_text()
         assert f'"{copy}.sqsh:{copy}:sqsh"' in edf and "venv_mount.py" not in script
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_ranks_run_the_node_local_copy_of_the_image(
+    hpc: Hpc, squashfs: Path, runtime: str
+) -> None:
+    """Issue 33's image broadcast for these runtimes (image_broadcast_min_nodes = 2 in
+    the project file: the testbed has 2 nodes): the batch script sends the image to each
+    node's /tmp with sbcast, and each node's stand-in unpacks that copy (Pyxis's
+    --container-image, the CE's EDF image "${HPCLAUNCH_IMAGE}"), never the shared file;
+    the ranks run inside it; no copy is left on either node after the job. Where sbcast
+    is refused, each node unpacks the shared file, and the batch output has one note."""
+    from test_e2e_image_bcast import _broadcast_always, _no_copies_left
+
+    if testbed.layout() != "netns":
+        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
+    _broadcast_always(hpc)
+    shutil.chown(hpc.cwd / "hpclaunch.toml", testbed.USER, testbed.USER)  # read if the user's
+    # enter-image runs `unsquashfs` from the task's PATH: this one logs what it unpacks.
+    wrappers, log = hpc.folder("bin"), hpc.folder("unpacked")
+    unsquashfs = wrappers / "unsquashfs"
+    unsquashfs.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}/"$SLURMD_NODENAME"\n'
+        f'exec {shutil.which("unsquashfs")} "$@"\n'
+    )
+    unsquashfs.chmod(0o755)
+    marker = "open('/hpclaunch-test-image').read().strip()"  # only the image has it
+    program = f"import os; print('INSIDE', os.environ['SLURMD_NODENAME'], {marker})"
+    for how in ("broadcast", "refused"):
+        if how == "refused":  # a site that refuses sbcast: each node reads the shared file
+            (wrappers / "sbcast").write_text(
+                "#!/bin/sh\necho 'sbcast: error: refused' >&2\nexit 1\n"
+            )
+            (wrappers / "sbcast").chmod(0o755)
+        proc = hpc.run(
+            "run", "-N", "2", "--wait", "--container", str(squashfs), "--container-runtime",
+            runtime, "--", "python3", "-c", program,
+            env={"PATH": f"{wrappers}:{_env(hpc)['PATH']}"}, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        inside = [
+            line.split("INSIDE ")[1] for line in proc.stdout.splitlines() if "INSIDE " in line
+        ]
+        assert sorted(inside) == ["node1 yes", "node2 yes"], proc.stdout[-2000:]
+        run_dir = hpc.run_dirs()[-1]
+        sent = json.loads((run_dir / "broadcast.json").read_text())
+        batch = (run_dir / "logs" / "batch.out").read_text()
+        # Sent: each node unpacked its copy. Refused: the shared file, with the one note.
+        copy = sent.get(str(squashfs), str(squashfs))
+        assert list(sent) == ([str(squashfs)] if how == "broadcast" else [""]), sent
+        assert os.path.basename(copy).startswith("hpclaunch-bcast-") == (how == "broadcast")
+        assert ("hpclaunch: note: sbcast of" in batch) == (how == "refused"), batch[-2000:]
+        for node in ("node1", "node2"):
+            assert (log / node).read_text().splitlines()[-1] == copy, (how, node)
+        _no_copies_left(hpc)

@@ -353,6 +353,8 @@ def plan_attach(
         names = [*extra, *(str(k) for k in spec.get("env") or {})]
         wanted, passing = in_container(job, bootstrap, wanted, names)
         extra.update(passing)
+        if job.runtime == "ce":  # the EDF of a broadcast image names ${HPCLAUNCH_IMAGE}
+            extra[runtimes.IMAGE_VAR] = job.image  # here: the shared file
         flags = container_flags(job, sweep_dir(record) or record.path, names)
     elif venv:
         # What `activate` does (the bootstrap does the same for the job's tasks).

@@ -45,6 +45,9 @@ COMMANDS = {"pyxis": "srun", "ce": "srun", "podman-hpc": "podman-hpc"}
 # the CE and podman give the container its own /tmp (enroot conf/mounts/10-system.fstab
 # mounts a tmpfs there), so it is bound in whenever the job has a node-local folder.
 LOCAL_PARENT = "HPCLAUNCH_LOCAL_PARENT"
+# The node-local copy of a broadcast image file (script/imagebcast.py), which the EDF's
+# image names where the image is broadcast; attach sets it to the shared file.
+IMAGE_VAR = "HPCLAUNCH_IMAGE"
 IMPORTED = ".sqsh"  # the SquashFS files `hpclaunch image import` makes (enroot's suffix)
 # A podman image reference: [REGISTRY/]NAME[:TAG][@DIGEST], lower case (containers/image
 # reference grammar); a path is not one.
@@ -174,17 +177,26 @@ def _literal(path: str) -> str:
 
 
 def edf_text(
-    job: ContainerJob, names: list[str], local: bool = False, per_task: Sequence[str] = ()
+    job: ContainerJob,
+    names: list[str],
+    local: bool = False,
+    per_task: Sequence[str] = (),
+    image_var: str = "",
 ) -> str:
     """The run's EDF (docs.cscs.ch/software/container-engine/edf): no value of the
     environment in it, only references to the host's (secrets stay out of files). Names
     whose value differs per node or task (SLURMD_NODENAME, `per_task`: the GPU variables
     Slurm sets) are left to the host's environment, which the container inherits: the
-    docs do not say on which side of srun an [env] reference is expanded."""
+    docs do not say on which side of srun an [env] reference is expanded. `image_var`: the
+    image is the file that variable names (each node's copy of a broadcast image), which
+    the CE expands in the image key too (edf.md "Environment variable expansion")."""
     lines = ["# Written by hpclaunch for this run's srun --environment (CSCS Container Engine)."]
     if job.base_environment:
         lines.append(f"base_environment = [{', '.join(_toml(b) for b in job.base_environment)}]")
-    lines += [f"image = {_literal(job.image)}", f"workdir = {_literal(job.cwd)}"]
+    if image_var:
+        lines.append(f"# The image: each node's copy of {_toml(job.image)} (sbcast), or that file.")
+    image = _toml(f"${{{image_var}}}") if image_var else _literal(job.image)
+    lines += [f"image = {image}", f"workdir = {_literal(job.cwd)}"]
     mounts = [_literal(_edf_mount(b)) for b in job.binds]
     if local:  # the CE expands ${VAR} from the host's environment
         mounts.append(_toml(f"${{{LOCAL_PARENT}}}:${{{LOCAL_PARENT}}}"))

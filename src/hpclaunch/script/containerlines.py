@@ -42,8 +42,10 @@ def enter(
     files: Files = ()
     if job.runtime == "ce":
         per_task = [*profile.gpu_vars, *profile.gpu_unset]
-        files = ((runtimes.EDF_NAME, runtimes.edf_text(job, passed, local, per_task)),)
-    # More than one node: the ranks run the image's node-local copy (imagebcast.py).
+        edf = runtimes.edf_text(job, passed, local, per_task, imagebcast.edf_image(spec))
+        files = ((runtimes.EDF_NAME, edf),)
+    # Enough nodes: the ranks run the image's node-local copy (imagebcast.py).
+    flags = imagebcast.use_copy_flags(spec, flags)
     return imagebcast.use_copy(spec, containers.wrap(job, argv, passed, local)), flags, files
 
 
@@ -51,12 +53,12 @@ def container_comment(spec: JobSpec, argv: list[Word]) -> list[str]:
     """What one rank runs inside its task, readable, above the srun line."""
     job = spec.container
     assert job is not None
-    if job.runtime not in runtimes.PIPED:
-        return runtimes.comment(job)
-    inner = argv[4:]  # after: bash -c WRAPPER hpclaunch-task
     image = imagebcast.image_file(spec)  # readable: the image, not $HPCLAUNCH_IMAGE
-    inner = [image if word == shell.Var(imagebcast.VAR) else word for word in inner]
     sent = [f"# (the image: each node's copy sent by sbcast, ${imagebcast.VAR})"] if image else []
+    if job.runtime not in runtimes.PIPED:
+        return [*runtimes.comment(job), *sent]
+    inner = argv[4:]  # after: bash -c WRAPPER hpclaunch-task
+    inner = [image if word == shell.Var(imagebcast.VAR) else word for word in inner]
     return [
         "",
         shell.comment(f"Each task enters the image with {job.command} ({job.runtime}), which"),
