@@ -59,7 +59,7 @@ def test_a_job_id_of_several_runs_lists_them(tmp_path: Path) -> None:
         index.add({"run_id": run_id, "run_dir": str(run_dir), "job_id": "4242"}, env)
         ids.append(run_id)
     with pytest.raises(UserError) as caught:
-        refs.run_entry("4242", env)
+        refs.run_dir("4242", env)
     text = str(caught.value)
     assert "job id '4242' belongs to 3 runs" in text
     assert all(run_id in text for run_id in ids)
