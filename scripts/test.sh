@@ -55,8 +55,8 @@ echo "test: set-up, testbed and ruff took ${set_up} s; pytest" >&2
 #    longest first, a test or a group at a time to a worker (--dist loadgroup: a worker
 #    holds at most three; xdist's default first deal gave one worker the nine longest
 #    tests in a row, ~850 s alone; a module whose fixtures take a minute to build, such
-#    as test_e2e_runtimes' image and venv, is one group (tests/conftest.py's XDIST_GROUPS),
-#    built once); they mostly wait on Slurm (time limits, requeues);
+#    as test_e2e_runtimes' image and venv, is a group or two (tests/conftest.py's
+#    XDIST_GROUPS), built once a group); they mostly wait on Slurm (time limits, requeues);
 # 2. the testbed's serial tests one at a time (they crash or drain nodes, reconfigure
 #    slurmctld, count all jobs or wait for an idle cluster), mostly waiting too, while
 #    the unit tests (no testbed, not serial) fill the CPUs beside them in their own

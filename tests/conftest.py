@@ -155,7 +155,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # marker renames `item._nodeid`, which pytest 9 no longer reads (Node.nodeid comes from
 # `_id`), and its scheduler then deals every test alone.
 XDIST_GROUPS = {
-    "tests/test_e2e_runtimes.py": "runtimes",
+    # One group per runtime ({param}: the test's first parameter), so that two workers
+    # share the module's ~10 minutes, each building the image and venv once.
+    "tests/test_e2e_runtimes.py": "runtimes-{param}",
     "tests/test_e2e_remote.py": "laptop",
     "tests/test_e2e_dev_remote.py": "laptop",
 }
@@ -163,7 +165,11 @@ XDIST_GROUPS = {
 
 def _xdist_group(nodeid: str) -> str:
     """The test's group (:data:`XDIST_GROUPS`, by its module), or ""."""
-    return XDIST_GROUPS.get(nodeid.split("::", 1)[0], "")
+    path, _, name = nodeid.partition("::")
+    group = XDIST_GROUPS.get(path, "")
+    if "{param}" in group:  # test_x[pyxis] or test_x[pyxis---flag-said]: "pyxis"
+        group = group.format(param=name.partition("[")[2].split("-")[0].rstrip("]"))
+    return group
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -320,6 +326,11 @@ def user_image(base_image: Path, wheel_dir: Path) -> Iterator[Path]:
         wheel_dir / "pkga-1.0-py3-none-any.whl", dest / f"usr/local/lib/{python}/dist-packages"
     )
     (dest / "hpclaunch-test-image").write_text("yes\n")
+    # The image's copy of the shared work folder, where hpclaunch makes the mount points of
+    # every test's folder: the test user's from the start. A test that runs as root with
+    # this image (a packed venv through squashfuse) made it root's, and the user's later
+    # runs on that pytest worker failed: "--bind: cannot make ... Permission denied".
+    (dest / testbed.work_dir().relative_to("/")).mkdir(parents=True, exist_ok=True)
     subprocess.run(["chown", "-R", f"{testbed.USER}:{testbed.USER}", str(dest)], check=True)
     yield dest
     shutil.rmtree(dest, ignore_errors=True)
