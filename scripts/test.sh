@@ -33,12 +33,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "test: ruff" >&2
 ruff check src tests bench examples
 ruff format --check src tests bench examples
-# mypy (about a minute of one CPU) runs beside the tests, which mostly wait on Slurm; its
-# verdict is printed and counted at the end.
 mypy_log=$(mktemp)
-echo "test: mypy --strict (beside the tests; its result comes at the end)" >&2
-mypy >"$mypy_log" 2>&1 &
-mypy_pid=$!
 up_status=0
 wait "$up_pid" || up_status=$?
 cat "$up_log" >&2
@@ -83,6 +78,11 @@ python -m pytest -q -n "$workers" --dist loadgroup -m "testbed and not serial" \
 side_s=$((SECONDS - pytest_started))
 side_busy=$(busy_since "$ticks")
 ticks=$(cpu_ticks)
+# mypy (about a minute of one CPU) runs beside the serial tests, which mostly wait (the
+# side-by-side phase keeps the CPUs busy); its verdict is printed and counted at the end.
+echo "test: mypy --strict (beside the serial tests; its result comes at the end)" >&2
+mypy >"$mypy_log" 2>&1 &
+mypy_pid=$!
 python -m pytest -q -n "$unit_workers" -m "not testbed and not serial" \
     --junitxml="$reports/unit.xml" "$@" >"$reports/unit.log" 2>&1 &
 unit_pid=$!
