@@ -74,9 +74,10 @@ HPCLAUNCH_RC=$?
 # stop file for a watch whose task had not started yet) and wait for it.
 if [ -n "${HPCLAUNCH_WATCH_PID-}" ]; then  # (not when the ranks never started)
     : > "$HPCLAUNCH_WATCH_STOP" 2>/dev/null
-    # Within seconds of its start the watch may not catch SIGUSR1 yet (it would die
-    # of it): the stop file alone then, which it checks from its start each second.
-    [ "$((SECONDS - ${HPCLAUNCH_WATCH_T0:-0}))" -lt 5 ] ||
+    # In its first half minute the watch may not catch SIGUSR1 yet (it would die of
+    # it: its task's srun and Python took over 5 s to start on a loaded node): the stop
+    # file alone then, which it checks from its start each second.
+    [ "$((SECONDS - ${HPCLAUNCH_WATCH_T0:-0}))" -lt 30 ] ||
     kill -USR1 "$HPCLAUNCH_WATCH_PID" 2>/dev/null
     wait "$HPCLAUNCH_WATCH_PID"
     rm -f -- "$HPCLAUNCH_WATCH_STOP"
