@@ -52,6 +52,18 @@ def _broadcast_always(hpc: Hpc) -> None:
     (hpc.cwd / "hpclaunch.toml").write_text("[clusters.slurm]\nimage_broadcast_min_nodes = 2\n")
 
 
+def _broadcast_image(hpc: Hpc) -> Path:
+    """The image file of :func:`_image`, broadcast on the testbed's 2 nodes; skips where
+    the nodes share one /tmp or the testbed has no image."""
+    if testbed.layout() != "netns":
+        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
+    if not (IMAGES / "debian-python").is_dir():
+        pytest.skip("the testbed has no debian-python image")
+    image = _image(hpc)
+    _broadcast_always(hpc)
+    return image
+
+
 def _read_by(traces: list[Path], path_part: str) -> int:
     """Bytes read (read/pread64) from files whose path holds `path_part`."""
     total = 0
@@ -79,12 +91,7 @@ def test_a_charliecloud_image_file_is_read_once_with_sbcast_and_once_per_node_wi
     root: Hpc,
 ) -> None:
     hpc = root
-    if testbed.layout() != "netns":
-        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
-    if not (IMAGES / "debian-python").is_dir():
-        pytest.skip("the testbed has no debian-python image")
-    image = _image(hpc)
-    _broadcast_always(hpc)
+    image = _broadcast_image(hpc)
     size = image.stat().st_size
     for how in ("broadcast", "per-node"):
         traces = hpc.folder(f"traces-{how}")
@@ -121,12 +128,7 @@ def test_a_charliecloud_image_file_is_read_once_with_sbcast_and_once_per_node_wi
 
 
 def test_with_stage_the_guards_remove_the_image_copy(root: Hpc) -> None:
-    if testbed.layout() != "netns":
-        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
-    if not (IMAGES / "debian-python").is_dir():
-        pytest.skip("the testbed has no debian-python image")
-    image = _image(root)
-    _broadcast_always(root)
+    image = _broadcast_image(root)
     (root.cwd / "blob").write_bytes(b"data")
     program = "import os; print('DATA', open(os.environ['HPCLAUNCH_DATA']).read())"
     proc = root.run("run", "-N", "2", "--wait", "--container", str(image),
@@ -144,12 +146,7 @@ def test_clean_removes_the_image_copies_of_a_cancelled_job(root: Hpc) -> None:
     nodes' /tmp until `hpclaunch clean` (or the next staging step) sees squeue no longer
     lists the job. Only this job's copies (broadcast.json's names) are checked: other
     tests' jobs run on the same nodes meanwhile."""
-    if testbed.layout() != "netns":
-        pytest.skip("the nodes share one /tmp here: a copy per node cannot be told apart")
-    if not (IMAGES / "debian-python").is_dir():
-        pytest.skip("the testbed has no debian-python image")
-    image = _image(root)
-    _broadcast_always(root)
+    image = _broadcast_image(root)
     program = "import time; print('UP', flush=True); time.sleep(300)"
     proc = root.run("run", "-N", "2", "--json", "--container", str(image), "--container-runtime",
                     "charliecloud", "--", "python3", "-c", program)  # fmt: skip
