@@ -72,13 +72,16 @@ def _steps(path: Path) -> list[int]:
 
 # 1. The signal reaches the program inside a Charliecloud container and under torchrun.
 
-STEPS = 100  # 0.5 s each on a first attempt: 50 s, more than the 40 s before the signal
+STEPS = 100  # 0.5 s each on a first attempt: 50 s, more than the 30 s before the signal
+# 30 s before the 1-minute limit: the ranks get 15 s (30 less the 15 s margin) to save and
+# exit; with 20 (5 s) torchrun's agent, slow to end on a loaded testbed, was killed (137).
+SIGNAL_BEFORE = "30"
 
 
 def _resumable_run(hpc: Hpc, exp: str, *options: str) -> Any:
     return hpc.run(
         "run", "--exp", exp, "--tasks-per-node", "2", "-t", "1", "--requeue",
-        "--signal-before", "20", "--max-requeues", "5", "--env", f"STEPS={STEPS}",
+        "--signal-before", SIGNAL_BEFORE, "--max-requeues", "5", "--env", f"STEPS={STEPS}",
         *options, "--wait", "--", "python3", "count_steps_fast_resume.py",
         timeout=420,
     )  # fmt: skip
