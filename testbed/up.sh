@@ -152,6 +152,9 @@ fi
 # ---------------------------------------------------------------------------------
 install -d -m 0755 "$STATE"
 rm -rf "$STATE/state" "$STATE/spool" "$STATE/log"
+# The Pyxis/CE stand-in's unpacked images are named JOBID.STEP (tests/doubles/spank): with
+# job ids restarting, an earlier cluster's folder would pass for a new job's step.
+rm -rf /var/tmp/hpclaunch-spank-double-*
 install -d -m 0755 "$STATE/state" "$STATE/spool" "$STATE/log" "$STATE/run" "$STATE/dev" \
     "$STATE/spool/slurmd-node1" "$STATE/spool/slurmd-node2"
 # `sacct -c` loads the jobcomp plugin, which opens this file for appending even just

@@ -56,11 +56,16 @@ def _until_ended(hpc: Hpc, run: str, timeout: float = 120) -> dict[str, Any]:
 
 
 def test_after_ok_waits_for_completion_and_a_failure_never_leaves_it_pending(hpc: Hpc) -> None:
-    good = _start(hpc, "--", "bash", "-c", "sleep 6")
-    bad = _start(hpc, "--", "bash", "-c", "sleep 6; exit 3")
+    # Both end once `release` exists, after every dependent is queued: a fixed sleep lost
+    # the race on a loaded testbed (the bad run had ended before `--after` was given).
+    release = hpc.cwd / "release"
+    wait = f"until [ -e {release} ]; do sleep 0.2; done"
+    good = _start(hpc, "--", "bash", "-c", wait)
+    bad = _start(hpc, "--", "bash", "-c", f"{wait}; exit 3")
     after_good = _start(hpc, "--after", f"{good['run_id']}:ok", "--", "true")
     after_bad = _start(hpc, "--after", f"{bad['job_id']}:ok", "--", "true")
     after_any = _start(hpc, "--after", f"{bad['run_id']}:any", "--", "true")
+    release.touch()
     shown = hpc.run("show", after_good["run_id"], "--json").stdout
     assert f"--dependency=afterok:{good['job_id']}" in shown
 

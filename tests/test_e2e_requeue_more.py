@@ -72,16 +72,17 @@ def _steps(path: Path) -> list[int]:
 
 # 1. The signal reaches the program inside a Charliecloud container and under torchrun.
 
-STEPS = 100  # 0.5 s each on a first attempt: 50 s, more than the 30 s before the signal
-# 30 s before the 1-minute limit: the ranks get 15 s (30 less the 15 s margin) to save and
-# exit; with 20 (5 s) torchrun's agent, slow to end on a loaded testbed, was killed (137).
-SIGNAL_BEFORE = "30"
+# -t 2 with the signal 45 s before the end: the ranks get 30 s (45 less the 15 s margin)
+# to save and exit. With -t 1 --signal-before 20 they got 5 s, and torchrun's agent, slow
+# to end on a loaded testbed, was killed (exit 137). slurmctld signals at its first
+# time-limit check (every 30 s) with at most 45 + 30 s left: 45-75 s in.
+STEPS = 160  # 0.5 s each on a first attempt: 80 s, more than the 75 s before the signal
 
 
 def _resumable_run(hpc: Hpc, exp: str, *options: str) -> Any:
     return hpc.run(
-        "run", "--exp", exp, "--tasks-per-node", "2", "-t", "1", "--requeue",
-        "--signal-before", SIGNAL_BEFORE, "--max-requeues", "5", "--env", f"STEPS={STEPS}",
+        "run", "--exp", exp, "--tasks-per-node", "2", "-t", "2", "--requeue",
+        "--signal-before", "45", "--max-requeues", "5", "--env", f"STEPS={STEPS}",
         *options, "--wait", "--", "python3", "count_steps_fast_resume.py",
         timeout=420,
     )  # fmt: skip

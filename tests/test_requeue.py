@@ -72,6 +72,23 @@ def test_refusals(values: dict[str, Any], cluster: str, step: bool, expected: st
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(
+    ("time_s", "before", "fix"),
+    [
+        (60, 30, "Give at most 29 s, or a longer -t"),  # it said 16: 29 is accepted
+        (60, 120, "Give at most 29 s, or a longer -t"),
+        (3600, 3590, "Give at most 3569 s, or a longer -t"),
+    ],
+)
+def test_the_fix_names_the_largest_signal_before_accepted(
+    time_s: int, before: int, fix: str
+) -> None:
+    text = _error({"requeue": True, "time": time_s, "signal_before": before}, "lumi", False)
+    assert text.endswith(fix), text
+    largest = int(fix.split()[3])  # and that value is accepted
+    assert cli_spec({"requeue": True, "time": time_s, "signal_before": largest}).requeue
+
+
 def test_cli_refuses_requeue_locally_before_anything_is_written(tmp_path: Path) -> None:
     proc = subprocess.run(
         ["hpclaunch", "run", "--cluster", "local", "--requeue", "--", "true"],

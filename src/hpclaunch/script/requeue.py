@@ -93,7 +93,7 @@ def from_values(
             "--signal-before",
             f"{before} s with a time limit of {format_time(time_s)}",
             "must be below the time limit",
-            f"Give at most {max(MARGIN_S + 1, time_s - 60)} s, or a longer -t",
+            _at_most(time_s),
         )
     if time_s is not None and before + PERIODIC_S >= time_s:
         # slurmctld checks time limits every PERIODIC_S s and signals at the first check
@@ -104,10 +104,16 @@ def from_values(
             f"{before} s with a time limit of {format_time(time_s)}",
             f"at most the time limit minus {PERIODIC_S + 1} s: Slurm would signal every "
             "attempt as soon as it starts",
-            f"Give at most {max(MARGIN_S + 1, time_s - 60)} s, or a longer -t",
+            _at_most(time_s),
         )
     signal = options.requeue_signal or "USR2"
     return Requeue(max_requeues=most, signal=signal, before_s=before, margin_s=MARGIN_S)
+
+
+def _at_most(time_s: int) -> str:
+    """The fix for a --signal-before too large for the time limit: the largest value
+    accepted (below the time limit less PERIODIC_S; -t is whole minutes, so above MARGIN_S)."""
+    return f"Give at most {max(MARGIN_S + 1, time_s - PERIODIC_S - 1)} s, or a longer -t"
 
 
 def directives(req: Requeue) -> list[str]:
