@@ -3,7 +3,7 @@
 # every process inside the node (job steps, batch shells, the user's tasks). Nothing
 # gets a chance to clean up or to tell the controller; the node's private /tmp goes
 # with its mount namespace. Slurm notices by itself: once the node has not answered for
-# SlurmdTimeout (20 s in up.sh's slurm.conf) it is DOWN and its jobs end as NODE_FAIL
+# SlurmdTimeout (10 s in up.sh's slurm.conf) it is DOWN and its jobs end as NODE_FAIL
 # (or are requeued, for jobs submitted with --requeue).
 #
 #   bash testbed/crash-node.sh node2

@@ -207,7 +207,7 @@ def test_a_crashed_node_ends_the_run_as_node_fail(hpc: Hpc) -> None:
                 assert state != "PENDING", f"Slurm requeued a run without --requeue: {state}"
                 return client.poll() is not None
 
-            # SlurmdTimeout (20 s) plus a ping interval or two, then the job's end on node1.
+            # SlurmdTimeout (10 s) plus a ping interval or two, then the job's end on node1.
             _wait_for("run --wait to end", ended, 120)
             out, err = client.communicate(timeout=30)
         finally:

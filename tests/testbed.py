@@ -330,7 +330,7 @@ def _script(name: str, node: str, timeout: float) -> None:
 
 def crash_node(name: str) -> None:
     """SIGKILL the node's slurmd and every process in it, as a power cut would.
-    Slurm marks it DOWN (its jobs NODE_FAIL) after SlurmdTimeout (20 s)."""
+    Slurm marks it DOWN (its jobs NODE_FAIL) after SlurmdTimeout (10 s)."""
     _script("crash-node.sh", name, timeout=30)
 
 
