@@ -172,7 +172,7 @@ def _xdist_group(nodeid: str) -> str:
     return group
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """--dist loadgroup with :data:`XDIST_GROUPS`: a group is one unit of work."""
     if config.getvalue("dist") != "loadgroup":

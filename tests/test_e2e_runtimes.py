@@ -19,7 +19,6 @@ and image import are unit-tested (tests/test_runtimes.py) only.
 from __future__ import annotations
 
 import ast
-import fcntl
 import json
 import os
 import pwd
@@ -62,28 +61,18 @@ def squashfs(user_image: Path) -> Iterator[Path]:
     yield image
     shutil.rmtree(folder, ignore_errors=True)
     _remove_unpacked(pwd.getpwnam(testbed.USER).pw_uid)
+    _remove_unpacked(0)  # the root tests' (test_a_packed_venv_inside_the_image)
 
 
 def _remove_unpacked(uid: int) -> None:
-    """The stand-in's unpacked images (per node and step) that no task holds. Not all of
-    them: another pytest-xdist worker's jobs may be running in theirs, and removing a
+    """The stand-in's unpacked images (per node and version of an image file) whose file
+    is gone and that no task holds (tests/doubles/spank/enter-image --prune). Not the
+    others: another pytest-xdist worker's jobs may be running in theirs, and removing a
     folder that is a mount point in a container's namespace detaches that mount there
     (Linux >= 3.18): its ranks lost their run folder mid-run (the requeue test failed)."""
-    for lock in Path(f"/var/tmp/hpclaunch-spank-double-{uid}").glob("*/*.lock"):
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a running step's
-        else:
-            shutil.rmtree(str(lock)[: -len(".lock")], ignore_errors=True)
-            for leftover in (lock, lock.with_suffix(".unpack")):
-                leftover.unlink(missing_ok=True)
-        finally:
-            os.close(fd)
+    nodes = sorted(map(str, Path(f"/var/tmp/hpclaunch-spank-double-{uid}").glob("*")))
+    if nodes:
+        subprocess.run(["python3", str(SPANK / "enter-image"), "--prune", *nodes], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +342,9 @@ def test_the_ranks_run_the_node_local_copy_of_the_image(
     unsquashfs.chmod(0o755)
     marker = "open('/hpclaunch-test-image').read().strip()"  # only the image has it
     program = f"import os; print('INSIDE', os.environ['SLURMD_NODENAME'], {marker})"
+    # The stand-in unpacks once per node and version of a file (tests/doubles/spank): a new
+    # modification time makes each node unpack the shared file again, as enroot would.
+    os.utime(squashfs)
     for how in ("broadcast", "refused"):
         if how == "refused":  # a site that refuses sbcast: each node reads the shared file
             (wrappers / "sbcast").write_text(
