@@ -53,13 +53,15 @@ def _in(hpc: Hpc, project: Path) -> Hpc:
 
 def _wait_done(hpc: Hpc, run_id: str, timeout: float = 180) -> dict[str, object]:
     deadline = time.monotonic() + timeout
+    pause = 0.5  # growing to 3 s: each look is a whole `hpclaunch status` (~0.4 s of CPU)
     while True:
         proc = hpc.run("status", run_id, "--json")
         record = json.loads(proc.stdout) if proc.returncode == 0 else {}
         if record.get("state") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             return record
         assert time.monotonic() < deadline, proc.stdout + proc.stderr
-        time.sleep(0.5)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 3)
 
 
 def _output(run_dir: Path) -> str:
