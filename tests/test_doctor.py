@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from builders import bare_local_env
-from conftest import VENV_BIN
+from conftest import REPO, VENV_BIN
 from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import load_profile
@@ -194,3 +194,25 @@ def test_the_local_doctor_shows_the_real_node_local_path(tmp_path: Path) -> None
     assert found["node-local space"]["detail"].endswith(f"at {tmp}/hpclaunch-local-JOB-pPID.*")
     assert found["CPU cores"]["status"] in (PASS, WARN)
     assert all(c["fix"] == "" for c in found.values() if c["status"] == PASS), found
+
+
+GPU_DOUBLES = REPO / "tests" / "doubles" / "gpu"
+
+
+def test_the_local_doctor_checks_the_gpus_this_machine_has(tmp_path: Path) -> None:
+    """On a workstation with GPUs (the stand-in nvidia-smi lists 2), the local doctor's
+    job asks for them, and the GPUs its rank sees are checked (on a real H200 it said
+    nothing of the GPU: scripts/gpu_check.sh, docs/gpu.md)."""
+    pattern = tmp_path / "gpus.json"
+    pattern.write_text(json.dumps({"gpus": [{"samples": [[0, 1000, 90.0]]}] * 2}))
+    env = {
+        **bare_local_env(tmp_path),
+        "PATH": f"{GPU_DOUBLES}:{bare_local_env(tmp_path)['PATH']}",
+        "HPCLAUNCH_FAKE_GPU_PATTERN": str(pattern),
+    }
+    argv = [str(VENV_BIN / "hpclaunch"), "doctor", "--cluster", "local", "-N", "1", "--json"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    found = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert found["GPUs here"]["status"] == PASS and found["GPUs here"]["detail"].startswith("2 ")
+    visible = found["GPUs visible"]
+    assert visible["status"] == PASS and visible["detail"].startswith("2 per node"), visible

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from hpclaunch import backends
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import Profile, gpus_on_node
+from hpclaunch.config.topology import local_gpus
 from hpclaunch.slurm import commands, discover
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -87,7 +88,13 @@ def preflight(spec: JobSpec, profile: Profile) -> tuple[list[Check], int]:
     nodes' own count when the profile claims more: the rest is still worth checking)."""
     if backends.chosen(profile, in_allocation=False).runs_here:
         here = [Check("controller", PASS, "local run: no Slurm")]
-        return [*here, local_cores(spec, machine_cores())], spec.gpus_per_node
+        here.append(local_cores(spec, machine_cores()))
+        # The local profile asks for no GPUs: on a workstation with some, the probe job
+        # asks for them all, so that the GPUs its rank sees and NCCL are checked too.
+        gpus = spec.gpus_per_node or local_gpus()
+        if gpus:
+            here.append(Check("GPUs here", PASS, f"{gpus} (the GPU tool on PATH lists them)"))
+        return here, gpus
     config = discover.slurm_config()
     if not config:
         fix = "Check SLURM_CONF and that slurmctld runs, or use --cluster local"

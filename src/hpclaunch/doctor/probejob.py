@@ -104,7 +104,7 @@ def diagnose(
         if nodes or ranks:  # (nothing when the job never started)
             local = planned.backend.runs_here
             checks += node_checks(nodes, planned.spec.nodes, _text(batch), local)
-            checks += gpu_checks(ranks, nodes, planned.spec.gpus_per_node)
+            checks += gpu_checks(ranks, nodes, planned.spec.gpus_per_node, local)
         if ranks:
             checks += cpu_checks(ranks, planned.spec) + rank_checks(ranks, planned.spec, plugin)
         shutil.move(str(folder), str(run.run_dir / "doctor"))
@@ -206,18 +206,24 @@ def _node_findings(nodes: list[dict[str, Any]], local: bool = False) -> list[Che
     return checks
 
 
-def gpu_checks(ranks: list[dict[str, Any]], nodes: list[dict[str, Any]], gpus: int) -> list[Check]:
-    """The GPUs each node's ranks may use (the job's variables), against those asked."""
+def gpu_checks(
+    ranks: list[dict[str, Any]], nodes: list[dict[str, Any]], gpus: int, local: bool = False
+) -> list[Check]:
+    """The GPUs each node's ranks may use (the job's variables), against those asked. A
+    local rank with no such variable sees every GPU of the machine (its tool's count);
+    under Slurm the variable is the job's GRES, and a rank without it sees none."""
     if not gpus:
         return []
+    tools = {n["node"]: n["tool"]["count"] for n in nodes if n.get("tool")}
     seen: dict[str, int] = {}
     for rank in ranks:
         listed = rank["gpus"].get("CUDA_VISIBLE_DEVICES") or rank["gpus"].get(
             "ROCR_VISIBLE_DEVICES", ""
         )
         count = len([g for g in listed.split(",") if g]) if listed else 0
+        if not listed and local:
+            count = tools.get(rank["node"], 0)
         seen[rank["node"]] = max(seen.get(rank["node"], 0), count)
-    tools = {n["node"]: n["tool"]["count"] for n in nodes if n.get("tool")}
     short = {n: c for n, c in seen.items() if c < gpus}
     text = ", ".join(f"{n}: {c}" for n, c in sorted(seen.items()))
     if tools:
