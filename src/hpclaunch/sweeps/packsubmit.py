@@ -19,7 +19,7 @@ from hpclaunch.basics import states, units
 from hpclaunch.config.secretnames import mask_text
 from hpclaunch.config.topology import local_gpus
 from hpclaunch.records import runrecord, sweeprecord
-from hpclaunch.sweeps import packing, packplan, script, submit
+from hpclaunch.sweeps import packing, packplan, packstage, script, submit
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 
 
@@ -75,17 +75,18 @@ def run_here(sp: SweepPlan, environ: Mapping[str, str], out: TextIO) -> int:
     assert sp.pack is not None
     env = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
     nodes = sorted({s.node for s in sp.pack.slots})
-    agents = [
-        subprocess.Popen([*sp.pack.agent_argv, str(n)], env=env, stdin=subprocess.DEVNULL)
-        for n in nodes
-    ]
-    try:
-        for agent in agents:
-            agent.wait()
-    except BaseException:
-        for agent in agents:
-            agent.terminate()
-        raise
+    with packstage.staged_here(sp.planned.spec, sp.paths, env):
+        agents = [
+            subprocess.Popen([*sp.pack.agent_argv, str(n)], env=env, stdin=subprocess.DEVNULL)
+            for n in nodes
+        ]
+        try:
+            for agent in agents:
+                agent.wait()
+        except BaseException:
+            for agent in agents:
+                agent.terminate()
+            raise
     codes = [record_end(sp, p.index, out) for p in sp.points]
     failed = [c for c in codes if c != 0]
     return failed[0] if failed else 0

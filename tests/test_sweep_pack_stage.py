@@ -1,0 +1,69 @@
+"""`sweep --pack` with what a plain run has around its ranks (issue 30): `--stage` (the data
+staged once per node for every point, sweeps/packstage.py), as a dry-run's job script and
+on this machine (`--cluster local`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from test_cli import env as env
+from test_cli import hpclaunch
+
+PROGRAM = str(Path(__file__).parent / "programs" / "pack_point.py")
+LUMI = ["--cluster", "lumi", "-A", "project_465000000", "-p", "standard-g", "-N", "2"]
+
+
+def test_a_packed_dry_run_stages_once_per_node_before_the_agents(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    (tmp_path / "data.txt").write_text("staged\n")
+    proc = hpclaunch(["sweep", "--dry-run", *LUMI, "--pack", "--repeat", "20", "--stage",
+                      "data.txt", "--", "python", "t.py"], tmp_path, env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    sbcast = script.index("stage_bcast.py")  # the files sent to every node once
+    guard = script.index("stage_node.py run")  # one guard per node, as a plain run's
+    ready = script.index("(( ${#ready[@]} >= 2 )) && break")
+    agents = script.index("srun --no-kill --kill-on-bad-exit=0 --nodes=2 --ntasks=2")
+    ends = script.rindex('kill -USR1 "$HPCLAUNCH_STAGE_PID"')
+    assert sbcast < guard < ready < agents < ends
+    assert "srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1" in script
+    assert "--cpus-per-task=56 --kill-on-bad-exit=0" in script  # the node's cores, unpacking
+    assert 'wait "$HPCLAUNCH_STAGE_PID"\nexit "$HPCLAUNCH_RC"\n' in script[ends:]
+
+
+def test_a_packed_stage_out_requeue_or_container_is_one_line(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    (tmp_path / "data.txt").write_text("staged\n")
+    for extra, words in (
+        (["--stage", "data.txt", "--requeue"], "--stage: with --pack and --requeue"),
+        (["--stage-out", "out:/tmp/x"], "--stage-out: with --pack is not supported"),
+    ):
+        proc = hpclaunch(["sweep", "--dry-run", *LUMI, "--pack", "--repeat", "2", *extra,
+                          "--", "python", "t.py"], tmp_path, env)  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"hpclaunch: error: {words}"), proc.stderr
+        assert proc.stderr.count("\n") == 1
+
+
+def test_a_local_pack_stages_once_for_every_point_and_removes_it(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    (tmp_path / "data.txt").write_text("staged\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = hpclaunch(["sweep", "--cluster", "local", "--pack", "--cpus-per-point", "1",
+                      "--repeat", "3", "--stage", "data.txt", "--", sys.executable, PROGRAM,
+                      str(out), "0"], tmp_path, env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = [json.loads(p.read_text()) for p in sorted(out.glob("p*.json"))]
+    assert len(seen) == 3 and all(s["data"] == "staged\n" for s in seen)
+    paths = {s["env"]["HPCLAUNCH_DATA"] for s in seen}
+    assert len(paths) == 1  # one copy for every point: staged once
+    (path,) = paths
+    assert all(not path.startswith(s["env"]["HPCLAUNCH_LOCAL"]) for s in seen)
+    assert not os.path.exists(path)  # removed once the points were done
