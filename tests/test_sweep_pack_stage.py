@@ -1,6 +1,7 @@
 """`sweep --pack` with what a plain run has around its ranks (issue 30): `--stage` (the data
 staged once per node for every point, sweeps/packstage.py), as a dry-run's job script and
-on this machine (`--cluster local`)."""
+on this machine (`--cluster local`); `--container` (each point's ranks enter the image by
+a plain run's task line, sweeps/packcontainer.py)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,34 @@ def test_a_local_pack_stages_once_for_every_point_and_removes_it(
     (path,) = paths
     assert all(not path.startswith(s["env"]["HPCLAUNCH_LOCAL"]) for s in seen)
     assert not os.path.exists(path)  # removed once the points were done
+
+
+def test_a_packed_dry_run_shows_each_points_ranks_entering_the_image(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    (tmp_path / "img" / "tmp").mkdir(parents=True)  # a directory image: ch-run's kind
+    proc = hpclaunch(["sweep", "--dry-run", *LUMI, "--pack", "--repeat", "2", "--container",
+                      "./img", "--container-runtime", "charliecloud", "--", "python", "t.py"],
+                     tmp_path, env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    rank = lines[lines.index(next(x for x in lines if x.startswith("# each rank of a point"))) + 1]
+    # the task line of a plain run's rank: the runtime in front, the run root bound, the
+    # variables through fd 3 to the bootstrap inside
+    assert f"ch-run '--unset-env=*' --cd={tmp_path} " in rank
+    assert "--bind=/scratch/project_465000000/" in rank and f" {tmp_path}/img -- " in rank
+    assert rank.endswith("bootstrap.py --hpclaunch-env-fd=3 python t.py")
+    # the agent runs outside the image; no step of a point's own
+    assert "srun --no-kill --kill-on-bad-exit=0 --nodes=2 --ntasks=2" in proc.stdout
+    assert "--container-image" not in proc.stdout
+
+
+def test_a_packed_container_srun_enters_is_one_line(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "img.sqsh").write_bytes(b"hsqs")
+    proc = hpclaunch(["sweep", "--dry-run", *LUMI, "--pack", "--repeat", "2", "--container",
+                      "./img.sqsh", "--container-runtime", "pyxis", "--", "python", "t.py"],
+                     tmp_path, env)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "hpclaunch: error: --container-runtime: pyxis with --pack is not supported yet"
+    )

@@ -23,7 +23,7 @@ from hpclaunch.errors import UserError
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script import render, requeue
-from hpclaunch.sweeps import arrays, packing, packstage, script
+from hpclaunch.sweeps import arrays, packcontainer, packing, packstage, script
 from hpclaunch.sweeps.points import Point
 
 PACK_DIR = "pack"  # in the sweep folder: queue/, taken/, done/ (node/pack_agent.py)
@@ -71,13 +71,14 @@ def plan(
 ) -> PackPlan:
     # A packed venv (--venv FILE.sqsh) is mounted by the batch script's own steps, which
     # the pack's script has not: its points would find no venv.
-    if spec.container or spec.chain > 1 or spec.venv_image:
+    if spec.chain > 1 or spec.venv_image:
         raise UserError(
             "--pack",
-            "with --container, --chain or a packed venv is not supported yet",
+            "with --chain or a packed venv is not supported yet",
             "",
             "Drop --pack (each point is then one array task), or give the venv's folder",
         )
+    packcontainer.check(spec)  # a point's ranks enter the image by their own task line
     packstage.check(spec)
     facts = node_facts(spec, profile, gpus_here)
     packing.check(opts, facts, len(points))
@@ -202,6 +203,8 @@ def describe(pp: PackPlan) -> list[str]:
         *packing.table(pp.slots),
         f"# {pp.jobs} allocation(s); every node runs one node agent, one srun step:",
         "# " + shell.command(list(pp.agent_argv)),
+        f"# each rank of a point (its number for {pp.instructions['token']}) runs:",
+        "# " + shell.command(list(pp.instructions["argv"])),
     ]
 
 
