@@ -99,3 +99,57 @@ def test_a_packed_container_srun_enters_is_one_line(tmp_path: Path, env: dict[st
     assert proc.stderr.startswith(
         "hpclaunch: error: --container-runtime: pyxis with --pack is not supported yet"
     )
+
+
+DOUBLES = Path(__file__).parent / "doubles"
+KEY = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_a_packed_wandb_dry_run_runs_one_agent_per_point(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    env = {**env, "PATH": f"{DOUBLES}:{env['PATH']}"}  # the stand-in `wandb`
+    args = ["sweep", "--dry-run", *LUMI, "--pack", "--wandb-sweep", "ent/proj/sw1", "--count"]
+    proc = hpclaunch([*args, "6"], tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    rank = lines[lines.index(next(x for x in lines if x.startswith("# each rank of a point"))) + 1]
+    assert "/bootstrap.py python3 -I -S " in rank and "/wandb_agent.py agent " in rank
+    assert rank.endswith(" wandb agent --count 1 ent/proj/sw1")
+    assert "srun --no-kill --kill-on-bad-exit=0 --nodes=2 --ntasks=2" in proc.stdout
+    refused = hpclaunch([*args, "6", "--gpus-per-point", "2", "--tasks-per-point", "2"],
+                        tmp_path, env)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("hpclaunch: error: --tasks-per-point: 2 with --pack and")
+
+
+def test_a_packed_points_agent_runs_the_sweeps_command_in_its_slot(tmp_path: Path) -> None:
+    """node/wandb_agent.py with HPCLAUNCH_WANDB_DIRECT (what a packed point's rank runs):
+    the stand-in agent's one run is the sweep's program, started here, its exit code the
+    point's (the agent itself exits 0 after any run)."""
+    import subprocess
+
+    from hpclaunch import node
+
+    server, point, out = tmp_path / "server", tmp_path / "points" / "3", tmp_path / "out"
+    (server / "ent" / "proj").mkdir(parents=True)
+    point.mkdir(parents=True)
+    out.mkdir()
+    program = "import os, sys; open(sys.argv[1] + '/ran', 'w').write(sys.argv[2]); sys.exit(5)"
+    sweep = {"program": "x.py", "method": "grid", "parameters": {"lr": {"values": [0.1]}},
+             "command": ["hpclaunch", "run", "--", sys.executable, "-c", program, str(out),
+                         "${args}"]}  # fmt: skip
+    (server / "ent" / "proj" / "sw1.json").write_text(json.dumps(sweep))
+    run_env = {"PATH": f"{DOUBLES}:{os.environ['PATH']}", "WANDB_DOUBLE_SWEEPS": str(server),
+               "WANDB_API_KEY": KEY, "HOME": str(tmp_path),
+               "HPCLAUNCH_WANDB_DIRECT": "1"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(node.path(node.WANDB_AGENT)), "agent", str(point),
+         "wandb", "agent", "--count", "1", "ent/proj/sw1"],
+        env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    assert (out / "ran").read_text() == "--lr=0.1"
+    runs = (server / "ent" / "proj" / "sw1.runs.jsonl").read_text().splitlines()
+    assert len(runs) == 1  # one run of the sweep, reported to the service
+    assert json.loads((point / node.HANDOFF).read_text())["program"][0] == sys.executable
