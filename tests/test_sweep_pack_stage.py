@@ -153,3 +153,18 @@ def test_a_packed_points_agent_runs_the_sweeps_command_in_its_slot(tmp_path: Pat
     runs = (server / "ent" / "proj" / "sw1.runs.jsonl").read_text().splitlines()
     assert len(runs) == 1  # one run of the sweep, reported to the service
     assert json.loads((point / node.HANDOFF).read_text())["program"][0] == sys.executable
+
+
+def test_a_packed_points_secret_reaches_it_but_never_pack_json(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    code = "import os, sys; open(sys.argv[1] + '/seen', 'w').write(os.environ['MY_API_KEY'])"
+    proc = hpclaunch(["sweep", "--cluster", "local", "--pack", "--cpus-per-point", "1",
+                      "--repeat", "1", "--env", "MY_API_KEY=s3cr3t-pack-42", "--",
+                      sys.executable, "-c", code, str(out)], tmp_path, env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "seen").read_text() == "s3cr3t-pack-42"
+    (pack_json,) = (tmp_path / "runs").rglob("pack.json")
+    assert "s3cr3t-pack-42" not in pack_json.read_text()

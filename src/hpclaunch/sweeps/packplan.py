@@ -96,6 +96,8 @@ def plan(
     env[node.HPCLAUNCH_LOCAL] = node.LOCAL_UNSET
     env.pop("OMP_NUM_THREADS", None)  # the agent's: the slot's cores per rank
     env.update(packstage.data_env(one_rank))  # in the node's staged folder, not the point's
+    for name, _ in spec.secret_env():  # never in pack.json: the job's environment has them
+        env.pop(name, None)
     pack_dir = sweep.run_dir / PACK_DIR
     instructions = {
         "sweep_dir": str(sweep.run_dir),

@@ -76,6 +76,7 @@ def run_here(sp: SweepPlan, environ: Mapping[str, str], out: TextIO) -> int:
     from its end event; 0 when all completed, else the lowest-index failed point's code."""
     assert sp.pack is not None
     env = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
+    env.update(sp.planned.spec.secret_env())  # as sbatch's environment gives them a job
     nodes = sorted({s.node for s in sp.pack.slots})
     with packstage.staged_here(sp.planned.spec, sp.paths, env):
         agents = [
