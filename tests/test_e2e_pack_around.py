@@ -121,6 +121,9 @@ def test_a_wandb_sweep_of_six_runs_on_four_slots(hpc: Hpc) -> None:
         level += step
         most = max(most, level)
     assert most <= 4  # one agent per slot, never more
+    status = json.loads(hpc.run("sweep", "status", line["sweep_id"], "--json").stdout)
+    assert [p["state"] for p in status["points"]] == ["COMPLETED"] * 6
+    assert sorted(p["params"]["lr"] for p in status["points"]) == [1, 2, 3, 4, 5, 6]
 
 
 _RUN = """

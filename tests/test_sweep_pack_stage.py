@@ -130,6 +130,7 @@ def test_a_packed_points_agent_runs_the_sweeps_command_in_its_slot(tmp_path: Pat
     import subprocess
 
     from hpclaunch import node
+    from hpclaunch.records import sweeprecord
 
     server, point, out = tmp_path / "server", tmp_path / "points" / "3", tmp_path / "out"
     (server / "ent" / "proj").mkdir(parents=True)
@@ -153,6 +154,9 @@ def test_a_packed_points_agent_runs_the_sweeps_command_in_its_slot(tmp_path: Pat
     runs = (server / "ent" / "proj" / "sw1.runs.jsonl").read_text().splitlines()
     assert len(runs) == 1  # one run of the sweep, reported to the service
     assert json.loads((point / node.HANDOFF).read_text())["program"][0] == sys.executable
+    # the point's parameters where sweep status reads them (the agent keeps its own copy
+    # of the file name: it never imports hpclaunch)
+    assert json.loads((point / sweeprecord.PARAMS_JSON).read_text()) == {"lr": 0.1}
 
 
 def test_a_packed_points_secret_reaches_it_but_never_pack_json(

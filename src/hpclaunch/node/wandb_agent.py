@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 # Shared with the host side (hpclaunch/node/__init__.py has the same values; a test
 # compares them).
@@ -32,6 +32,7 @@ HANDOFF = "wandb-run.json"
 WANDB_EXIT = "wandb-exit"
 HPCLAUNCH_WANDB_POINT = "HPCLAUNCH_WANDB_POINT"
 HPCLAUNCH_WANDB_DIRECT = "HPCLAUNCH_WANDB_DIRECT"
+PARAMS_JSON = "params.json"  # a packed point's parameters (records/sweeprecord.py's name)
 API_KEY = "WANDB_API_KEY"
 # The `hpclaunch` the agent finds: static text, the values come from the environment.
 SHIM = '#!/bin/sh\nexec "$HPCLAUNCH_WANDB_PYTHON" -I -S "$HPCLAUNCH_WANDB_SCRIPT" handoff "$@"\n'
@@ -109,6 +110,8 @@ def handoff(args: List[str]) -> int:
         json.dump(data, handle)
     os.replace(target + ".tmp", target)  # the batch shell's side sees it whole
     if os.environ.get(HPCLAUNCH_WANDB_DIRECT) == "1":  # a packed point: its slot runs it
+        with open(os.path.join(point_dir, PARAMS_JSON), "w", encoding="utf-8") as handle:
+            json.dump(flat_params(params), handle)  # the point's parameters (sweep status)
         try:
             code = subprocess.call(program)
         except OSError as exc:
@@ -125,6 +128,23 @@ def handoff(args: List[str]) -> int:
             return int(handle.read().strip() or "1")
     except (OSError, ValueError):
         return 1
+
+
+def flat_params(text: str) -> Dict[str, Any]:
+    """The parameter file's `name:` / indented `value: X` lines -> {name: X} (X read as
+    JSON, else as text): what sweeps/wandb.py reads without PyYAML."""
+    found = {}  # type: Dict[str, Any]
+    name = ""
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            name = line.rstrip()[:-1].strip()
+        elif name and line.strip().startswith("value:"):
+            raw = line.strip()[len("value:") :].strip()
+            try:
+                found[name] = json.loads(raw)
+            except ValueError:
+                found[name] = raw.strip("'\"")
+    return found
 
 
 def main(argv: List[str]) -> int:
