@@ -62,8 +62,10 @@ def test_four_points_on_two_nodes_read_data_staged_once_per_node(hpc: Hpc) -> No
 
 def test_four_points_run_inside_the_image(hpc: Hpc, user_image: Path) -> None:
     out = hpc.folder("out")
-    _sweep(hpc, "--container", str(user_image), "--container-runtime", "charliecloud", "--",
-           "python3", "-c", _IN_IMAGE, str(out))  # fmt: skip
+    data = hpc.folder("data") / "words.txt"
+    data.write_text("staged for the image\n")
+    _sweep(hpc, "--container", str(user_image), "--container-runtime", "charliecloud",
+           "--stage", str(data), "--", "python3", "-c", _IN_IMAGE, str(out))  # fmt: skip
     seen = {p.name: json.loads(p.read_text()) for p in out.glob("point-*.json")}
     assert sorted(seen) == [f"point-{i}.json" for i in range(4)]
     for record in seen.values():
@@ -71,13 +73,16 @@ def test_four_points_run_inside_the_image(hpc: Hpc, user_image: Path) -> None:
         assert record["ch_running"]  # ch-run's own variable: inside the container
         assert (record["rank"], record["world"]) == ("0", "1")  # a run of its own
         assert record["gpus"] in ("0", "1")  # the slot's GPU, as without the image
+        assert record["data"] == "staged for the image\n"  # the node's staged copy, inside
 
 
 _IN_IMAGE = """
 import json, os, sys
 env = os.environ
 marker = open("/hpclaunch-test-image").read() if os.path.exists("/hpclaunch-test-image") else ""
-record = {"marker": marker, "ch_running": env.get("CH_RUNNING"), "rank": env.get("RANK"),
+data = env["HPCLAUNCH_DATA"]
+record = {"data": open(data).read() if os.path.isfile(data) else None, "marker": marker,
+          "ch_running": env.get("CH_RUNNING"), "rank": env.get("RANK"),
           "world": env.get("WORLD_SIZE"), "gpus": env.get("CUDA_VISIBLE_DEVICES")}
 with open(os.path.join(sys.argv[1], "point-%s.json" % env["HPCLAUNCH_POINT"]), "w") as fh:
     json.dump(record, fh)

@@ -37,10 +37,6 @@ def check(spec: JobSpec) -> None:
         raise UserError(
             "--stage", "with --pack and --requeue is not supported yet", "", "Drop --requeue"
         )
-    if spec.container:
-        raise UserError(
-            "--stage", "with --pack and --container is not supported yet", "", "Drop --pack"
-        )
 
 
 def data_env(spec: JobSpec) -> dict[str, str]:
