@@ -34,6 +34,11 @@ def test_a_packed_dry_run_stages_once_per_node_before_the_agents(
     assert "srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1" in script
     assert "--cpus-per-task=56 --kill-on-bad-exit=0" in script  # the node's cores, unpacking
     assert 'wait "$HPCLAUNCH_STAGE_PID"\nexit "$HPCLAUNCH_RC"\n' in script[ends:]
+    # every allocation (--pack-jobs) waits on its own guards' markers
+    marks = script.index("export HPCLAUNCH_STAGE_MARKS=/scratch/project_465000000/")
+    assert '/stage/"${SLURM_JOB_ID}"' in script[marks : script.index("\n", marks)]
+    assert 'ready=("$HPCLAUNCH_STAGE_MARKS"/ready-*)' in script
+    assert marks < guard
 
 
 def test_a_packed_stage_out_requeue_or_container_is_one_line(

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from hpclaunch import node
 from hpclaunch.basics import shell
+from hpclaunch.basics.shell import Join, Var
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.profiles import Profile
 from hpclaunch.errors import HpclaunchError, UserError
@@ -60,7 +61,10 @@ def start_lines(spec: JobSpec, profile: Profile, sweep: RunPaths, cpus: int) -> 
         return []
     whole = replace(spec, tasks_per_node=1, cpus_per_task=cpus, launcher="srun")
     lines = broadcast.lines(whole, profile, sweep) + render.local_lines(profile, sweep)
-    return lines + render.stage_lines(whole, profile, sweep)
+    # Each allocation's own markers (--pack-jobs: the others' name the same nodes).
+    marks = Join((f"{sweep.run_dir / node.STAGE_MARKS}/", Var("SLURM_JOB_ID")))
+    lines.append(shell.export(node.HPCLAUNCH_STAGE_MARKS, marks))
+    return lines + render.stage_lines(whole, profile, sweep, own_marks=True)
 
 
 def end_lines(spec: JobSpec) -> list[str]:
