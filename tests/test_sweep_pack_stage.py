@@ -41,19 +41,28 @@ def test_a_packed_dry_run_stages_once_per_node_before_the_agents(
     assert marks < guard
 
 
-def test_a_packed_stage_out_requeue_or_container_is_one_line(
+def test_a_packed_stage_out_is_one_line(tmp_path: Path, env: dict[str, str]) -> None:
+    proc = hpclaunch(["sweep", "--dry-run", *LUMI, "--pack", "--repeat", "2", "--stage-out",
+                      "out:/tmp/x", "--", "python", "t.py"], tmp_path, env)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("hpclaunch: error: --stage-out: with --pack is not supported")
+    assert proc.stderr.count("\n") == 1
+
+
+def test_a_requeued_pack_stages_afresh_and_ends_its_guards_before_it_exits(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
     (tmp_path / "data.txt").write_text("staged\n")
-    for extra, words in (
-        (["--stage", "data.txt", "--requeue"], "--stage: with --pack and --requeue"),
-        (["--stage-out", "out:/tmp/x"], "--stage-out: with --pack is not supported"),
-    ):
-        proc = hpclaunch(["sweep", "--dry-run", *LUMI, "--pack", "--repeat", "2", *extra,
-                          "--", "python", "t.py"], tmp_path, env)  # fmt: skip
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.startswith(f"hpclaunch: error: {words}"), proc.stderr
-        assert proc.stderr.count("\n") == 1
+    proc = hpclaunch(["sweep", "--dry-run", *LUMI, "-t", "1:00:00", "--requeue", "--pack",
+                      "--repeat", "20", "--stage", "data.txt", "--", "python", "t.py"],
+                     tmp_path, env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    fresh = script.index('rm -rf -- "$HPCLAUNCH_STAGE_MARKS"')  # not the last attempt's marks
+    assert fresh < script.index("stage_node.py run")
+    step = script.index("pack.json &\nHPCLAUNCH_PACK_PID=$!")
+    ends = script.rindex('kill -USR1 "$HPCLAUNCH_STAGE_PID"')
+    assert step < ends < script.rindex('exit "$HPCLAUNCH_RC"')
 
 
 def test_a_local_pack_stages_once_for_every_point_and_removes_it(

@@ -157,23 +157,24 @@ def batch_script(spec: JobSpec, sweep: RunPaths, cwd: Path, pp: PackPlan, cpus: 
         shell.command([*pp.agent_argv, "--requeue"]),
         *pp.before,
         "# One step for the whole pack: the node agent on every node runs its slots.",
-        *_launch_lines(spec, shell.command(srun)),
-        *pp.after,
+        *_launch_lines(spec, shell.command(srun), pp.after),
     ]
     return shell.lines(body)
 
 
-def _launch_lines(spec: JobSpec, srun: str) -> list[str]:
-    """The step; under --requeue in the background, the time-limit signal (B:, this shell)
-    queueing the allocation again: its next attempt runs the points not yet done."""
+def _launch_lines(spec: JobSpec, srun: str, after: Sequence[str]) -> list[str]:
+    """The step, then `after` (the stage guards' end); under --requeue in the background,
+    the time-limit signal (B:, this shell) queueing the allocation again: its next attempt
+    runs the points not yet done."""
     if not spec.requeue:
-        return [srun]
+        return [srun, "HPCLAUNCH_RC=$?", *after, 'exit "$HPCLAUNCH_RC"'] if after else [srun]
     task = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
     return [
         f"trap 'scontrol requeue {task}' {spec.requeue.signal}",
         f"{srun} &",
         "HPCLAUNCH_PACK_PID=$!",
         *requeue.wait_lines("HPCLAUNCH_PACK_PID"),
+        *after,
         'exit "$HPCLAUNCH_RC"',
     ]
 

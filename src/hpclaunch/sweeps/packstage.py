@@ -34,10 +34,6 @@ def check(spec: JobSpec) -> None:
     if spec.stage_out:
         why = "--stage-out copies one node-local folder back, and a pack's points have one each"
         raise UserError("--stage-out", "with --pack is not supported", why, "Drop --pack")
-    if spec.requeue:
-        raise UserError(
-            "--stage", "with --pack and --requeue is not supported yet", "", "Drop --requeue"
-        )
 
 
 def data_env(spec: JobSpec) -> dict[str, str]:
@@ -64,19 +60,20 @@ def start_lines(spec: JobSpec, profile: Profile, sweep: RunPaths, cpus: int) -> 
     # Each allocation's own markers (--pack-jobs: the others' name the same nodes).
     marks = Join((f"{sweep.run_dir / node.STAGE_MARKS}/", Var("SLURM_JOB_ID")))
     lines.append(shell.export(node.HPCLAUNCH_STAGE_MARKS, marks))
+    # A requeued attempt (the same job id) waits for its own guards, not the last one's.
+    lines.append(f'rm -rf -- "${node.HPCLAUNCH_STAGE_MARKS}"')
     return lines + render.stage_lines(whole, profile, sweep, own_marks=True)
 
 
 def end_lines(spec: JobSpec) -> list[str]:
-    """After the agents' step: the guards remove each node's staged folder."""
+    """After the agents' step (its code in HPCLAUNCH_RC, the script's exit after these):
+    the guards remove each node's staged folder."""
     if not spec.stage:
         return []
     return [
-        "HPCLAUNCH_RC=$?",
         "# Every point is done: the guards remove the staged data (srun forwards SIGUSR1).",
         'kill -USR1 "$HPCLAUNCH_STAGE_PID" 2>/dev/null',
         'wait "$HPCLAUNCH_STAGE_PID"',
-        'exit "$HPCLAUNCH_RC"',
     ]
 
 
