@@ -182,9 +182,11 @@ def test_requeue_runs_only_the_unfinished_points(hpc: Hpc) -> None:
     out = hpc.folder("out")
     configs = hpc.folder("cfg") / "points.txt"
     configs.write_text("40\n" * 8)  # two waves of 4; the limit signal comes at ~75 s
+    data = hpc.folder("data") / "words.txt"  # staged again by each attempt's guards
+    data.write_text("staged\n")
     line = _sweep(hpc, "-N", "2", "--gpus-per-node", "2", "-t", "2", "--requeue",
-                  "--signal-before", "45", "--configs", str(configs), "--wait", "--",
-                  "python3", PACK_POINT, str(out), timeout=600)  # fmt: skip
+                  "--signal-before", "45", "--configs", str(configs), "--stage", str(data),
+                  "--wait", "--", "python3", PACK_POINT, str(out), timeout=600)  # fmt: skip
     states = _status(hpc, line["sweep_id"])
     assert [states[i]["state"] for i in range(8)] == ["COMPLETED"] * 8
     starts = {
@@ -194,3 +196,8 @@ def test_requeue_runs_only_the_unfinished_points(hpc: Hpc) -> None:
     }  # fmt: skip
     finished_first = [i for i in range(8) if len(starts[i]) == 1]
     assert finished_first and len(finished_first) < 8  # the second attempt ran the rest only
+    # every point, of either attempt, read the data its attempt's guards staged
+    seen = [json.loads(p.read_text()) for p in out.glob("p*-r0-t*.json")]
+    assert len(seen) == 8 and {s["data"] for s in seen} == {"staged\n"}
+    done = [e for e in _events(Path(line["sweep_dir"])) if e["event"] == "stage_done"]
+    assert len(done) >= 4 and all(e["ok"] for e in done)  # two attempts x two nodes, removed

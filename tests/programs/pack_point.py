@@ -9,6 +9,11 @@ import os
 import sys
 import time
 
+
+def _read(path: str) -> "str | None":
+    return open(path).read() if os.path.isfile(path) else None
+
+
 start = time.time()
 out, sleep = sys.argv[1], float(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else ""
@@ -25,13 +30,14 @@ seen = {
     for k in (
         "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS",
         "SLURM_PROCID", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HPCLAUNCH_POINT",
-        "SLURMD_NODENAME", "OMP_NUM_THREADS", "HPCLAUNCH_LOCAL",
+        "SLURMD_NODENAME", "OMP_NUM_THREADS", "HPCLAUNCH_LOCAL", "HPCLAUNCH_DATA",
     )
 }  # fmt: skip
 local = os.environ.get("HPCLAUNCH_LOCAL") or ""
 record = {
     "env": seen,
     "local_is_dir": os.path.isdir(local),
+    "data": _read(os.environ.get("HPCLAUNCH_DATA") or ""),  # --stage: the staged file
     "cpus": sorted(os.sched_getaffinity(0)),
     "start": start,
     "end": time.time(),

@@ -176,6 +176,8 @@ BROADCAST_MAP = "broadcast.json"  # in the run directory: {shared path: node-loc
 HANDOFF = "wandb-run.json"  # the sweep's command, the agent's WANDB_*, the parameters
 WANDB_EXIT = "wandb-exit"  # the point's job.sh exit code, which the agent's run ends with
 HPCLAUNCH_WANDB_POINT = "HPCLAUNCH_WANDB_POINT"  # the point's folder
+# "1": a packed point's agent runs the sweep's command itself (no batch shell to hand to)
+HPCLAUNCH_WANDB_DIRECT = "HPCLAUNCH_WANDB_DIRECT"
 
 # --- what venv_probe.py writes into a venv, and the request for the image's packages only
 VENV_RECORD = "hpclaunch-venv.json"

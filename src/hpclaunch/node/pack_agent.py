@@ -11,7 +11,9 @@ Every point is a run of its own: its folder, logs (the bootstrap's), events (poi
 point_end as an array point's, with the slot's node, GPUs and cores), exit code. A failing
 point runs again in its slot up to `retries` times; one past `point_time` is ended and
 counted failed; one whose folder gets `cancelled` (hpclaunch cancel SWEEP:I) is ended and
-its slot goes on. Standard library only, Python >= 3.8; never imports hpclaunch.
+its slot goes on. With --stage, the points' data variables name the node's staged folder
+(the stage guard's, recorded in the sweep folder). Standard library only, Python >= 3.8;
+never imports hpclaunch.
 """
 
 import contextlib
@@ -341,6 +343,27 @@ def finish(pack: Pack, point: Point, code: int, why: str) -> None:
         os.close(os.open(os.path.join(pack["pack_dir"], DONE, str(point.index)), os.O_CREAT, 0o600))
 
 
+def staged_data(pack: Pack) -> bool:
+    """--stage: the node's staged folder (made by its stage guard, which recorded its path
+    in <records>/<node>.<job id>) in place of the placeholder in the points' variables;
+    False when no guard recorded one on this node."""
+    staged = pack.get("staged")
+    if not staged:
+        return True
+    tag = os.environ.get("SLURM_JOB_ID") or "0"  # the guard's local_tag (no --requeue)
+    record = os.path.join(staged["records"], "%s.%s" % (node_name(), tag))
+    try:
+        with open(record, encoding="utf-8", errors="surrogateescape") as fh:
+            folder = fh.read()
+    except OSError as exc:
+        sys.stderr.write("hpclaunch: pack agent: no staged data on this node: %s\n" % exc)
+        return False
+    env = pack["env"]
+    for name, value in env.items():
+        env[name] = value.replace(staged["placeholder"], folder)
+    return True
+
+
 def ask(pack: Pack, point: Point) -> bool:
     """An Optuna point asks its trial before it starts (params.env); True when it may run."""
     if not pack.get("ask"):
@@ -359,6 +382,8 @@ def main(argv: List[str]) -> int:
         requeue(pack["pack_dir"])
         return 0
     os.umask(0o077)
+    if not staged_data(pack):
+        return 1
     node = int(argv[2]) if len(argv) > 2 else int(os.environ.get("SLURM_NODEID") or 0)
     # scancel or the time limit: end every running point (its group), then exit.
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -13,6 +13,8 @@ activates --venv). Standard library only, Python >= 3.6, never an import of hpcl
         file's text to the batch shell in POINT_DIR/wandb-run.json, waits for
         POINT_DIR/wandb-exit (the ranks' exit code, written there once the point's job.sh
         ended) and exits with it, so that W&B sees the run last as long as the ranks.
+        A packed point (HPCLAUNCH_WANDB_DIRECT=1, sweep --pack) runs PROGRAM itself, in
+        its slot, after writing the same hand-off file (the point's record of the run).
 """
 
 import json
@@ -22,13 +24,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 # Shared with the host side (hpclaunch/node/__init__.py has the same values; a test
 # compares them).
 HANDOFF = "wandb-run.json"
 WANDB_EXIT = "wandb-exit"
 HPCLAUNCH_WANDB_POINT = "HPCLAUNCH_WANDB_POINT"
+HPCLAUNCH_WANDB_DIRECT = "HPCLAUNCH_WANDB_DIRECT"
+PARAMS_JSON = "params.json"  # a packed point's parameters (records/sweeprecord.py's name)
 API_KEY = "WANDB_API_KEY"
 # The `hpclaunch` the agent finds: static text, the values come from the environment.
 SHIM = '#!/bin/sh\nexec "$HPCLAUNCH_WANDB_PYTHON" -I -S "$HPCLAUNCH_WANDB_SCRIPT" handoff "$@"\n'
@@ -60,9 +64,16 @@ def agent(point_dir: str, argv: List[str]) -> int:
         env["HPCLAUNCH_WANDB_PYTHON"] = sys.executable
         env["HPCLAUNCH_WANDB_SCRIPT"] = os.path.abspath(__file__)
         env[HPCLAUNCH_WANDB_POINT] = point_dir
-        return subprocess.call([found, *argv[1:]], env=env)
+        code = subprocess.call([found, *argv[1:]], env=env)
     finally:
         shutil.rmtree(shim_dir, ignore_errors=True)
+    if env.get(HPCLAUNCH_WANDB_DIRECT) != "1":
+        return code
+    try:  # a packed point ends as its run did (W&B's agent exits 0 after any run)
+        with open(os.path.join(point_dir, WANDB_EXIT)) as handle:
+            return int(handle.read().strip() or "1")
+    except (OSError, ValueError):
+        return code
 
 
 def program_of(args: List[str]) -> "Optional[List[str]]":
@@ -98,6 +109,17 @@ def handoff(args: List[str]) -> int:
     with open(target + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     os.replace(target + ".tmp", target)  # the batch shell's side sees it whole
+    if os.environ.get(HPCLAUNCH_WANDB_DIRECT) == "1":  # a packed point: its slot runs it
+        with open(os.path.join(point_dir, PARAMS_JSON), "w", encoding="utf-8") as handle:
+            json.dump(flat_params(params), handle)  # the point's parameters (sweep status)
+        try:
+            code = subprocess.call(program)
+        except OSError as exc:
+            say("cannot run %s: %s" % (program[0], exc))
+            code = 127
+        with open(os.path.join(point_dir, WANDB_EXIT), "w") as handle:
+            handle.write("%d\n" % code)  # the agent exits 0 whatever its run did
+        return code
     done = os.path.join(point_dir, WANDB_EXIT)
     while not os.path.exists(done):
         time.sleep(0.2)
@@ -106,6 +128,23 @@ def handoff(args: List[str]) -> int:
             return int(handle.read().strip() or "1")
     except (OSError, ValueError):
         return 1
+
+
+def flat_params(text: str) -> Dict[str, Any]:
+    """The parameter file's `name:` / indented `value: X` lines -> {name: X} (X read as
+    JSON, else as text): what sweeps/wandb.py reads without PyYAML."""
+    found = {}  # type: Dict[str, Any]
+    name = ""
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            name = line.rstrip()[:-1].strip()
+        elif name and line.strip().startswith("value:"):
+            raw = line.strip()[len("value:") :].strip()
+            try:
+                found[name] = json.loads(raw)
+            except ValueError:
+                found[name] = raw.strip("'\"")
+    return found
 
 
 def main(argv: List[str]) -> int:

@@ -189,10 +189,13 @@ def stage_json(spec: JobSpec, paths: RunPaths) -> dict[str, object]:
     }
 
 
-def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
+def stage_lines(
+    spec: JobSpec, profile: Profile, paths: RunPaths, own_marks: bool = False
+) -> list[str]:
     """The staging guard: one task per node, beside the ranks (--overlap), that unpacks
     before they start and, on their end, scancel or the time limit (Slurm sends every
-    step SIGTERM), copies --stage-out results back and removes $HPCLAUNCH_LOCAL."""
+    step SIGTERM), copies --stage-out results back and removes $HPCLAUNCH_LOCAL.
+    `own_marks`: the markers in $HPCLAUNCH_STAGE_MARKS, which the script set."""
     guard = [
         # --ntasks too: srun would take the job's SLURM_NTASKS and start a guard per rank.
         "srun", "--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
@@ -207,7 +210,7 @@ def stage_lines(spec: JobSpec, profile: Profile, paths: RunPaths) -> list[str]:
     ]  # fmt: skip
     marks = (
         f'"${node.HPCLAUNCH_STAGE_MARKS}"'
-        if spec.requeue or spec.chain > 1
+        if spec.requeue or spec.chain > 1 or own_marks
         else shell.quote(str(paths.run_dir / node.STAGE_MARKS))
     )
     return [

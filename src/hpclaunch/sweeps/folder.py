@@ -40,7 +40,7 @@ def write_sweep(req: launching.LaunchRequest, sp: SweepPlan) -> dict[str, Any]:
     if sp.pack:  # pack.json, the node agent, the queue (sweeps/packplan.py)
         from hpclaunch.sweeps import packplan
 
-        packplan.write(paths, sp.pack)
+        packplan.write(paths, sp.pack, spec)
     data = {
         "sweep_id": paths.run_id,
         "exp": spec.exp,

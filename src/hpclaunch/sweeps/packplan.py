@@ -23,7 +23,7 @@ from hpclaunch.errors import UserError
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.records.runrecord import RunRecord
 from hpclaunch.script import render, requeue
-from hpclaunch.sweeps import arrays, packing, script
+from hpclaunch.sweeps import arrays, packcontainer, packing, packstage, script
 from hpclaunch.sweeps.points import Point
 
 PACK_DIR = "pack"  # in the sweep folder: queue/, taken/, done/ (node/pack_agent.py)
@@ -38,6 +38,9 @@ class PackPlan:
     instructions: dict[str, Any]  # pack.json
     agent_argv: tuple[str, ...]  # one node's agent (the srun step runs it on every node)
     jobs: int  # allocations (--pack-jobs): the array's tasks
+    # The batch script's lines around the agents' step: --stage's guards (sweeps/packstage.py)
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
 
 
 def node_facts(spec: JobSpec, profile: Profile, gpus_here: int) -> packing.NodeFacts:
@@ -68,13 +71,15 @@ def plan(
 ) -> PackPlan:
     # A packed venv (--venv FILE.sqsh) is mounted by the batch script's own steps, which
     # the pack's script has not: its points would find no venv.
-    if spec.container or spec.stage or spec.stage_out or spec.chain > 1 or spec.venv_image:
+    if spec.chain > 1 or spec.venv_image:
         raise UserError(
             "--pack",
-            "with --container, --stage, --chain or a packed venv is not supported yet",
+            "with --chain or a packed venv is not supported yet",
             "",
             "Drop --pack (each point is then one array task), or give the venv's folder",
         )
+    packcontainer.check(spec)  # a point's ranks enter the image by their own task line
+    packstage.check(spec)
     facts = node_facts(spec, profile, gpus_here)
     packing.check(opts, facts, len(points))
     planned = packing.slots(opts, facts, spec.nodes, spec.cpus_per_task)
@@ -90,6 +95,9 @@ def plan(
     env = render.task_env_values(batch, one_rank, {node.HPCLAUNCH_LOCAL: node.LOCAL_UNSET})
     env[node.HPCLAUNCH_LOCAL] = node.LOCAL_UNSET
     env.pop("OMP_NUM_THREADS", None)  # the agent's: the slot's cores per rank
+    env.update(packstage.data_env(one_rank))  # in the node's staged folder, not the point's
+    for name, _ in spec.secret_env():  # never in pack.json: the job's environment has them
+        env.pop(name, None)
     pack_dir = sweep.run_dir / PACK_DIR
     instructions = {
         "sweep_dir": str(sweep.run_dir),
@@ -110,9 +118,12 @@ def plan(
         "gpu_unset": list(profile.gpu_unset),
         "ask": list(ask) if ask else None,
         "max_parallel": max_parallel,
+        "staged": packstage.instructions(spec, sweep),
     }
     agent = ("python3", *node.PYTHON_FLAGS, str(sweep.run_dir / AGENT), str(pack_dir / PACK_JSON))
-    return PackPlan(tuple(planned), instructions, agent, opts.pack_jobs)
+    before = tuple(packstage.start_lines(spec, profile, sweep, facts.cpus))
+    after = tuple(packstage.end_lines(spec))
+    return PackPlan(tuple(planned), instructions, agent, opts.pack_jobs, before, after)
 
 
 def _point_env(sweep_id: str, total: int, point: Point) -> list[tuple[str, str]]:
@@ -144,23 +155,26 @@ def batch_script(spec: JobSpec, sweep: RunPaths, cwd: Path, pp: PackPlan, cpus: 
         *spec.setup,
         "# A new attempt (--requeue) runs only the points not yet done.",
         shell.command([*pp.agent_argv, "--requeue"]),
+        *pp.before,
         "# One step for the whole pack: the node agent on every node runs its slots.",
-        *_launch_lines(spec, shell.command(srun)),
+        *_launch_lines(spec, shell.command(srun), pp.after),
     ]
     return shell.lines(body)
 
 
-def _launch_lines(spec: JobSpec, srun: str) -> list[str]:
-    """The step; under --requeue in the background, the time-limit signal (B:, this shell)
-    queueing the allocation again: its next attempt runs the points not yet done."""
+def _launch_lines(spec: JobSpec, srun: str, after: Sequence[str]) -> list[str]:
+    """The step, then `after` (the stage guards' end); under --requeue in the background,
+    the time-limit signal (B:, this shell) queueing the allocation again: its next attempt
+    runs the points not yet done."""
     if not spec.requeue:
-        return [srun]
+        return [srun, "HPCLAUNCH_RC=$?", *after, 'exit "$HPCLAUNCH_RC"'] if after else [srun]
     task = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
     return [
         f"trap 'scontrol requeue {task}' {spec.requeue.signal}",
         f"{srun} &",
         "HPCLAUNCH_PACK_PID=$!",
         *requeue.wait_lines("HPCLAUNCH_PACK_PID"),
+        *after,
         'exit "$HPCLAUNCH_RC"',
     ]
 
@@ -170,8 +184,9 @@ def array_parts(pp: PackPlan) -> list[arrays.ArrayPart]:
     return [arrays.ArrayPart(0, tuple(range(pp.jobs)), None)]
 
 
-def write(sweep: RunPaths, pp: PackPlan) -> None:
-    """pack.json, the agent beside the points, the queue: a file per point."""
+def write(sweep: RunPaths, pp: PackPlan, spec: JobSpec) -> None:
+    """pack.json, the agent beside the points, the queue: a file per point; with --stage
+    the guards' stage.json (once the data is packed: it lists the parts)."""
     pack_dir = sweep.run_dir / PACK_DIR
     for name in (QUEUE, TAKEN, DONE):
         (pack_dir / name).mkdir(parents=True, exist_ok=True)
@@ -179,6 +194,8 @@ def write(sweep: RunPaths, pp: PackPlan) -> None:
     from hpclaunch.records import runrecord
 
     runrecord.write_json(pack_dir / PACK_JSON, pp.instructions)
+    if spec.stage:
+        runrecord.write_json(sweep.run_dir / node.STAGE_JSON, render.stage_json(spec, sweep))
     for index in pp.instructions["points"]:
         (pack_dir / QUEUE / index).touch()
 
@@ -189,6 +206,8 @@ def describe(pp: PackPlan) -> list[str]:
         *packing.table(pp.slots),
         f"# {pp.jobs} allocation(s); every node runs one node agent, one srun step:",
         "# " + shell.command(list(pp.agent_argv)),
+        f"# each rank of a point (its number for {pp.instructions['token']}) runs:",
+        "# " + shell.command(list(pp.instructions["argv"])),
     ]
 
 

@@ -19,7 +19,7 @@ from hpclaunch.basics import states, units
 from hpclaunch.config.secretnames import mask_text
 from hpclaunch.config.topology import local_gpus
 from hpclaunch.records import runrecord, sweeprecord
-from hpclaunch.sweeps import packing, packplan, script, submit
+from hpclaunch.sweeps import packing, packplan, packstage, packwandb, script, submit
 from hpclaunch.sweeps.plans import SweepOptions, SweepPlan
 
 
@@ -36,11 +36,11 @@ def plan_packed(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
     """The sweep as a pack: the slot plan checked (every refusal before anything is
     written), the pack's batch script as the sweep's job.sh, --pack-jobs array tasks."""
     sp = submit.plan_sweep(req, opts)
-    if sp.wandb_sweep:
-        from hpclaunch.errors import UserError
-
-        raise UserError("--pack", "with --wandb-sweep is not supported yet", "", "Drop --pack")
     spec, profile = sp.planned.spec, sp.planned.prepared.profile
+    if sp.wandb_sweep:  # each point's rank: a W&B agent that runs one run of the sweep
+        packwandb.check(opts.tasks_per_point)
+        point = script.point_paths(sp.paths, sp.token)
+        spec = packwandb.agent_spec(spec, profile, point, sp.wandb_sweep)
     ask = [sys.executable, "-m", submit.TRIAL_MODULE] if sp.space else None
     here = local_gpus() if sp.local and not spec.gpus_per_node else 0
     pp = packplan.plan(
@@ -49,6 +49,8 @@ def plan_packed(req: launching.LaunchRequest, opts: SweepOptions) -> SweepPlan:
     )  # fmt: skip
     if sp.local:  # the points' rendezvous on this machine
         pp.instructions["master_addr"] = "127.0.0.1"
+    if sp.wandb_sweep:
+        pp.instructions["env"].update(packwandb.env())
     cpus = packplan.node_facts(spec, profile, here).cpus
     text = packplan.batch_script(spec, sp.paths, sp.planned.code.cwd, pp, cpus)
     parts = [] if sp.local else packplan.array_parts(pp)
@@ -74,18 +76,20 @@ def run_here(sp: SweepPlan, environ: Mapping[str, str], out: TextIO) -> int:
     from its end event; 0 when all completed, else the lowest-index failed point's code."""
     assert sp.pack is not None
     env = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
+    env.update(sp.planned.spec.secret_env())  # as sbatch's environment gives them a job
     nodes = sorted({s.node for s in sp.pack.slots})
-    agents = [
-        subprocess.Popen([*sp.pack.agent_argv, str(n)], env=env, stdin=subprocess.DEVNULL)
-        for n in nodes
-    ]
-    try:
-        for agent in agents:
-            agent.wait()
-    except BaseException:
-        for agent in agents:
-            agent.terminate()
-        raise
+    with packstage.staged_here(sp.planned.spec, sp.paths, env):
+        agents = [
+            subprocess.Popen([*sp.pack.agent_argv, str(n)], env=env, stdin=subprocess.DEVNULL)
+            for n in nodes
+        ]
+        try:
+            for agent in agents:
+                agent.wait()
+        except BaseException:
+            for agent in agents:
+                agent.terminate()
+            raise
     codes = [record_end(sp, p.index, out) for p in sp.points]
     failed = [c for c in codes if c != 0]
     return failed[0] if failed else 0
