@@ -744,14 +744,19 @@ def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
         _Child.pending.append(signum)
 
 
-def install_signal_handlers(forward: bool, requeue_signal: Optional[int] = None) -> None:
+def install_signal_handlers(
+    forward: bool, requeue_signal: Optional[int] = None, always: bool = False
+) -> None:
     # Without forwarding Slurm / the local backend signal the program themselves, and the
     # bootstrap must outlive it to record its exit. With forwarding (torchrun) the signal
     # is passed on, unless the bootstrap leads its own process group: torch >= 2.2 starts
     # each worker in a new session and signals the whole group (killpg), which already
-    # reaches the program; older torch signals only its direct child. A Python handler
-    # (unlike SIG_IGN) is reset to the default by exec: the program sees normal ones.
-    _Child.forward = forward and posix.getpgrp() != posix.getpid()
+    # reaches the program; older torch signals only its direct child. `always` (podman:
+    # the container's processes run under conmon, outside Slurm's step, and `podman run`
+    # passes a signal to the container's first process alone, a session leader or not).
+    # A Python handler (unlike SIG_IGN) is reset to the default by exec: the program
+    # sees normal ones.
+    _Child.forward = always or (forward and posix.getpgrp() != posix.getpid())
     for name in HANDLED_SIGNALS:
         signum = getattr(_signal, name, None)
         # A signal ignored by our parent stays ignored, for us and (inherited) the program;
@@ -1148,7 +1153,8 @@ def run(argv: List[str]) -> int:
         posix.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
     requeue_signal = getattr(_signal, "SIG" + env.get(HPCLAUNCH_REQUEUE_SIGNAL, "-"), None)
-    install_signal_handlers(env.get(HPCLAUNCH_FORWARD_SIGNALS) == "1", requeue_signal)
+    forward = env.get(HPCLAUNCH_FORWARD_SIGNALS, "")
+    install_signal_handlers(forward == "1", requeue_signal, always=forward == "always")
     set_rank_env(env)
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
     set_gpu_visibility(env)
