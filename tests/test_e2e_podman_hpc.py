@@ -4,7 +4,8 @@ github.com/NERSC/podman-hpc) over Debian 12's podman 4.3.1, both the real progra
 `podman-hpc migrate`, which squashes it into the shared store every node reads), 2 nodes
 x 2 ranks inside it with --stage, --venv and the rank contract checked as for
 Charliecloud (tests/test_e2e_containers.py), podman's refusal of an option it does not
-know, a requeue inside the container (the program saves on the signal).
+know, a requeue inside the container (the program saves on the signal), attach
+--container and stack.
 
 Installed only when these tests run (set-up time would count against every CI run):
 podman, fuse-overlayfs, inotify-tools (apt-get) and podman-hpc (pip, into a venv of its
@@ -38,6 +39,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -293,3 +295,53 @@ def test_requeue_inside_the_image_saves_and_resumes(root: Hpc, podman: PodmanHpc
                 "--env", f"STEPS={steps}", "--wait", "--",
                 "python3", "count_steps_fast_resume.py")  # fmt: skip
     _check_resumed(root, proc, ranks=4, steps=steps)
+
+
+def test_image_import_migrated_the_image_once(podman: PodmanHpc) -> None:
+    """The module's `hpclaunch image import` (fixture `podman`): podman-hpc lists the
+    migrated copy as a read-only image of its squash store, the one the nodes run."""
+    done = _as_root(podman.env, ["podman-hpc", "images", "--filter", "readonly=true",
+                                 "--format", "{{.Repository}}:{{.Tag}}"],
+                    testbed.work_dir())  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"localhost/{podman.image}"], done.stdout
+
+
+def test_attach_container_enters_the_image(root: Hpc, podman: PodmanHpc) -> None:
+    """attach --container: a step on node2 with the job's own podman-hpc run line."""
+    release = root.cwd / "release"
+    proc = _run(root, podman, "--json", "-N", "2", "--", "bash", "-c",
+                f"until [ -e {release} ]; do sleep 0.2; done")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    started = json.loads(proc.stdout.splitlines()[-1])
+    run_id, run_dir = started["run_id"], Path(started["run_dir"])
+    try:
+        events = run_dir / "events.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if events.exists() and events.read_text().count('"rank_start"') >= 2:
+                break
+            time.sleep(0.5)
+        probe = "cat /hpclaunch-test-image; echo $HPCLAUNCH_RUN_DIR; echo $SLURMD_NODENAME"
+        shown = root.run("attach", run_id, "--container", "--node", "node2", "--", "sh",
+                         "-c", probe, env=podman.env, timeout=300)  # fmt: skip
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert shown.stdout.splitlines()[:2] == ["yes", str(run_dir)], shown.stdout
+    finally:
+        release.write_text("")
+
+
+def test_stack_inside_the_image(root: Hpc, podman: PodmanHpc) -> None:
+    """py-spy on the nodes reads the ranks inside the image: `--pid=host` keeps the
+    recorded pids the host's."""
+    from test_e2e_stack import _check_groups, _start
+
+    if not (VENV_BIN / "py-spy").exists():
+        pytest.skip("py-spy is not installed in .venv: pip install -e '.[test]'")
+    started = _start(root, "--container", podman.image, "--container-runtime", "podman-hpc",
+                     env=podman.env)  # fmt: skip
+    assert started["logs"].count(" image\n") == 4, started["logs"]  # the ranks run in it
+    try:
+        _check_groups(root, started["job_id"])
+    finally:
+        root.run("cancel", started["job_id"], env=podman.env)
