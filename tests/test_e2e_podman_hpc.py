@@ -345,3 +345,18 @@ def test_stack_inside_the_image(root: Hpc, podman: PodmanHpc) -> None:
         _check_groups(root, started["job_id"])
     finally:
         root.run("cancel", started["job_id"], env=podman.env)
+
+
+def test_a_gpu_job_turns_on_podman_hpcs_gpu_module(root: Hpc, podman: PodmanHpc) -> None:
+    """A job with GPUs runs `podman-hpc run --gpu`: the gpu module the wheel ships
+    (modules.d/gpu.yaml: ENABLE_GPU=1, NVIDIA_VISIBLE_DEVICES passed) accepts it, and
+    Slurm's GPU for the rank crosses. The testbed's GPUs are fake: the libraries the
+    site's hook binds with it are not shown."""
+    env = "os.environ.get('ENABLE_GPU'), os.environ.get('CUDA_VISIBLE_DEVICES')"
+    program = f"import os; print('GPU', {env})"
+    proc = _run(root, podman, "--gpus-per-node", "1", "--no-watch", "--wait", "--",
+                "python3", "-c", program)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " --gpu " in (root.run_dirs()[-1] / "job.sh").read_text()
+    seen = [line.split("GPU ", 1)[1] for line in proc.stdout.splitlines() if "GPU " in line]
+    assert seen == ["1 0"], proc.stdout[-2000:]

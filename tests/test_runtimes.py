@@ -441,3 +441,15 @@ def test_a_podman_hpc_image_is_named_as_a_name_not_a_found_file() -> None:
 
     notes = image_notes("pytorch:24.05", "pytorch:24.05")
     assert notes == ["hpclaunch: container image pytorch:24.05 (a name in podman-hpc's storage)"]
+
+
+def test_podman_hpc_chosen_over_an_apptainer_profile_gets_its_own_gpu_flag(site: Path) -> None:
+    """--container-runtime podman-hpc on a profile made for Apptainer (the slurm
+    profile's gpu_flags = ["--nv"]): podman-hpc's --gpu, not Apptainer's --nv, which
+    podman refuses ("Error: unknown flag: --nv", the real podman-hpc on the testbed)."""
+    extra = 'gpu_flags = ["--nv"]\n'
+    plan = _plan(site, "apptainer", extra, container="pytorch:24.05",
+                 container_runtime="podman-hpc")  # fmt: skip
+    task = [str(w) for w in plan.task_argv]
+    head = task[: task.index("pytorch:24.05")]
+    assert "--gpu" in head and "--nv" not in head
