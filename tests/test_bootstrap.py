@@ -949,3 +949,24 @@ def test_always_forwarding_passes_signals_on_as_a_group_leader(
     os.kill(boot.pid, signal.SIGUSR1)  # to the bootstrap alone, as podman's proxy does
     assert boot.wait(timeout=20) == 0
     assert json.loads(out.read_text()) == [signal.SIGUSR1]
+
+
+def test_always_forwarding_ends_the_program_when_its_task_is_killed(
+    tmp_path: Path, waiter: Path
+) -> None:
+    # podman: srun SIGKILLs `podman run` (SLURM_TASK_PID) and the container runs on under
+    # conmon; the bootstrap inside sees its task gone and ends the program within seconds.
+    out = tmp_path / "got.json"
+    task = subprocess.Popen(["sleep", "60"])
+    env = base_env(HPCLAUNCH_FORWARD_SIGNALS="always", SLURM_TASK_PID=str(task.pid))
+    boot = subprocess.Popen(boot_cmd(PY, str(waiter), str(out)), env=env)
+    try:
+        wait_for(Path(f"{out}.pid"))
+        time.sleep(1.5)  # a few of the bootstrap's checks, with the task alive
+        assert boot.poll() is None
+        task.kill()
+        task.wait()
+        assert boot.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        task.kill()
+        boot.kill()

@@ -345,6 +345,26 @@ def test_stack_inside_the_image(root: Hpc, podman: PodmanHpc) -> None:
         _check_groups(root, started["job_id"])
     finally:
         root.run("cancel", started["job_id"], env=podman.env)
+    # srun SIGKILLs the other tasks (`podman run`) once one has died of the TERM; their
+    # containers run on under conmon, where each rank's bootstrap sees its task gone.
+    run_dir = root.run_dirs()[-1]
+    deadline = time.monotonic() + 30
+    while _ranks_alive(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _ranks_alive(run_dir) == [], "ranks outlived the cancelled job"
+
+
+def _ranks_alive(run_dir: Path) -> list[str]:
+    """The processes (the nodes share this machine's PIDs) started from run_dir's files."""
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(w.startswith(str(run_dir).encode() + b"/") for w in words):
+            alive.append(cmdline.parent.name)
+    return alive
 
 
 def test_a_gpu_job_turns_on_podman_hpcs_gpu_module(root: Hpc, podman: PodmanHpc) -> None:
