@@ -108,7 +108,9 @@ def _apt_install() -> str:
     if all(shutil.which(p) for p in ("podman", "fuse-overlayfs", "inotifywait", "runc")):
         return ""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
+    # Another apt-get (a test image build) may hold the lock: wait for it, not fail.
+    lock = ["-o", "DPkg::Lock::Timeout=300"]
+    install = ["apt-get", *lock, "install", "-y", "--no-install-recommends", *PACKAGES]
     for argv in (install, ["apt-get", "update"], install):
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
         if done.returncode == 0 and argv == install:
