@@ -932,3 +932,41 @@ def test_nccl_debug_file_stays_without_the_switch(tmp_path: Path) -> None:
     assert run_boot(PY, str(script), "0", env=env).returncode == 0
     assert len(list(tmp_path.glob("n-*.txt"))) == 1
     assert not (tmp_path / "logs" / "nccl").exists()
+
+
+def test_always_forwarding_passes_signals_on_as_a_group_leader(
+    tmp_path: Path, waiter: Path
+) -> None:
+    # podman: the container's first process (the bootstrap) may lead its own session, yet
+    # `podman run` passes Slurm's signal to it alone: it must reach the program.
+    out = tmp_path / "got.json"
+    boot = subprocess.Popen(
+        boot_cmd(PY, str(waiter), str(out)),
+        env=base_env(HPCLAUNCH_FORWARD_SIGNALS="always"),
+        start_new_session=True,
+    )
+    wait_for(Path(f"{out}.pid"))
+    os.kill(boot.pid, signal.SIGUSR1)  # to the bootstrap alone, as podman's proxy does
+    assert boot.wait(timeout=20) == 0
+    assert json.loads(out.read_text()) == [signal.SIGUSR1]
+
+
+def test_always_forwarding_ends_the_program_when_its_task_is_killed(
+    tmp_path: Path, waiter: Path
+) -> None:
+    # podman: srun SIGKILLs `podman run` (SLURM_TASK_PID) and the container runs on under
+    # conmon; the bootstrap inside sees its task gone and ends the program within seconds.
+    out = tmp_path / "got.json"
+    task = subprocess.Popen(["sleep", "60"])
+    env = base_env(HPCLAUNCH_FORWARD_SIGNALS="always", SLURM_TASK_PID=str(task.pid))
+    boot = subprocess.Popen(boot_cmd(PY, str(waiter), str(out)), env=env)
+    try:
+        wait_for(Path(f"{out}.pid"))
+        time.sleep(1.5)  # a few of the bootstrap's checks, with the task alive
+        assert boot.poll() is None
+        task.kill()
+        task.wait()
+        assert boot.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        task.kill()
+        boot.kill()

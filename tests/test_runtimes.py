@@ -334,6 +334,7 @@ def test_image_import_for_podman_hpc_imports_then_migrates(tmp_path: Path) -> No
         "#!/bin/sh\n"
         f'echo "$*" >> {log}\n'
         f'if [ "$1" = import ]; then tar -t > {tmp_path}/members.txt; fi\n'
+        'if [ "$1" = images ]; then echo localhost/mytorch:1; fi\n'
     )
     stand_in.chmod(0o755)
     done = _hpclaunch(
@@ -341,7 +342,9 @@ def test_image_import_for_podman_hpc_imports_then_migrates(tmp_path: Path) -> No
         "--name", "mytorch:1", path=str(bin_dir),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert log.read_text().splitlines() == ["import - mytorch:1", "migrate mytorch:1"]
+    calls = log.read_text().splitlines()
+    assert calls[:2] == ["import - mytorch:1", "migrate mytorch:1"]
+    assert calls[2:] == ["images --filter readonly=true --format {{.Repository}}:{{.Tag}}"]
     assert "./etc/os-release" in (tmp_path / "members.txt").read_text()
     assert "for podman-hpc: mytorch:1 (in podman-hpc's storage)" in done.stderr
 
@@ -396,3 +399,57 @@ def test_doctor_takes_a_podman_hpc_image_name_as_seen() -> None:
     spec = JobSpec(cluster="slurm", program=("true",), container=job)
     seen = checks._seen_here(spec, load_profile("slurm"))
     assert [(c.name, c.status) for c in seen] == [("image", checks.PASS)]
+
+
+def test_podman_hpc_ranks_get_signals_through_the_bootstrap(site: Path) -> None:
+    """The ranks run under podman's conmon, outside Slurm's step: the bootstrap (the
+    container's first process, which `podman run` signals) passes signals on."""
+    plan = _plan(site, "podman-hpc", container="pytorch:24.05")
+    assert "HPCLAUNCH_FORWARD_SIGNALS=always" in plan.script
+    pyxis = _plan(site, "pyxis", container="pytorch")
+    assert "HPCLAUNCH_FORWARD_SIGNALS" not in pyxis.script
+
+
+def test_image_import_for_podman_hpc_says_when_migrate_made_no_copy(tmp_path: Path) -> None:
+    """podman-hpc migrate exits 0 when its squash fails (seen with the real one on the
+    testbed: "ERROR:root:Squash Failed", exit 0): the import looks for the read-only
+    copy and says it is missing, in one line."""
+    root = _rootfs(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "podman-hpc"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = import ]; then cat > /dev/null; fi\n'
+        'if [ "$1" = migrate ]; then echo "ERROR:root:Squash Failed" >&2; fi\n'
+    )
+    stand_in.chmod(0o755)
+    done = _hpclaunch(
+        tmp_path, "image", "import", "--container-runtime", "podman-hpc", str(root),
+        "--name", "mytorch:1", path=str(bin_dir),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpclaunch: error: image import: podman-hpc migrate made no")
+    assert "imported" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_podman_hpc_image_is_named_as_a_name_not_a_found_file() -> None:
+    """The dry-run's note: a podman-hpc image is a name in its storage, not a file found
+    in an image folder (it said "found in the profile's image folder " with no folder)."""
+    from hpclaunch.payload.images import image_notes
+
+    notes = image_notes("pytorch:24.05", "pytorch:24.05")
+    assert notes == ["hpclaunch: container image pytorch:24.05 (a name in podman-hpc's storage)"]
+
+
+def test_podman_hpc_chosen_over_an_apptainer_profile_gets_its_own_gpu_flag(site: Path) -> None:
+    """--container-runtime podman-hpc on a profile made for Apptainer (the slurm
+    profile's gpu_flags = ["--nv"]): podman-hpc's --gpu, not Apptainer's --nv, which
+    podman refuses ("Error: unknown flag: --nv", the real podman-hpc on the testbed)."""
+    extra = 'gpu_flags = ["--nv"]\n'
+    plan = _plan(site, "apptainer", extra, container="pytorch:24.05",
+                 container_runtime="podman-hpc")  # fmt: skip
+    task = [str(w) for w in plan.task_argv]
+    head = task[: task.index("pytorch:24.05")]
+    assert "--gpu" in head and "--nv" not in head

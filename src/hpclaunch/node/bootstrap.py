@@ -744,14 +744,57 @@ def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
         _Child.pending.append(signum)
 
 
-def install_signal_handlers(forward: bool, requeue_signal: Optional[int] = None) -> None:
+class _Task:
+    """Under podman: the srun task this rank's container belongs to (`podman run`, whose
+    pid the container sees: --pid=host); 0 when none is watched."""
+
+    pid = 0
+
+
+def _check_task(signum: int, frame: Optional[FrameType]) -> None:
+    """Each second: srun kills a step's other tasks outright (SIGKILL, --kill-on-bad-exit)
+    when one fails, and a `podman run` killed so leaves its container running under
+    conmon, outside the step (seen on the testbed: ranks alive after `hpclaunch cancel`).
+    Its task gone, the rank ends its program as Slurm would have."""
+    if _Task.pid <= 0 or _Child.pid <= 0:
+        return
+    try:
+        posix.kill(_Task.pid, 0)
+        return
+    except ProcessLookupError:
+        _Task.pid = 0
+    except OSError:
+        return  # alive (another user's: the pid is not ours to signal)
+    try:
+        _signal_child(_signal.SIGKILL)
+    except ProcessLookupError:
+        return  # it has just exited; waitpid will tell
+
+
+def watch_task(env: Env) -> None:
+    """Under podman (HPCLAUNCH_FORWARD_SIGNALS=always), watch SLURM_TASK_PID once a
+    second (an interval timer: no thread, no import)."""
+    task = env.get("SLURM_TASK_PID", "")
+    if not task.isdigit() or int(task) == posix.getpid():
+        return
+    _Task.pid = int(task)
+    _signal.signal(_signal.SIGALRM, _check_task)
+    _signal.setitimer(_signal.ITIMER_REAL, 1.0, 1.0)
+
+
+def install_signal_handlers(
+    forward: bool, requeue_signal: Optional[int] = None, always: bool = False
+) -> None:
     # Without forwarding Slurm / the local backend signal the program themselves, and the
     # bootstrap must outlive it to record its exit. With forwarding (torchrun) the signal
     # is passed on, unless the bootstrap leads its own process group: torch >= 2.2 starts
     # each worker in a new session and signals the whole group (killpg), which already
-    # reaches the program; older torch signals only its direct child. A Python handler
-    # (unlike SIG_IGN) is reset to the default by exec: the program sees normal ones.
-    _Child.forward = forward and posix.getpgrp() != posix.getpid()
+    # reaches the program; older torch signals only its direct child. `always` (podman:
+    # the container's processes run under conmon, outside Slurm's step, and `podman run`
+    # passes a signal to the container's first process alone, a session leader or not).
+    # A Python handler (unlike SIG_IGN) is reset to the default by exec: the program
+    # sees normal ones.
+    _Child.forward = always or (forward and posix.getpgrp() != posix.getpid())
     for name in HANDLED_SIGNALS:
         signum = getattr(_signal, name, None)
         # A signal ignored by our parent stays ignored, for us and (inherited) the program;
@@ -1148,7 +1191,10 @@ def run(argv: List[str]) -> int:
         posix.write(2, b"usage: bootstrap.py PROGRAM [ARGS...]\n")
         return 2
     requeue_signal = getattr(_signal, "SIG" + env.get(HPCLAUNCH_REQUEUE_SIGNAL, "-"), None)
-    install_signal_handlers(env.get(HPCLAUNCH_FORWARD_SIGNALS) == "1", requeue_signal)
+    forward = env.get(HPCLAUNCH_FORWARD_SIGNALS, "")
+    install_signal_handlers(forward == "1", requeue_signal, always=forward == "always")
+    if forward == "always":
+        watch_task(env)
     set_rank_env(env)
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is bound into containers and shadows packages
     set_gpu_visibility(env)

@@ -214,7 +214,10 @@ def resolve(
     if runtime == "apptainer" and gpus:
         flags += settings.gpu_flags
     if runtime == "podman-hpc" and gpus:  # NERSC: podman-hpc run --gpu
-        flags += settings.gpu_flags or ("--gpu",)
+        # The profile's gpu_flags are its own runtime's (the slurm profile's: Apptainer's
+        # --nv, which podman refuses: "unknown flag: --nv", seen on the testbed).
+        profile_gpu_flags = settings.gpu_flags if settings.runtime == "podman-hpc" else ()
+        flags += profile_gpu_flags or ("--gpu",)
     return ContainerJob(
         runtime=runtime,
         command=runtime_command(runtime, settings),

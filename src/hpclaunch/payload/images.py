@@ -88,7 +88,9 @@ def image_notes(value: str, image: str) -> list[str]:
     images (the profile's folders, a container module's $SIF) belong to whatever account
     the site keeps them under: only their write permissions are checked."""
     origin = ""
-    if value.startswith("$"):
+    if not image.startswith("/"):  # podman-hpc's: a name, no folder was searched
+        origin = " (a name in podman-hpc's storage)"
+    elif value.startswith("$"):
         origin = f" (from {value})"
     elif "/" not in value:
         origin = f" (found in the profile's image folder {os.path.dirname(image)})"

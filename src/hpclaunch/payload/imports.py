@@ -139,4 +139,23 @@ def _podman(ref: str, folder: Optional[Path], name: str) -> Imported:
                 tar.stdout.close()
             tar.wait()
     _run([tool, "migrate", name])
+    _check_migrated(tool, name)
     return Imported(name, 0, "podman-hpc")
+
+
+def _check_migrated(tool: str, name: str) -> None:
+    """`podman-hpc migrate` exits 0 when it fails (podman_hpc.py: `sys.exit()` after
+    migrate_image, which logs "Squash Failed" and returns False): the squashed copy the
+    nodes read is looked for among the read-only images (podman-images(1) --filter)."""
+    wanted = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    argv = [tool, "images", "--filter", "readonly=true", "--format", "{{.Repository}}:{{.Tag}}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    listed = done.stdout.split()
+    if not any(item == wanted or item.endswith("/" + wanted) for item in listed):
+        raise UserError(
+            "image import",
+            f"podman-hpc migrate made no squashed copy of {name}",
+            "podman-hpc images lists it with R/O false only; migrate's errors are above",
+            "Fix what they say (podman-hpc infohpc shows its settings), then run "
+            f"podman-hpc migrate {name}",
+        )

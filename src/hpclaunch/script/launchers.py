@@ -77,6 +77,10 @@ def launcher_env(spec: JobSpec) -> dict[str, str]:
     if spec.launcher == "torchrun":
         # torchrun signals only its direct child (the bootstrap), which must pass it on.
         env[HPCLAUNCH_FORWARD_SIGNALS] = "1"
+    elif spec.container is not None and spec.container.runtime == "podman-hpc":
+        # The ranks run under podman's conmon, outside Slurm's step: Slurm signals only
+        # `podman run`, which passes it to the bootstrap alone (podman-run(1) --sig-proxy).
+        env[HPCLAUNCH_FORWARD_SIGNALS] = "always"
     return env
 
 
