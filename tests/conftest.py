@@ -160,6 +160,8 @@ XDIST_GROUPS = {
     "tests/test_e2e_runtimes.py": "runtimes-{param}",
     "tests/test_e2e_remote.py": "laptop",
     "tests/test_e2e_dev_remote.py": "laptop",
+    # podman, podman-hpc and their image, installed and made once (tests/test_e2e_podman_hpc).
+    "tests/test_e2e_podman_hpc.py": "podman-hpc",
 }
 
 

@@ -11,9 +11,8 @@ developer's jobs; the wrapper only changes the jobs that ask for it, and the rea
 still places the tasks and delivers the signals. What these tests cannot show: enroot's
 own import and its user namespace, read-only mounts (ch-run binds read-write), the CE's
 hooks (aws-ofi-nccl, CXI), a registry pull, a real GPU (the testbed's are fake).
-podman-hpc: not installed here (Debian has podman, PyPI has podman-hpc, but rootless
-podman needs subuid ranges and a storage the testbed does not set up): its job script
-and image import are unit-tested (tests/test_runtimes.py) only.
+podman-hpc: the real one (PyPI's over Debian's podman), as root, in
+tests/test_e2e_podman_hpc.py.
 """
 
 from __future__ import annotations
