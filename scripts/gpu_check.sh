@@ -9,6 +9,8 @@
 #   watch.txt    a 20 s matrix-product program through `hpclaunch run --wait`, with the
 #                GPU watch sampling the real nvidia-smi, then its GPU events and
 #                `hpclaunch top --once` and `plot` of its samples (gpu-*.csv, gpu.png)
+#   sweep.txt    a packed local sweep of 3 points on this machine's GPUs (sweep --pack)
+#   stack.txt    `hpclaunch stack` of the running matrix-product program (py-spy on PATH)
 # Usage: bash scripts/gpu_check.sh OUT_DIR   (hpclaunch from this checkout's src/)
 set -uo pipefail
 out=$(realpath -m "${1:?usage: gpu_check.sh OUT_DIR}")
@@ -62,5 +64,22 @@ if [ -n "$run_dir" ]; then
     grep -h 'gpu' "$run_dir/events.jsonl" >>"$out/watch.txt" 2>/dev/null
     step watch hpclaunch top last --once
     step watch hpclaunch plot last -o "$out/gpu.png"
+fi
+
+# A packed local sweep on this machine's GPUs: each point in its own slot, its GPU alone.
+cat >point.py <<'EOF'
+import os, sys, torch
+print("point", sys.argv[1], "CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"),
+      "sees", torch.cuda.device_count(), torch.cuda.get_device_name(0))
+EOF
+step sweep hpclaunch sweep --pack --gpus-per-point 1 --grid i=1,2,3 --wait -- python3 point.py {i}
+step sweep hpclaunch sweep status last
+
+# The stack of a running GPU program (py-spy, where it is on PATH).
+if command -v py-spy >/dev/null; then
+    step stack hpclaunch run --tasks-per-node 1 --gpus-per-node 1 -- python3 busy.py
+    sleep 12
+    step stack hpclaunch stack last
+    step stack hpclaunch logs last --follow
 fi
 ls -l "$out"
