@@ -74,12 +74,13 @@ print("point", sys.argv[1], "CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE
 EOF
 step sweep hpclaunch sweep --pack --gpus-per-point 1 --grid i=1,2,3 --wait -- python3 point.py {i}
 step sweep hpclaunch sweep status last
+for log in $(ls -dt runs/*/* | head -1)/points/*/logs/rank-0.out; do cat "$log" >>"$out/sweep.txt"; done
 
 # The stack of a running GPU program (py-spy, where it is on PATH).
 if command -v py-spy >/dev/null; then
-    step stack hpclaunch run --tasks-per-node 1 --gpus-per-node 1 -- python3 busy.py
+    step stack hpclaunch run --tasks-per-node 1 --gpus-per-node 1 -- python3 busy.py &
     sleep 12
     step stack hpclaunch stack last
-    step stack hpclaunch logs last --follow
+    wait
 fi
 ls -l "$out"
