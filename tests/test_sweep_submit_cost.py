@@ -313,3 +313,42 @@ def test_an_array_task_makes_its_point_folder_private(
     point = sweep_dir / "points" / "5"  # offset 3 + task 2
     for folder in (point, point / "logs", point / "checkpoints"):
         assert folder.stat().st_mode & 0o777 == 0o700, folder
+
+
+# Modules a held grid sweep's whole command imported and never used (issue 26: the
+# interpreter's start is most of the time to the sweep id): difflib for a mistyped
+# subcommand; secrets and hashlib (OpenSSL) for ids, ssh and pack names; tempfile and
+# random, socket for functions a held sweep never calls.
+NOT_ON_A_HELD_SWEEP = (
+    "difflib",
+    "hashlib",
+    "secrets",
+    "socket",
+    "tempfile",
+    "random",
+)
+
+
+def test_a_held_sweep_imports_nothing_it_does_not_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hpclaunch
+
+    _slow_slurm(tmp_path / "bin", monkeypatch, 0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCLAUNCH"))}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    env["PYTHONPATH"] = str(Path(hpclaunch.__file__).parent.parent)  # the tree under test
+    listed = tmp_path / "modules.txt"
+    probe = (
+        "import atexit, sys; "
+        f"atexit.register(lambda: open({str(listed)!r}, 'w').write(' '.join(sys.modules))); "
+        "from hpclaunch.cli.main import main; main()"
+    )
+    argv = [sys.executable, "-c", probe, "sweep", "--cluster", "slurm", "--json"]
+    argv += ["--run-root", str(tmp_path / "runs"), "--grid", "a=1,2", "--grid", "b=x,y"]
+    argv += ["--sbatch-arg=--hold", "--no-snapshot", "--", "python3", "train.py", "{a}"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and '"sweep_id"' in done.stdout, done.stderr
+    loaded = set(listed.read_text().split())
+    assert "hpclaunch.sweeps.submit" in loaded
+    assert [name for name in NOT_ON_A_HELD_SWEEP if name in loaded] == []

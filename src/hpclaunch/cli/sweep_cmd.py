@@ -48,13 +48,15 @@ class _SweepGroup(click.Group):
     def _refuse_mistyped_subcommand(self, word: str) -> None:
         """`sweep stats` is a mistyped `sweep status`, not a program to sweep: a program
         comes after --, and a word this close to a subcommand's name is refused."""
+        if word.startswith("-"):  # an option of the sweep: no subcommand's name
+            return
         from difflib import get_close_matches
 
         from hpclaunch.errors import UserError, show
 
         names = [name for name, cmd in self.commands.items() if not cmd.hidden]
         close = get_close_matches(word, names, n=1)
-        if close and not word.startswith("-"):
+        if close:
             raise UserError(
                 "sweep",
                 f"no subcommand {show(word)}",

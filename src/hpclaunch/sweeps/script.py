@@ -15,7 +15,7 @@ trial before and tells the result after, with the hpclaunch that submitted.
 from __future__ import annotations
 
 import functools
-import secrets
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
@@ -49,7 +49,8 @@ WANDB_EXIT = node.WANDB_EXIT  # the point's job.sh exit code, which the agent's 
 def new_token() -> str:
     """Stands for the point number in the rendered job.sh: letters and digits only, so
     that a number in its place is right in any quoting; random, so no user text holds it."""
-    return "HPCLAUNCHPOINT" + secrets.token_hex(8).upper()
+    # os.urandom is what secrets.token_hex reads; secrets itself imports hashlib (OpenSSL).
+    return "HPCLAUNCHPOINT" + os.urandom(8).hex().upper()
 
 
 def point_paths(sweep: RunPaths, token: str) -> RunPaths:
