@@ -352,3 +352,43 @@ def test_a_held_sweep_imports_nothing_it_does_not_use(
     loaded = set(listed.read_text().split())
     assert "hpclaunch.sweeps.submit" in loaded
     assert [name for name in NOT_ON_A_HELD_SWEEP if name in loaded] == []
+
+
+def test_params_sh_encodes_each_word_once_and_makes_no_json_encoder_per_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1,000-point grid's params.sh hex-encoded 4,000 argument words (os.fsencode, a
+    third of its lines' cost) and made a JSON encoder per point (json.dumps with
+    arguments): each distinct word is encoded once, the encoder made once. The lines
+    are what they were."""
+    import json
+
+    from hpclaunch.script import launchers
+    from hpclaunch.sweeps import script
+    from hpclaunch.sweeps.points import Point
+
+    points = [Point(i, {"a": str(i // 10), "b": "x y"}, ("--a", str(i // 10))) for i in range(100)]
+    expected = []
+    for point in points:
+        pairs = dict(script.point_env("S", 100, point))
+        pairs["HPCLAUNCH_PARAMS"] = json.dumps(
+            dict(point.params), separators=(",", ":"), ensure_ascii=False
+        )
+        pairs["HPCLAUNCH_POINT_ARGS"] = ",".join(os.fsencode(a).hex() for a in point.args)
+        expected.append(pairs)
+    launchers._hex_word.cache_clear()
+    encoded: list[str] = []
+    real_fsencode = os.fsencode
+    monkeypatch.setattr(os, "fsencode", lambda w: encoded.append(w) or real_fsencode(w))
+    made: list[int] = []
+    real_init = json.JSONEncoder.__init__
+
+    def counting(self: json.JSONEncoder, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(json.JSONEncoder, "__init__", counting)
+    for point, pairs in zip(points, expected):
+        assert dict(script.point_env("S", 100, point)) == pairs
+    assert sorted(encoded) == sorted({"--a", *(str(i) for i in range(10))})
+    assert made == []
