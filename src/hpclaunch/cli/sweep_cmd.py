@@ -41,15 +41,13 @@ class _SweepGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and (args[0] in self.commands or args[0] in ("-h", "--help")):
             return super().parse_args(ctx, args)
-        if args:
+        if args and not args[0].startswith("-"):  # an option: no subcommand's name (no difflib)
             self._refuse_mistyped_subcommand(args[0])
         return super().parse_args(ctx, ["submit", *args])
 
     def _refuse_mistyped_subcommand(self, word: str) -> None:
         """`sweep stats` is a mistyped `sweep status`, not a program to sweep: a program
         comes after --, and a word this close to a subcommand's name is refused."""
-        if word.startswith("-"):  # an option of the sweep: no subcommand's name
-            return
         from difflib import get_close_matches
 
         from hpclaunch.errors import UserError, show
