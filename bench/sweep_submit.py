@@ -13,8 +13,9 @@ hpclaunch's time goes. Per rep, interleaved, after one discarded warm-up rep:
               (`map_array` of 1,000 calls, held)
   floor       `sbatch --array=0-999 --hold --wrap true`, the whole process
   imports     `python -c "import <what the sweep command imports>"`: start-up alone
-  folders     1,000 point folders as hpclaunch lays them out (3 folders, 3 small
-              files each), written by a bare Python loop into the run root's file system
+  folders     1,000 point folders as hpclaunch once laid them out (3 folders, 3 small
+              files each; it writes none per point since 2d979eb), written by a bare
+              Python loop into the run root's file system: what that layout cost
 
 Every array is held and cancelled by the harness (also on errors); before each one the
 harness waits for job-table room (bench/sweep.py's Room: MaxJobCount, MinJobAge).
@@ -206,7 +207,8 @@ def render(data: dict[str, Any]) -> str:
                     ["floor: `sbatch --array=0-999 --hold --wrap true`", cell("floor")],
                     ["floor: start-up and the sweep command's imports", cell("imports")],
                     [
-                        "floor: 1,000 point folders (3 folders + 3 files each), bare loop",
+                        "the old layout: 1,000 point folders (3 folders + 3 files each), "
+                        "bare loop (hpclaunch writes none per point now)",
                         cell("folders"),
                     ],
                 ],
@@ -224,9 +226,13 @@ def render(data: dict[str, Any]) -> str:
             "(slurm/discover.ask_together, slurm/along.py), not one after the other; two git "
             "calls, not four (one `git status --porcelain=v2 --branch` says a clean tree has "
             "no diff); the shipped bootstrap's bytecode is copied from the installed one, not "
-            "compiled for every sweep; no tarfile import. What remains: the interpreter's start "
-            "and the imports (about 250 hpclaunch and standard modules; ~50 dataclasses built), "
-            "the 1,000 point folders, sweep.json written twice.",
+            "compiled for every sweep; no tarfile import; no folder per point (each array task "
+            "makes its own as it starts: records/pointrecords.make_folder for a host-side "
+            "writer before then); no difflib, hashlib, secrets, socket, tempfile, random "
+            "imports. What remains: the interpreter's start and the imports (about 250 "
+            "hpclaunch, click and standard modules; ~50 dataclasses built), the "
+            "three Slurm queries before sbatch, sweep.json written twice (before sbatch, "
+            "then with the arrays and the point records).",
             "",
             *h.reproduce(
                 "export SLURM_CONF=/var/tmp/hpclaunch-testbed/slurm.conf",

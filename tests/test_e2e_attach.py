@@ -145,7 +145,7 @@ def test_attach_a_sweep_point(hpc: Hpc) -> None:
     proc = hpc.run("sweep", "--json", "-N", "2", "--grid", "x=a", "--", *program)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sweep_id = json.loads(proc.stdout.splitlines()[0])["sweep_id"]
-    point_dir = next((hpc.cwd / "runs").glob(f"*/{sweep_id}/points/0"))
+    point_dir = next((hpc.cwd / "runs").glob(f"*/{sweep_id}")) / "points" / "0"  # its task makes it
     try:
         _wait_for("the point's ranks to start", _ranks_started(point_dir, 2))
         proc = hpc.run("attach", f"{sweep_id}:0", "--node", "node2", "--json", "--", "hostname")

@@ -396,18 +396,18 @@ def test_one_refresh_serves_runs_and_points_alike(hpc: Hpc) -> None:
 
 
 def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc) -> None:
-    """Issue 26 (Performance: a held 1,000-point sweep to its id): the host writes a grid
-    point's folder, nothing more (the sweep's point.sh and params.sh serve every point,
-    and its run record is made from sweep.json until it first changes); the array task
-    makes its job.sh, logs/ and checkpoints/, private, when it starts. Pending points'
-    logs and status cope with them not there yet."""
+    """Issue 26 (Performance: a held 1,000-point sweep to its id): the host writes
+    nothing per grid point, not even its folder (the sweep's point.sh and params.sh serve
+    every point, and its run record is made from sweep.json until it first changes); the
+    array task makes its folder, job.sh, logs/ and checkpoints/, private, when it starts.
+    Pending points' logs and status cope with them not there yet."""
     out = hpc.folder("out")
     line = _sweep(hpc, "--grid", "lr=0.5,x y", "--sbatch-arg=--hold", "--",
                   "python3", POINT, str(out), "--lr={lr}")  # fmt: skip
     sweep_dir, sweep_id = Path(line["sweep_dir"]), line["sweep_id"]
     try:
         for index in (0, 1):
-            assert os.listdir(sweep_dir / "points" / str(index)) == []
+            assert not (sweep_dir / "points" / str(index)).exists()  # nothing, not even []
             shown = json.loads(hpc.run("show", f"{sweep_id}:{index}", "--json").stdout)["record"]
             assert shown["run_id"] == f"{sweep_id}:{index}", shown
             assert shown["run_dir"] == str(sweep_dir / "points" / str(index))
@@ -430,7 +430,7 @@ def test_a_held_grid_point_is_its_record_until_its_task_makes_the_rest(hpc: Hpc)
         assert env["HPCLAUNCH_SWEEP_ID"] == sweep_id
         assert [bytes.fromhex(a).decode() for a in found[f"p{index}"]["argv"]] == [f"--lr={lr}"]
         point = sweep_dir / "points" / str(index)
-        for name in ("logs", "checkpoints"):
+        for name in ("", "logs", "checkpoints"):
             assert (point / name).is_dir() and (point / name).stat().st_mode & 0o777 == 0o700
         assert (point / "job.sh").stat().st_mode & 0o777 == 0o600
         assert f"HPCLAUNCH_RUN_ID={sweep_id}:{index}\n" in (point / "job.sh").read_text()

@@ -139,7 +139,7 @@ def _slow_slurm(folder: Path, monkeypatch: pytest.MonkeyPatch, delay: float) -> 
         "scontrol": "ClusterName = slow\nMaxArraySize = 1001\n",
         "sinfo": "debug*|infinite|2|4|(null)|1000|1-infinite|0|n/a\n",
         "sacctmgr": "",
-        "sbatch": "",
+        "sbatch": "4242",  # --parsable: the array's job id
     }
     for name, text in answers.items():
         tool = folder / name
@@ -245,3 +245,150 @@ def test_nothing_is_asked_along_where_planning_asks_no_slurm(
         pass
     along.start()
     assert asked == [] and along._ASKED == {}
+
+
+def _held_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A held 3 x 2 grid sweep submitted by the CLI to stand-in Slurm tools; its folder."""
+    import json
+
+    from hpclaunch.cli.main import main
+
+    _slow_slurm(tmp_path / "bin", monkeypatch, 0)
+    for name in [k for k in os.environ if k.startswith(("SLURM", "HPCLAUNCH"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep", "--cluster", "slurm", "--run-root", str(tmp_path / "runs"), "--json"]
+    argv += ["--grid", "a=1,2,3", "--grid", "b=x,y", "--sbatch-arg=--hold", "--no-snapshot"]
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--", "python3", "train.py", "{a}", "{b}"])
+    assert done.value.code in (0, None)
+    record = tmp_path / "runs" / "default"
+    (sweep_dir,) = record.iterdir()
+    assert json.loads((sweep_dir / "sweep.json").read_text())["arrays"][0]["job_id"] == "4242"
+    return sweep_dir
+
+
+def test_a_held_sweep_makes_no_point_folders_and_a_writer_makes_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder per point was 1,000 mkdirs of a held 1,000-point submission (0.2-0.5 s
+    on the shared machine's file system, more than its imports): an array point's task
+    makes its folder when it starts. Until then its record comes from sweep.json, and a
+    host-side writer (a status change, a cancel, a retry) makes the folder first, with
+    the mode of the sweep's points/ folder whatever the umask."""
+    from hpclaunch.records import runrecord, sweeprecord
+
+    sweep_dir = _held_sweep(tmp_path, monkeypatch)
+    points = sweep_dir / "points"
+    assert os.listdir(points) == []
+    assert runrecord.read_raw(points / "4")["job_id"] == "4242_4"
+    old = os.umask(0o022)
+    try:
+        runrecord.update(points / "4", state="CANCELLED")
+        sweeprecord.keep_attempt(points / "5", 1)
+    finally:
+        os.umask(old)
+    assert runrecord.read_raw(points / "4")["state"] == "CANCELLED"
+    assert (points / "5" / "logs").is_dir()
+    for point in ("4", "5"):
+        assert (points / point).stat().st_mode & 0o777 == points.stat().st_mode & 0o777 == 0o700
+    with pytest.raises(OSError):  # no sweep there: no folder made for it
+        runrecord.update(tmp_path / "runs" / "nothing" / "points" / "1", state="X")
+    assert not (tmp_path / "runs" / "nothing").exists()
+
+
+def test_an_array_task_makes_its_point_folder_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The array script's own lines make the point's folder, logs/ and checkpoints/ with
+    the run's mode under the job's own (wider) umask."""
+    sweep_dir = _held_sweep(tmp_path, monkeypatch)
+    lines = (sweep_dir / "job.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("unset HPCLAUNCH_RC"))
+    end = next(i for i, line in enumerate(lines) if "mkdir -p -m" in line)
+    probe = "umask 022\n" + "\n".join(lines[start : end + 1])
+    env = {"PATH": os.environ["PATH"], "SLURM_ARRAY_TASK_ID": "2"}
+    subprocess.run(["bash", "-c", probe, "job.sh", "3"], env=env, check=True)
+    point = sweep_dir / "points" / "5"  # offset 3 + task 2
+    for folder in (point, point / "logs", point / "checkpoints"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+
+
+# Modules a held grid sweep's whole command imported and never used (issue 26: the
+# interpreter's start is most of the time to the sweep id): difflib for a mistyped
+# subcommand; secrets and hashlib (OpenSSL) for ids, ssh and pack names; tempfile and
+# random, socket for functions a held sweep never calls.
+NOT_ON_A_HELD_SWEEP = (
+    "difflib",
+    "hashlib",
+    "secrets",
+    "socket",
+    "tempfile",
+    "random",
+)
+
+
+def test_a_held_sweep_imports_nothing_it_does_not_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hpclaunch
+
+    _slow_slurm(tmp_path / "bin", monkeypatch, 0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCLAUNCH"))}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    env["PYTHONPATH"] = str(Path(hpclaunch.__file__).parent.parent)  # the tree under test
+    listed = tmp_path / "modules.txt"
+    probe = (
+        "import atexit, sys; "
+        f"atexit.register(lambda: open({str(listed)!r}, 'w').write(' '.join(sys.modules))); "
+        "from hpclaunch.cli.main import main; main()"
+    )
+    argv = [sys.executable, "-c", probe, "sweep", "--cluster", "slurm", "--json"]
+    argv += ["--run-root", str(tmp_path / "runs"), "--grid", "a=1,2", "--grid", "b=x,y"]
+    argv += ["--sbatch-arg=--hold", "--no-snapshot", "--", "python3", "train.py", "{a}"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and '"sweep_id"' in done.stdout, done.stderr
+    loaded = set(listed.read_text().split())
+    assert "hpclaunch.sweeps.submit" in loaded
+    assert [name for name in NOT_ON_A_HELD_SWEEP if name in loaded] == []
+
+
+def test_params_sh_encodes_each_word_once_and_makes_no_json_encoder_per_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1,000-point grid's params.sh hex-encoded 4,000 argument words (os.fsencode, a
+    third of its lines' cost) and made a JSON encoder per point (json.dumps with
+    arguments): each distinct word is encoded once, the encoder made once. The lines
+    are what they were."""
+    import json
+
+    from hpclaunch.script import launchers
+    from hpclaunch.sweeps import script
+    from hpclaunch.sweeps.points import Point
+
+    points = [Point(i, {"a": str(i // 10), "b": "x y"}, ("--a", str(i // 10))) for i in range(100)]
+    expected = []
+    for point in points:
+        pairs = dict(script.point_env("S", 100, point))
+        pairs["HPCLAUNCH_PARAMS"] = json.dumps(
+            dict(point.params), separators=(",", ":"), ensure_ascii=False
+        )
+        pairs["HPCLAUNCH_POINT_ARGS"] = ",".join(os.fsencode(a).hex() for a in point.args)
+        expected.append(pairs)
+    launchers._hex_word.cache_clear()
+    encoded: list[str] = []
+    real_fsencode = os.fsencode
+    monkeypatch.setattr(os, "fsencode", lambda w: encoded.append(w) or real_fsencode(w))
+    made: list[int] = []
+    real_init = json.JSONEncoder.__init__
+
+    def counting(self: json.JSONEncoder, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(json.JSONEncoder, "__init__", counting)
+    for point, pairs in zip(points, expected):
+        assert dict(script.point_env("S", 100, point)) == pairs
+    assert sorted(encoded) == sorted({"--a", *(str(i) for i in range(10))})
+    assert made == []

@@ -41,7 +41,7 @@ class _SweepGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and (args[0] in self.commands or args[0] in ("-h", "--help")):
             return super().parse_args(ctx, args)
-        if args:
+        if args and not args[0].startswith("-"):  # an option: no subcommand's name (no difflib)
             self._refuse_mistyped_subcommand(args[0])
         return super().parse_args(ctx, ["submit", *args])
 
@@ -54,7 +54,7 @@ class _SweepGroup(click.Group):
 
         names = [name for name, cmd in self.commands.items() if not cmd.hidden]
         close = get_close_matches(word, names, n=1)
-        if close and not word.startswith("-"):
+        if close:
             raise UserError(
                 "sweep",
                 f"no subcommand {show(word)}",

@@ -42,7 +42,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 
 # typing's generics, not the builtin ones: Python 3.6 runs this file.
@@ -140,6 +139,8 @@ def make_local(parent: str, tag: str) -> str:
     the way. A missing parent (a $TMPDIR of the submitting machine) falls back to /tmp."""
     if not os.path.isdir(parent):
         parent = "/tmp"
+    import tempfile  # here: the host imports this module for signals_held
+
     return tempfile.mkdtemp(prefix=LOCAL_PREFIX + tag + ".", dir=parent)
 
 

@@ -21,7 +21,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -337,6 +336,8 @@ def _index_copy(root: Path) -> Iterator[dict[str, str]]:
     next ship send .git/index again."""
     found = _git(root, ["rev-parse", "--git-path", "index"], timeout=10)
     index = root / os.fsdecode(found.stdout).rstrip("\n")
+    import tempfile  # not on a held sweep's path (bench/sweep_submit.py)
+
     with tempfile.TemporaryDirectory(prefix="hpclaunch-index-") as tmp:
         copy = os.path.join(tmp, "index")
         if found.returncode == 0 and index.is_file():

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import shutil
 import stat
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -248,6 +246,8 @@ def _progress(
 def cache_key(src: str, items: list[tuple[str, int, int, bool]]) -> str:
     # PACK_FORMAT: packs made before their parts were read back (and links.tar) are
     # never reused; pruning removes them as the least recently used.
+    import hashlib  # not on a held sweep's path (bench/sweep_submit.py)
+
     digest = hashlib.sha256(PACK_FORMAT + os.path.realpath(src).encode("utf-8", "surrogateescape"))
     for rel, size, mtime, is_dir in items:
         digest.update(f"{rel}\0{size}\0{mtime}\0{int(is_dir)}\n".encode("utf-8", "surrogateescape"))
@@ -264,6 +264,8 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
         stagecache.reuse(folder)  # unchanged since it was packed: the same files
         return
     stagecache.ensure(folder.parent)
+    import tempfile  # not on a held sweep's path (bench/sweep_submit.py)
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     total = sum(size for _, size, _, _ in items)
     stop, thread = _progress(total + 512 * len(items), tmp, os.path.basename(src), err)

@@ -17,7 +17,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -77,6 +76,8 @@ def pack(venv: Path, output: Optional[Path]) -> Path:
         raise UserError("-o", f"{target.parent} does not exist", "", "Create the folder first")
     mksquashfs = _tool("mksquashfs", "env pack")
     info: dict[str, Any] = {"venv": str(venv), "record": read_json(venv / VENV_RECORD)}
+    import tempfile  # not on a held sweep's path (bench/sweep_submit.py)
+
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     with tempfile.NamedTemporaryFile("w", suffix=".json") as record:

@@ -9,7 +9,6 @@ hpclaunch-venv.json, names the image it was made for.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -209,6 +208,8 @@ def image_packages(
 ) -> Optional[dict[str, str]]:
     """What the image ships {name: version}: cached per image, else asked of the image
     when its runtime is installed here (None when it cannot be known)."""
+    import hashlib  # not on a held sweep's path (bench/sweep_submit.py)
+
     key = hashlib.sha256(image_identity(container.image).encode()).hexdigest()[:24]
     cache = _cache_dir(environ) / f"{key}.json"
     try:

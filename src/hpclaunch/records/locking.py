@@ -17,7 +17,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -62,6 +61,8 @@ def exclusive(folder: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def lock_file(path: Path, wait_s: float = WAIT_S) -> Iterator[None]:
     """Hold an O_EXCL lock file; stale ones are broken, live ones waited for."""
+    import socket  # here: only a file system that refuses flock needs it
+
     pid = os.getpid()
     mine = f"{socket.gethostname()} {pid} {process_start(pid)} {uuid.uuid4().hex}\n"
     deadline = time.monotonic() + wait_s
@@ -126,6 +127,8 @@ def _break_if_stale(path: Path) -> None:
 
 
 def _is_stale(text: str, age: float) -> bool:
+    import socket
+
     fields = text.split()
     if len(fields) != 4 or fields[0] != socket.gethostname():
         return age > STALE_AFTER_S  # another host's (or an empty) lock: by its age

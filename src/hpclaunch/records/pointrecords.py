@@ -61,6 +61,23 @@ def from_sweep(point_dir: Path) -> Optional[dict[str, Any]]:
     return record
 
 
+def make_folder(point_dir: Path) -> None:
+    """A sweep point's folder, made where a host-side writer needs it before the point's
+    array task has made it (a held sweep makes no point folder at submission: its task
+    does when it starts, sweeps/script.array_script). The same mode as the sweep's
+    points/ folder (the run's share), whatever the umask. Anything else: left alone."""
+    if point_dir.parent.name != POINTS or not point_dir.name.isdigit():
+        return
+    if not os.path.isfile(point_dir.parent.parent / SWEEP_JSON):
+        return
+    try:
+        mode = os.stat(point_dir.parent).st_mode & 0o7777
+        os.mkdir(point_dir, mode)
+    except (FileExistsError, FileNotFoundError):
+        return  # there already (the task made it), or no sweep there: nothing to make
+    os.chmod(point_dir, mode)  # the umask may have narrowed it
+
+
 def _row(sweep: dict[str, Any], index: int) -> Optional[dict[str, Any]]:
     """The point table's row of point `index` (rows are by index; a retry keeps them)."""
     rows = sweep.get("points")

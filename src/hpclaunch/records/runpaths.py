@@ -8,7 +8,6 @@ job's own code reports), spec.json, job.sh, bootstrap.py, logs/ and checkpoints/
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -91,7 +90,7 @@ def new_run_id(now: Optional[float] = None) -> str:
     """Sortable by time (UTC, ms) and unique: 4 random hex digits + exclusive mkdir."""
     stamp = time.time() if now is None else now
     when = datetime.fromtimestamp(stamp, tz=timezone.utc)
-    return f"{when:%Y%m%d-%H%M%S}-{int(stamp * 1000) % 1000:03d}-{secrets.token_hex(2)}"
+    return f"{when:%Y%m%d-%H%M%S}-{int(stamp * 1000) % 1000:03d}-{os.urandom(2).hex()}"
 
 
 def absolute(path: str, cwd: Path) -> Path:

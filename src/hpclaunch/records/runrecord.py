@@ -274,7 +274,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _locked(run_dir: Path) -> contextlib.AbstractContextManager[None]:
     """One writer of run.json at a time (read-modify-write from several processes): an
-    flock on the run folder itself, else a lock file beside the record (locking.py)."""
+    flock on the run folder itself, else a lock file beside the record (locking.py). A
+    sweep point's folder is made first if its array task has not made it yet."""
+    pointrecords.make_folder(run_dir)
     return exclusive(run_dir)
 
 

@@ -128,6 +128,7 @@ def keep_attempt(folder: Path, attempt: int) -> None:
     """Before a retry: the last attempt's logs, events and result move to attempts/<n>/,
     so the new attempt starts clean and nothing of the old one is lost. Checkpoints stay
     (a retried point may resume from them)."""
+    pointrecords.make_folder(folder)  # a point whose task never started has none
     keep = folder / ATTEMPTS / str(attempt)
     keep.mkdir(parents=True, exist_ok=True)
     # A cancel asked of the last attempt (`cancel SWEEP:I`) is kept with it, not this one's.

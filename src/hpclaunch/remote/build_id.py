@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -50,6 +49,8 @@ def fingerprint(root: Path = PACKAGE) -> str:
 
 
 def _stamp(root: Path, files: list[str]) -> str:
+    import hashlib  # here: only a remote command needs it
+
     digest = hashlib.sha256()
     for rel in files:
         info = os.stat(root / rel)
@@ -58,6 +59,8 @@ def _stamp(root: Path, files: list[str]) -> str:
 
 
 def _digest(root: Path, files: list[str]) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     for rel in files:
         digest.update(rel.encode() + b"\0")

@@ -10,7 +10,6 @@ A project file's host counts only when the user's own settings name it (projectf
 from __future__ import annotations
 
 import fnmatch
-import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -67,6 +66,8 @@ def _named_cluster(
 
 
 def on_login_node(host: str, patterns: Sequence[str], environ: Mapping[str, str]) -> bool:
+    import socket  # only with a [remote] host
+
     here = socket.gethostname()
     short = here.split(".")[0]
     target = host.rpartition("@")[2].split(":")[0]

@@ -15,10 +15,8 @@ would keep its stderr pipe open in the background and hang whoever reads it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import socket
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -100,6 +98,8 @@ def _not_ours(base: Path, problem: str) -> UserError:
 
 def socket_name(host: Host) -> str:
     """The master's socket in control_dir(): one per destination and port."""
+    import hashlib  # here: only a remote command needs it
+
     return hashlib.sha1(f"{host.dest}:{host.port}".encode()).hexdigest()[:16]
 
 
@@ -131,6 +131,8 @@ class Connection:
 
     def alive(self) -> bool:
         """The master answers on its socket (a stale socket file refuses)."""
+        import socket  # here: only a remote command needs it
+
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(self.socket))

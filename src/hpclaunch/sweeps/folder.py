@@ -78,22 +78,31 @@ def _edf(sp: SweepPlan) -> tuple[tuple[str, str], ...]:
 
 
 def _write_points(sp: SweepPlan) -> None:
-    """A folder per point. Points of an array: the folder alone (run.json follows in
-    write_point_records); its task makes the rest when it starts (script.array_script)
-    from what is written here once: point.sh (every point's job.sh, the token where the
-    number goes) and params.sh (a line of exports a point; an Optuna point's ask writes
-    its params.env). Points run here (a foreground backend): job.sh with the point's
-    parameters, logs/ and checkpoints/, as a run's folder."""
+    """A folder per point, but for the plain points of an array: their tasks make their
+    folders, logs/ and checkpoints/ when they start (script.array_script), from what is
+    written here once: point.sh (every point's job.sh, the token where the number goes)
+    and params.sh (a line of exports a point; an Optuna point's ask writes its
+    params.env); sweep.json holds their records until then (records/pointrecords.py).
+    Array points that stage data, of a packed sweep, or with --checkpoint-root
+    elsewhere: the folder and what they need first (stage.json; the checkpoint folder).
+    Points run here (a foreground backend): job.sh with the point's parameters, logs/
+    and checkpoints/, as a run's folder."""
     spec, sweep_id, total = sp.planned.spec, sp.paths.run_id, len(sp.points)
     template = script.point_paths(sp.paths, sp.token)  # the token where the number goes
-    stage_json = render.stage_json(spec, template)
     (sp.paths.run_dir / sweeprecord.POINTS).mkdir(exist_ok=True)
     if not sp.local:
         _write_sweep_level(sp)
+    inside = template.checkpoint_dir.parent == template.run_dir
+    staged = bool(spec.stage or spec.stage_out)
+    if not (sp.local or sp.pack or staged or not inside):
+        # Each task makes its folder when it starts, a host-side writer before then
+        # (records/pointrecords.make_folder): 1,000 mkdirs here were the largest part
+        # of a held sweep's submission on a busy file system.
+        return
+    stage_json = render.stage_json(spec, template)
     # Plain strings from the template's paths: pathlib per point (three paths, five
     # joins) was a sixth of a 1,000-point submission.
     run_dir, checkpoints = str(template.run_dir), str(template.checkpoint_dir)
-    inside = template.checkpoint_dir.parent == template.run_dir
     head, tail = script.split_head(sp.point_template)
     for point in sp.points:
         index = str(point.index)
@@ -109,7 +118,7 @@ def _write_points(sp: SweepPlan) -> None:
             if not sp.space:  # an Optuna point's parameters come when it asks
                 text += script.params_env(sweep_id, total, point)
             sweeprecord.write_new(f"{folder}/job.sh", text + tail.replace(sp.token, index))
-        if spec.stage or spec.stage_out:
+        if staged:
             stage_json["run_dir"] = folder
             runrecord.write_json(Path(folder, node.STAGE_JSON), stage_json)
 

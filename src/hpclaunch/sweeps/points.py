@@ -78,7 +78,12 @@ def format_value(value: ParamValue) -> str:
 
 
 def params_json(point: Point) -> str:
-    return json.dumps(dict(point.params), separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT_JSON(dict(point.params))
+
+
+# What json.dumps(separators=(",", ":"), ensure_ascii=False) makes, its encoder made once
+# (json.dumps makes one a call when given arguments; a sweep asks once a point).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def parse_grid(spec: str) -> tuple[str, tuple[str, ...]]:

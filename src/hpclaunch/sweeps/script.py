@@ -15,7 +15,7 @@ trial before and tells the result after, with the hpclaunch that submitted.
 from __future__ import annotations
 
 import functools
-import secrets
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
@@ -49,7 +49,8 @@ WANDB_EXIT = node.WANDB_EXIT  # the point's job.sh exit code, which the agent's 
 def new_token() -> str:
     """Stands for the point number in the rendered job.sh: letters and digits only, so
     that a number in its place is right in any quoting; random, so no user text holds it."""
-    return "HPCLAUNCHPOINT" + secrets.token_hex(8).upper()
+    # os.urandom is what secrets.token_hex reads; secrets itself imports hashlib (OpenSSL).
+    return "HPCLAUNCHPOINT" + os.urandom(8).hex().upper()
 
 
 def point_paths(sweep: RunPaths, token: str) -> RunPaths:
@@ -144,9 +145,9 @@ def array_script(
         f"{HPCLAUNCH_POINT}=$(( ${{1:-0}} + SLURM_ARRAY_TASK_ID ))",
         f"export {HPCLAUNCH_POINT}",
         f"{POINT_DIR}={shell.word(point_dir)}",
-        "# The point's own folders, private as the host makes them (a requeued one has them;",
-        "# a retried one that never started has logs/ alone).",
-        f"[ -d {logs} ]{check} || mkdir -p -m {mode:o} {logs}{checkpoints}",
+        "# The point's own folders, private as the host makes them (the host makes none at",
+        "# submission; a requeued point has them, a retried one that never started logs/).",
+        f'[ -d {logs} ]{check} || mkdir -p -m {mode:o} "${POINT_DIR}" {logs}{checkpoints}',
         f'exec >>"${POINT_DIR}/logs/batch.out" 2>&1',
         *_job_sh_lines(sweep, token, filemodes.umask_of(spec.share)),
         'HPCLAUNCH_TASK="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
