@@ -18,6 +18,8 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
   id, and requeueing that id would requeue every task). It is never run after a
   SIGTERM (scancel, preemption without a user signal, the time limit itself): bash's
   default for SIGTERM ends the shell, and requeue would revive a finished job.
+- Nodes an earlier attempt lost (the run folder's `exclude` file, script/lostnodes.py):
+  the job is requeued held, its ExcNodeList set, and released (excluding_lines).
 - SLURM_RESTART_COUNT counts every requeue, Slurm's own (node failure, preemption)
   and hpclaunch's, so it is both the attempt number and the budget's count.
 - The batch shell appends attempt_start / attempt_end events to events.jsonl (bash
