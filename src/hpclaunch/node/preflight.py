@@ -22,10 +22,9 @@ as the stage guard and the GPU watch: LUMI's nodes have 3.6).
   --log-dir D --ranks W``: after a failed ranks' step, the nodes of the allocation that
   Slurm shows down or not responding (a node fault, not the program's failure); each
   gets a ``node_bad`` event; prints them comma-joined (nothing: the program failed).
-- ``preflight.py lost --events FILE --attempt A --exclude-file F [--exclude USER]``: at
-  attempt A's start (--requeue, --chain): attempt A-1 wrote its start and no end, so its
-  nodes that Slurm shows down get ``node_bad`` and join the exclusion in F (an ``exclude``
-  event; printed, nothing when no node was lost).
+- ``preflight.py lost --events FILE --attempt A --exclude-file F [--exclude USER]``: when
+  attempt A-1 wrote its start and no end, its nodes Slurm shows down get ``node_bad`` and
+  join the exclusion in F (an ``exclude`` event; printed; nothing: no node lost).
 
 NODES is Slurm's compressed list ($SLURM_JOB_NODELIST); `scontrol show hostnames`
 expands it on the batch host, once.
@@ -324,11 +323,12 @@ def faults(args: argparse.Namespace) -> int:
 
 def previous_nodes(events: str, attempt: int) -> str:
     """The nodes of `attempt` when its batch shell wrote its start and no end, else ""."""
-    nodes, ended = "", False
+    nodes, ended = "", False  # the ranks' many lines are skipped unparsed (80,000 ranks)
     try:
         with open(events) as handle:
             for line in handle:
-                data = json.loads(line) if line.endswith("}\n") else {}  # a cut last line
+                whole = '"attempt_' in line and line.endswith("}\n")  # not one cut short
+                data = json.loads(line) if whole else {}
                 if not isinstance(data, dict) or data.get("attempt") != attempt:
                     continue
                 if data.get("event") == "attempt_start":
