@@ -208,7 +208,7 @@ def no_spare_lines(spec: JobSpec, paths: RunPaths) -> list[str]:
 
 
 def chain_exclude_lines(paths: RunPaths) -> list[str]:
-    """The chain's later members (pending) exclude $HPCLAUNCH_EXCLUDE (in a function)."""
+    """The chain's later members (pending) exclude $HPCLAUNCH_EXCLUDE (lines indented once)."""
     jobs = shell.quote(str(paths.run_dir / "chain.jobs"))
     return [
         f"    mapfile -t HPCLAUNCH_CHAIN <{jobs} 2>/dev/null",
