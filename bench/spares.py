@@ -123,7 +123,10 @@ def render(data: dict[str, Any]) -> str:
         ["`--spares 1`: the step again on the spare, same job",
          h.fmt(cols["spare"].get("recovery_s")), h.fmt(cols["spare"].get("noticed_s"))],
         ["`--requeue`: Slurm requeues, the next attempt elsewhere",
-         h.fmt(cols["requeue"].get("recovery_s")), "(Slurm's NODE_FAIL)"],
+         h.fmt(cols["requeue"].get("recovery_s")),
+         # The next attempt names the node (preflight.py lost) just before its ranks.
+         h.fmt(cols["requeue"]["noticed_s"]) if "noticed_s" in cols["requeue"]
+         else "(Slurm's NODE_FAIL)"],
     ]  # fmt: skip
     lines = [
         f"{data['reps']} rep(s) each, {data['at']}, the Slurm testbed (2 nodes, "

@@ -182,6 +182,7 @@ for a in "$@"; do case $a in --exclude=*) ex=${a#--exclude=} ;; esac; done
 echo "srun exclude=${ex-} resume=${HPCLAUNCH_RESUME-} addr=${MASTER_ADDR-}" >>"$FAKE/log"
 # 0 by default: srun says nothing of a lost node in its status (Slurm 22.05)
 (( n < FAIL_STEPS )) && exit "${FAIL_CODE:-0}"
+[ -n "${SIGNAL_SHELL-}" ] && kill -USR2 $PPID  # Slurm's --signal=B:USR2 to the batch shell
 echo '{"rank": 0, "returncode": 0}' >"$HPCLAUNCH_LOG_DIR/rank-0.exit"  # the bootstrap's
 exit 0
 """,
@@ -192,7 +193,7 @@ for x in $DOWN; do echo "${x/_/ }"; done
     "scontrol": """#!/bin/bash
 if [ "$1 $2" = "show hostnames" ]; then echo node1; echo node2; exit 0; fi
 echo "scontrol $*" >>"$FAKE/log"
-[ "$1" = release ] && kill -KILL $PPID
+case $1 in release | requeue) kill -KILL $PPID ;; esac  # Slurm ends the attempt
 exit 0
 """,
 }
@@ -209,7 +210,13 @@ def _script(tmp_path: Path, values: Mapping[str, Any]) -> str:
 
 
 def _run_job(
-    tmp_path: Path, values: Mapping[str, Any], fail: int, down: str, fail_code: int = 0
+    tmp_path: Path,
+    values: Mapping[str, Any],
+    fail: int,
+    down: str,
+    fail_code: int = 0,
+    extra: Mapping[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> tuple[int, str]:
     _script(tmp_path, values)
     fake = tmp_path / "fake"
@@ -223,9 +230,11 @@ def _run_job(
         "DOWN": down, "FAIL_CODE": str(fail_code), "SLURM_JOB_NODELIST": "node[1-2]",
         "SLURMD_NODENAME": "node1",
         "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "HOME": str(tmp_path),
+        **(extra or {}),
     }  # fmt: skip
     done = subprocess.run(
-        ["bash", str(tmp_path / "run" / "job.sh")], env=env, capture_output=True, text=True,
+        ["bash", str(tmp_path / "run" / "job.sh"), *args], env=env, capture_output=True,
+        text=True,
         timeout=120, check=False,
     )  # fmt: skip
     return done.returncode, (fake / "log").read_text() + done.stdout + done.stderr
@@ -310,3 +319,79 @@ def test_a_program_ended_when_every_rank_wrote_its_exit_since_the_step_began(
     (tmp_path / "rank-1.exit").write_text('{"rank": 1, "returncode": -15}')
     assert preflight.program_ended(str(tmp_path), 2, 0.0)  # srun ended it: still written
     assert not preflight.program_ended(str(tmp_path), 2, 4e9)  # an earlier try's files
+
+
+# ------------------------------------- --requeue/--chain alone: a node lost by an attempt
+def _lost_attempt_zero(tmp_path: Path) -> None:
+    """Attempt 0 started on node1 and wrote no end: its batch shell died with the node."""
+    (tmp_path / "run").mkdir()
+    start = {"event": "attempt_start", "attempt": 0, "job_id": "77", "nodes": "node1"}
+    (tmp_path / "run" / "events.jsonl").write_text(json.dumps(start) + "\n")
+
+
+def test_requeue_alone_names_the_node_a_killed_attempt_lost_and_requeues_without_it(
+    tmp_path: Path,
+) -> None:
+    _lost_attempt_zero(tmp_path)
+    values = {"nodes": 1, "requeue": True, "signal_before": 16, "exclude": "node9"}
+    extra = {"SLURM_RESTART_COUNT": "1", "SIGNAL_SHELL": "1"}
+    code, out = _run_job(tmp_path, values, 0, "node1_down* node2_allocated", extra=extra)
+    assert code == -9, out  # the fake `scontrol release` ends the shell, as Slurm would
+    assert "the previous attempt lost a node; later attempts exclude node9,node1" in out, out
+    # Slurm's time-limit signal: hpclaunch's own requeue carries the exclusion.
+    assert (
+        "scontrol requeuehold 77\nscontrol update JobId=77 ExcNodeList=node9,node1\n"
+        "scontrol release 77\n"
+    ) in out, out
+    record = runrecord.load(tmp_path / "run").to_dict()
+    assert record["bad_nodes"] == {
+        "node1": "node fault: Slurm showed it down after attempt 0 ended without its batch shell"
+    }
+    assert record["exclude"] == "node9,node1"
+    assert (tmp_path / "run" / "exclude").read_text() == "node9,node1\n"
+    first, second = (a["ended"] for a in record["attempts"])
+    assert first == "requeued by Slurm", record["attempts"]
+    assert second.startswith("requeued by hpclaunch ("), record["attempts"]  # signalled early
+
+
+def test_requeue_alone_excludes_nothing_when_no_node_of_the_attempt_is_down(
+    tmp_path: Path,
+) -> None:
+    _lost_attempt_zero(tmp_path)
+    extra = {"SLURM_RESTART_COUNT": "1", "SIGNAL_SHELL": "1"}
+    values = {"nodes": 1, "requeue": True, "signal_before": 16}
+    code, out = _run_job(tmp_path, values, 0, "node1_idle", extra=extra)  # preempted, say
+    assert code == -9, out
+    assert "scontrol requeue 77\n" in out and "requeuehold" not in out, out
+    record = runrecord.load(tmp_path / "run").to_dict()
+    assert "bad_nodes" not in record and "exclude" not in record, record
+    assert not (tmp_path / "run" / "exclude").exists()
+
+
+def test_chain_alone_excludes_the_node_a_member_lost_from_the_later_members(
+    tmp_path: Path,
+) -> None:
+    _lost_attempt_zero(tmp_path)
+    (tmp_path / "run" / "chain.jobs").write_text("76\n77\n78\n")
+    values = {"nodes": 1, "chain": 3}
+    code, out = _run_job(tmp_path, values, 0, "node1_down*", args=("1",))
+    assert code == 0, out
+    assert "scontrol update JobId=78 ExcNodeList=node1\n" in out, out
+    assert "JobId=77" not in out and "JobId=76" not in out, out
+    record = runrecord.load(tmp_path / "run").to_dict()
+    assert list(record["bad_nodes"]) == ["node1"] and record["exclude"] == "node1", record
+
+
+def test_only_an_attempt_without_its_end_has_lost_nodes(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    lines = [
+        {"event": "attempt_start", "attempt": 0, "nodes": "node[1-2]"},
+        {"event": "rank_start", "attempt": 0},
+        {"event": "attempt_end", "attempt": 0, "reason": "requeued"},
+        {"event": "attempt_start", "attempt": 1, "nodes": "node3"},
+    ]
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"cut')
+    assert preflight.previous_nodes(str(events), 0) == ""  # its shell wrote its end
+    assert preflight.previous_nodes(str(events), 1) == "node3"
+    assert preflight.previous_nodes(str(events), 2) == ""
+    assert preflight.previous_nodes(str(tmp_path / "none"), 0) == ""

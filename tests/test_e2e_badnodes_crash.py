@@ -1,6 +1,8 @@
 """--spares on the testbed with a node crashed (testbed/crash-node.sh) while the ranks run:
 the ranks' step starts again on the spare inside the same job (same job id, no trip
 through the queue) with HPCLAUNCH_RESUME=1, and the program resumes from its checkpoint.
+--requeue and --chain alone (one crash for both): the next attempt names the crashed
+node and the attempts after it exclude it, though it is back in service by then.
 
 Serial (it crashes a node: scripts/test.sh runs it after the others, on an idle
 testbed, as tests/test_e2e_faults.py). What it cannot show: a spare among hundreds of
@@ -85,3 +87,67 @@ def _check_the_swap(hpc: Hpc, started: dict[str, Any], first: str) -> None:
     assert f"on {first}" not in text.split("resumed", 1)[1], text
     status = hpc.run("status", started["run_id"]).stdout
     assert "restarted in the same job" in status, status
+
+
+# Attempt 0 runs until its node crashes; attempt 1 waits for the crashed node to be back
+# (GATE), then the requeued run's waits for Slurm's time-limit signal (hpclaunch requeues
+# it); every later attempt ends at once.
+LATER = """echo "attempt $HPCLAUNCH_ATTEMPT on $SLURMD_NODENAME"
+case $HPCLAUNCH_ATTEMPT in
+0) exec sleep 600 ;;
+1) until [ -e "$GATE" ]; do sleep 0.2; done; [ -z "${HOLD-}" ] || exec sleep 600 ;;
+esac"""
+
+
+def _start(hpc: Hpc, *options: str) -> dict[str, Any]:
+    proc = hpc.run(
+        "run", "-N", "1", "-t", "1", "--no-watch", "--json", "--env", f"GATE={hpc.cwd / 'back'}",
+        *options, "--", "bash", "-c", LATER,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    started: dict[str, Any] = json.loads(proc.stdout)
+    return started
+
+
+def _said(run: dict[str, Any], attempt: int) -> str:
+    out = Path(run["run_dir"]) / "logs" / f"attempt-{attempt}" / "rank-0.out"
+    return out.read_text() if out.exists() else ""
+
+
+def _ended(hpc: Hpc, run: dict[str, Any]) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads(hpc.run("status", run["run_id"], "--json").stdout)
+    return record
+
+
+@needs_crash
+def test_requeue_and_chain_alone_exclude_a_crashed_node_from_later_attempts(hpc: Hpc) -> None:
+    with testbed.node_crashes() as nodes:
+        requeued = _start(hpc, "--requeue", "--signal-before", "16", "--env", "HOLD=1")
+        chain = _start(hpc, "--chain", "3")
+        _wait_for("attempt 0 of both", lambda: all(_said(r, 0) for r in (requeued, chain)), 120)
+        hosts = {_said(r, 0).split()[-1] for r in (requeued, chain)}
+        assert len(hosts) == 1, hosts  # Slurm's first fit: both on the first idle node
+        first = hosts.pop()
+        nodes.crash(first)  # the batch host of both: no shell left to say what happened
+        _wait_for("attempt 1 of both", lambda: all(_said(r, 1) for r in (requeued, chain)), 150)
+        nodes.restart(first)  # back in service: only the exclusion keeps attempt 2 off it
+        (hpc.cwd / "back").touch()
+        done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+        _wait_for(
+            "both runs to end",
+            lambda: all(_ended(hpc, r)["state"] in done and _said(r, 2) for r in (requeued, chain)),
+            180,
+        )
+        job = hpc.cmd(["scontrol", "show", "job", requeued["job_id"]]).stdout
+    for run in (requeued, chain):
+        record = _ended(hpc, run)
+        batch = (Path(run["run_dir"]) / "logs" / "batch.out").read_text()
+        assert record["state"] == "COMPLETED", batch
+        where = [a["nodes"] for a in record["attempts"]]
+        assert len(where) == 3 and where[0] == first and first not in where[1:], where
+        assert record["bad_nodes"][first].startswith("node fault"), record
+        assert record["exclude"] == first, record
+        assert f"excluded   {first}" in hpc.run("status", run["run_id"]).stdout
+    assert f"ExcNodeList={first}" in job, job  # set by hpclaunch's requeue of attempt 1
+    chain_batch = (Path(chain["run_dir"]) / "logs" / "batch.out").read_text()
+    assert f"(next in the chain) excludes {first}" in chain_batch, chain_batch

@@ -71,7 +71,7 @@ WANDB_AGENT = "wandb_agent.py"  # a W&B sweep's agent side, in the sweep folder
 PACK_AGENT = "pack_agent.py"  # a packed sweep's node agent (sweep --pack), in the sweep folder
 VENV_MOUNT = "venv_mount.py"  # squashfuse of a packed venv, one per node (the nodes' python3)
 STAGE_BCAST = "stage_bcast.py"  # sbcast of staged files and a packed venv (the nodes' python3)
-PREFLIGHT = "preflight.py"  # --preflight/--spares: the nodes' checks, placement, faults
+PREFLIGHT = "preflight.py"  # nodes' checks, placement, faults; a past attempt's lost nodes
 # The batch script runs <run_dir>/bootstrap.py: the loader, which imports the bootstrap
 # under the module name below (so its bytecode is cached in <run_dir>/__pycache__).
 BOOTSTRAP_MODULE = "hpclaunch_bootstrap"

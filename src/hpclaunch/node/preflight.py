@@ -22,6 +22,9 @@ as the stage guard and the GPU watch: LUMI's nodes have 3.6).
   --log-dir D --ranks W``: after a failed ranks' step, the nodes of the allocation that
   Slurm shows down or not responding (a node fault, not the program's failure); each
   gets a ``node_bad`` event; prints them comma-joined (nothing: the program failed).
+- ``preflight.py lost --events FILE --attempt A --exclude-file F [--exclude USER]``: when
+  attempt A-1 wrote its start and no end, its nodes Slurm shows down get ``node_bad`` and
+  join the exclusion in F (an ``exclude`` event; printed; nothing: no node lost).
 
 NODES is Slurm's compressed list ($SLURM_JOB_NODELIST); `scontrol show hostnames`
 expands it on the batch host, once.
@@ -318,6 +321,50 @@ def faults(args: argparse.Namespace) -> int:
     return 0
 
 
+def previous_nodes(events: str, attempt: int) -> str:
+    """The nodes of `attempt` when its batch shell wrote its start and no end, else ""."""
+    nodes, ended = "", False  # the ranks' many lines are skipped unparsed (80,000 ranks)
+    try:
+        with open(events) as handle:
+            for line in handle:
+                whole = '"attempt_' in line and line.endswith("}\n")  # not one cut short
+                data = json.loads(line) if whole else {}
+                if not isinstance(data, dict) or data.get("attempt") != attempt:
+                    continue
+                if data.get("event") == "attempt_start":
+                    nodes, ended = str(data.get("nodes") or ""), False
+                elif data.get("event") == "attempt_end":
+                    ended = True
+    except (OSError, ValueError):
+        return ""
+    return "" if ended else nodes
+
+
+def lost(args: argparse.Namespace) -> int:
+    before = args.attempt - 1
+    nodes = previous_nodes(args.events, before) if before >= 0 else ""
+    found = slurm_down(hostnames(nodes)) if nodes else []
+    why = "node fault: Slurm showed it down after attempt %d ended without its batch shell"
+    for name in found:
+        append_event(args.events, {"event": NODE_BAD, "attempt": before, "node": name,
+                                   "why": why % before})  # fmt: skip
+    if not found:
+        return 0
+    try:
+        with open(args.exclude_file) as handle:
+            merged = [n for n in handle.read().strip().split(",") if n]
+    except OSError:
+        merged = [n for n in args.exclude.split(",") if n]  # the user's --exclude
+    merged += [n for n in found if n not in merged]
+    text = ",".join(merged)
+    with os.fdopen(os.open(args.exclude_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                   "w") as handle:  # fmt: skip
+        handle.write(text + "\n")
+    append_event(args.events, {"event": "exclude", "attempt": args.attempt, "nodes": text})
+    print(text)
+    return 0
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="preflight.py")
     sub = parser.add_subparsers(dest="what")
@@ -339,10 +386,14 @@ def main(argv: List[str]) -> int:
     for opt, kind, default in (("--since", float, 0.0), ("--log-dir", str, ""),
                                ("--ranks", int, 0), ("--wait", float, 90.0)):  # fmt: skip
         sub.choices["faults"].add_argument(opt, type=kind, default=default)
+    gone = sub.add_parser("lost")
+    for opt, kind, default in (("--events", str, ""), ("--attempt", int, 0),
+                               ("--exclude-file", str, ""), ("--exclude", str, "")):  # fmt: skip
+        gone.add_argument(opt, type=kind, default=default)
     args = parser.parse_args(argv)
     if args.what == "check":
         return check(args)
-    return {"verdict": verdict, "place": place, "faults": faults}[args.what](args)
+    return {"verdict": verdict, "place": place, "faults": faults, "lost": lost}[args.what](args)
 
 
 if __name__ == "__main__":

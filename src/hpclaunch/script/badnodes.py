@@ -36,9 +36,9 @@ from hpclaunch.config.options import RunOptions
 from hpclaunch.errors import UserError
 from hpclaunch.payload import containers
 from hpclaunch.records.runpaths import RunPaths
+from hpclaunch.script.requeue import EXCLUDE_FILE
 
 MAX_SPARES = 1024  # a typo guard
-EXCLUDE_FILE = "exclude"  # in the run folder: the nodes excluded from later attempts
 PREFLIGHT_DIR = "preflight"  # in the run folder: attempt-N/<node>.json
 AVOID = "HPCLAUNCH_AVOID"  # the nodes the ranks' step is kept off, comma-joined
 
@@ -196,14 +196,7 @@ def no_spare_lines(spec: JobSpec, paths: RunPaths) -> list[str]:
             "    fi",
         ]
     if spec.chain > 1:
-        jobs = shell.quote(str(paths.run_dir / "chain.jobs"))
-        lines += [
-            f"    mapfile -t HPCLAUNCH_CHAIN <{jobs} 2>/dev/null",
-            f'    for id in "${{HPCLAUNCH_CHAIN[@]:$(( {node.HPCLAUNCH_ATTEMPT} + 1 ))}}"; do',
-            '        scontrol update JobId="$id" ExcNodeList="$HPCLAUNCH_EXCLUDE" && '
-            'echo "hpclaunch: job $id (next in the chain) excludes $HPCLAUNCH_EXCLUDE"',
-            "    done",
-        ]
+        lines += chain_exclude_lines(paths)
     if spec.requeue or spec.chain > 1:  # the attempt's end, for `status`'s attempt lines
         lines.append('    hpclaunch_event attempt_end \'"reason":"ended","exit_code":1,\'')
     lines += [
@@ -212,6 +205,18 @@ def no_spare_lines(spec: JobSpec, paths: RunPaths) -> list[str]:
         "}",
     ]
     return lines
+
+
+def chain_exclude_lines(paths: RunPaths) -> list[str]:
+    """The chain's later members (pending) exclude $HPCLAUNCH_EXCLUDE (lines indented once)."""
+    jobs = shell.quote(str(paths.run_dir / "chain.jobs"))
+    return [
+        f"    mapfile -t HPCLAUNCH_CHAIN <{jobs} 2>/dev/null",
+        f'    for id in "${{HPCLAUNCH_CHAIN[@]:$(( {node.HPCLAUNCH_ATTEMPT} + 1 ))}}"; do',
+        '        scontrol update JobId="$id" ExcNodeList="$HPCLAUNCH_EXCLUDE" && '
+        'echo "hpclaunch: job $id (next in the chain) excludes $HPCLAUNCH_EXCLUDE"',
+        "    done",
+    ]
 
 
 def loop_lines(spec: JobSpec, paths: RunPaths, step: list[str]) -> list[str]:

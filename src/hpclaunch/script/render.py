@@ -22,6 +22,7 @@ from hpclaunch.script import (
     broadcast,
     containerlines,
     gpu_watch_lines,
+    lostnodes,
     profiling,
     requeue,
     scriptend,
@@ -326,6 +327,7 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         body += ["", *requeue.start_lines(spec.requeue)]
     elif spec.chain > 1:
         body += ["", *requeue.resume_lines(spec.chain)]
+    body += lostnodes.start_lines(spec, paths, profile.python)
     body += broadcast.lines(spec, profile, paths) + venvmount.start_lines(spec, profile, paths)
     body += stage_lines(spec, profile, paths) if staging else []
     srun_line = shell.join_multiline(srun[: len(srun) - len(argv)], argv)

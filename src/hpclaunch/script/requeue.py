@@ -18,6 +18,8 @@ What the batch shell does, and why each part is there (docs/resumable.md for use
   id, and requeueing that id would requeue every task). It is never run after a
   SIGTERM (scancel, preemption without a user signal, the time limit itself): bash's
   default for SIGTERM ends the shell, and requeue would revive a finished job.
+- Nodes an earlier attempt lost (the run folder's `exclude` file, script/lostnodes.py):
+  the job is requeued held, its ExcNodeList set, and released (excluding_lines).
 - SLURM_RESTART_COUNT counts every requeue, Slurm's own (node failure, preemption)
   and hpclaunch's, so it is both the attempt number and the budget's count.
 - The batch shell appends attempt_start / attempt_end events to events.jsonl (bash
@@ -43,6 +45,7 @@ PERIODIC_S = 30  # slurmctld's time-limit check interval (PERIODIC_TIMEOUT in it
 MARGIN_S = 15  # kept back from --signal-before for stage-out and `scontrol requeue`
 MAX_REQUEUES = 1000  # a typo guard, far above any real campaign
 CHAIN_JOBS = "chain.jobs"  # in the run folder: a chain's job ids, one per line
+EXCLUDE_FILE = "exclude"  # in the run folder: the nodes excluded from later attempts
 DONE_FILE = "hpclaunch-done"  # in HPCLAUNCH_CHECKPOINT_DIR: the program says it is done
 REQUEUED_MARK = "requeued-"  # + attempt, in the run folder: this attempt queued the next
 HPCLAUNCH_RESUME = "HPCLAUNCH_RESUME"
@@ -293,6 +296,7 @@ def end_lines(req: Requeue, run_dir: Path, time_s: Optional[int]) -> list[str]:
         "    # Said before the requeue (Slurm may end this shell right after it): a sweep's",
         "    # array script sees it and writes no end for the point, which goes on.",
         f'    : >"$HPCLAUNCH_RUN_DIR/{REQUEUED_MARK}${HPCLAUNCH_ATTEMPT}"',
+        *excluding_lines(run_dir),
         '    if scontrol requeue "$HPCLAUNCH_REQUEUE_ID"; then',
         "        # Slurm ends this attempt now (SIGTERM ends this shell); never exit first.",
         "        while :; do sleep 60 & wait $!; done",
@@ -302,6 +306,27 @@ def end_lines(req: Requeue, run_dir: Path, time_s: Optional[int]) -> list[str]:
         f"    hpclaunch_event attempt_end {end % REQUEUE_FAILED}",
         "fi",
         'exit "$HPCLAUNCH_RC"',
+    ]
+
+
+def excluding_lines(run_dir: Path) -> list[str]:
+    """Nodes lost by an earlier attempt (the run folder's exclude file): the job is held
+    as it is requeued, its ExcNodeList set, and released; ExcNodeList changes only while
+    a job is pending (scontrol(1), https://slurm.schedmd.com/scontrol.html#OPT_ExcNodeList)."""
+    excluded = shell.quote(str(run_dir / EXCLUDE_FILE))
+    return [
+        "    HPCLAUNCH_EXCLUDE=",
+        f"    [ -r {excluded} ] && read -r HPCLAUNCH_EXCLUDE <{excluded}",
+        '    if [ -n "$HPCLAUNCH_EXCLUDE" ]; then',
+        "        trap '' TERM  # the requeue ends this job: finish the three calls first",
+        '        if scontrol requeuehold "$HPCLAUNCH_REQUEUE_ID"; then',
+        '            scontrol update JobId="$HPCLAUNCH_REQUEUE_ID" '
+        'ExcNodeList="$HPCLAUNCH_EXCLUDE"',
+        '            scontrol release "$HPCLAUNCH_REQUEUE_ID"',
+        "            while :; do sleep 60 & wait $!; done",
+        "        fi",
+        "        trap - TERM",
+        "    fi",
     ]
 
 

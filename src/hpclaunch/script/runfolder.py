@@ -17,7 +17,7 @@ from hpclaunch import node
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.records import runrecord
 from hpclaunch.records.runpaths import RunPaths
-from hpclaunch.script import badnodes, broadcast, profiling, render, venvmount
+from hpclaunch.script import badnodes, broadcast, lostnodes, profiling, render, venvmount
 
 SPEC_JSON = "spec.json"
 
@@ -41,7 +41,8 @@ def write_files(
         runrecord.write_json(paths.run_dir / node.STAGE_JSON, render.stage_json(spec, paths))
     mounts = venvmount.mounts_on_nodes(spec)
     sends = broadcast.broadcasts(spec)
-    placing = badnodes.placing(spec)  # --preflight/--spares: preflight.py beside the bootstrap
+    # --preflight/--spares, --requeue/--chain (lostnodes.py): preflight.py beside the bootstrap
+    placing = badnodes.placing(spec) or lostnodes.wanted(spec)
     watching = bool(spec.watch_interval_s)
     for source in node.shipped(staging, watching, mounts, sends, placing=placing):
         shutil.copyfile(node.path(source), paths.shipped(source))
