@@ -9,7 +9,7 @@ resumed from its checkpoint (its rank_start in events.jsonl, time.time() on the 
   requeue  `hpclaunch run -N 1 --requeue`: Slurm ends the job (NODE_FAIL), requeues it,
            and the next attempt starts on the other node
 
-Both wait for Slurm to notice the node (SlurmdTimeout, 20 s on the testbed); after that,
+Both wait for Slurm to notice the node (SlurmdTimeout, 10 s on the testbed); after that,
 the spare costs one srun, the requeue a trip through the queue. Reps alternate the two.
 Crashes disturb every job on the testbed: the bench waits until it is idle, runs as
 root, and brings every node back after each rep.
@@ -114,7 +114,17 @@ def measure(reps: int) -> dict[str, Any]:
             testbed.wait_idle(timeout=600)
             found[method].append(one(method))
             print(method, found[method][-1], flush=True)
-    return {"reps": reps, "at": h.utc_now(), "results": found}
+    return {"reps": reps, "at": h.utc_now(), "results": found, "slurmd_timeout": _slurmd_timeout()}
+
+
+def _slurmd_timeout() -> str:
+    """The testbed's SlurmdTimeout as `scontrol show config` says it ("10 sec")."""
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    for line in shown.stdout.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "SlurmdTimeout":
+            return value.strip().replace(" sec", " s")
+    return "unknown"
 
 
 def render(data: dict[str, Any]) -> str:
@@ -130,8 +140,8 @@ def render(data: dict[str, Any]) -> str:
     ]  # fmt: skip
     lines = [
         f"{data['reps']} rep(s) each, {data['at']}, the Slurm testbed (2 nodes, "
-        "SlurmdTimeout 20 s). Crash -> the rank's resumed start (its `rank_start` event), "
-        "median (min-max):",
+        f"SlurmdTimeout {data.get('slurmd_timeout', '20 s')}). Crash -> the rank's resumed "
+        "start (its `rank_start` event), median (min-max):",
         "",
         *h.table(["recovery from a lost node", "crash → rank resumed", "crash → node bad"], rows),
         "",
