@@ -39,6 +39,25 @@ if [[ ! -e "/run/netns/$ns" ]]; then
     exit 1
 fi
 
+# A process waiting on a FUSE request that no one will answer survives SIGKILL (state D,
+# request_wait_answer): seen once, a rank's ch-run (Debian's Charliecloud 0.31) whose
+# SquashFUSE server had gone while the rank itself still held /dev/fuse. Aborting the
+# connections with requests waiting frees it (the kernel's fusectl file system). Only
+# after SIGKILL has had its chance: a healthy request is answered in milliseconds.
+abort_stuck_fuse() {
+    local connections=/sys/fs/fuse/connections conn
+    [[ -d "$connections" ]] || return 0
+    if [[ -z "$(ls -A "$connections")" ]]; then
+        mount -t fusectl none "$connections" 2>/dev/null || return 0
+    fi
+    for conn in "$connections"/*/; do
+        if [[ "$(cat "$conn/waiting" 2>/dev/null || echo 0)" -gt 0 ]]; then
+            log "aborting FUSE connection $(basename "$conn") (requests waiting on it)"
+            echo 1 >"$conn/abort" 2>/dev/null || true
+        fi
+    done
+}
+
 # Kill until the namespace is empty: a process may fork between listing and killing.
 # A killed process leaves the namespace at once (a zombie has no namespaces left).
 killed=0
@@ -47,6 +66,7 @@ for ((i = 0; i < 100; i++)); do
     ((${#pids[@]})) || break
     kill -KILL "${pids[@]}" 2>/dev/null || true
     killed=$((killed + ${#pids[@]}))
+    if ((i == 40)); then abort_stuck_fuse; fi
     sleep 0.05
 done
 mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
