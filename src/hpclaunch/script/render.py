@@ -45,8 +45,8 @@ class BatchPlan:
     task_env: tuple[tuple[str, Word], ...]  # exported before the launch (also for local)
     srun_argv: tuple[Word, ...]
     chain: int = 1  # --chain K: sbatch_argv is submitted K times (member number as $1)
-    # The GPU watch's step (gpu_watch_lines.py), empty without one: the batch script starts it,
-    # and so does a backend that runs the ranks as a step of an allocation.
+    # The GPU watch's step (gpu_watch_lines.py; empty without one): the batch script, or a
+    # backend running the ranks as a step of an allocation, starts it.
     watch_argv: tuple[str, ...] = ()
     # Files the job reads beside the shipped ones (name, text): the CE's EDF.
     files: tuple[tuple[str, str], ...] = ()
@@ -314,12 +314,9 @@ def plan_batch(spec: JobSpec, profile: Profile, paths: RunPaths, cwd: Path) -> B
         names = ", ".join(k for k, _ in secrets)
         body.append(shell.comment(f"From the submitting environment only (secret): {names}"))
     if node.HPCLAUNCH_ARGV in dict(env):
-        body.append(
-            shell.comment(
-                "The program line holds a lone ':' (srun's step separator), so it reaches the "
-                "bootstrap hex-encoded in HPCLAUNCH_ARGV: " + shell.command(list(spec.program))
-            )
-        )
+        why = "The program line holds a lone ':' (srun's step separator), so it reaches the "
+        why += "bootstrap hex-encoded in HPCLAUNCH_ARGV: " + shell.command(list(spec.program))
+        body.append(shell.comment(why))
     if spec.container:
         body += container_comment(spec, argv)
     staging = bool(spec.stage or spec.stage_out)

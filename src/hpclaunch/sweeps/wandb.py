@@ -31,6 +31,7 @@ from hpclaunch import node
 from hpclaunch.basics import shell
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.errors import UserError, show
+from hpclaunch.node.wandb_agent import flat_params
 from hpclaunch.payload import containers
 from hpclaunch.records.runpaths import RunPaths
 from hpclaunch.script.launchers import encode_argv
@@ -229,19 +230,9 @@ def params_from_text(text: str) -> dict[str, Any]:
 
 
 def _flat_yaml(text: str) -> dict[str, Any]:
-    """`name:` then an indented `value: X` per parameter (X read as JSON, else text)."""
-    found: dict[str, Any] = {}
-    name = None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith(":"):
-            name = line.rstrip()[:-1].strip()
-        elif name and line.strip().startswith("value:"):
-            raw = line.strip()[len("value:") :].strip()
-            try:
-                found[name] = {"value": json.loads(raw)}
-            except ValueError:
-                found[name] = {"value": raw.strip("'\"")}
-    return found
+    """`name:` then an indented `value: X` per parameter (X read as JSON, else text), as
+    the packed point's agent reads them on the node (one reader for both)."""
+    return {name: {"value": value} for name, value in flat_params(text).items()}
 
 
 def point_env(params: Mapping[str, Any], program: Sequence[str]) -> dict[str, str]:
