@@ -31,3 +31,29 @@ def two_by_two(out: Path) -> list[dict[str, Any]]:
     assert {e["MASTER_ADDR"] for e in env_seen} == {nodes[0]}
     assert {r["total"] for r in reports} == {6}  # TCP over MASTER_ADDR:MASTER_PORT
     return reports
+
+
+def staged_venv_bind(
+    reports: list[dict[str, Any]], run_dir: Path, venv: Path, cwd: Path, secret: str
+) -> None:
+    """What every rank of a 2 x 2 run with --stage, --venv, a --bind and `--env NAME` (the
+    value `secret`) shows inside its image: the venv made in that image (the bootstrap
+    activated it), the staged data (a node-local folder under the host's /tmp, bound in)
+    and the bind, the run folder and working directory, and the secret in the ranks'
+    environment only: on no command line and in no file of the run."""
+    env_seen = [r["env"] for r in reports]
+    assert {e["PYTHONNOUSERSITE"] for e in env_seen} == {"1"}
+    assert {e["WANDB_API_KEY"] for e in env_seen} == {secret}
+    assert {e["VIRTUAL_ENV"] for e in env_seen} == {str(venv)}
+    assert {r["executable"] for r in reports} == {f"{venv}/bin/python3"}
+    assert {r["bind"] for r in reports} == {"staged"}
+    assert {r["mapped"] for r in reports} == {"mapped"}
+    assert {e["HPCLAUNCH_RUN_DIR"] for e in env_seen} == {str(run_dir)}
+    assert sorted(p.name for p in run_dir.glob("written-by-*")) == [
+        f"written-by-{n}" for n in range(4)
+    ]
+    assert {r["cwd"] for r in reports} == {str(cwd)}
+    assert {tuple(r["secret_in_cmdlines"]) for r in reports} == {()}
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
