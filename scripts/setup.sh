@@ -27,5 +27,13 @@ extras="[plot]"
 if [ "${1:-}" = "--test" ]; then extras="[test,plot]"; fi
 # torch==2.13.0 only for the example and tests (numpy beside it: without it torch warns
 # "Failed to initialize NumPy" in every rank); hpclaunch itself never needs torch.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}" "torch==2.13.0" numpy >&2
+packages=(-e ".${extras}" "torch==2.13.0" numpy)
+# uv when pip's settings on this machine translate to it (scripts/uv_install.py: the same
+# sources, in parallel; ~40 s where pip takes ~2 min), pip otherwise.
+if ! .venv/bin/python scripts/uv_install.py "${packages[@]}" >&2; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check "${packages[@]}" >&2
+fi
+# Bytecode for hpclaunch's own (editable) source, which no installer compiles: the tests
+# run `hpclaunch` as other users, who cannot write it, and would compile it every time.
+.venv/bin/python -m compileall -q -j 0 src >/dev/null
 echo "setup: ready (.venv)" >&2

@@ -29,10 +29,20 @@ if "$system_python" -c 'import ensurepip, venv' >/dev/null 2>&1; then start_test
 bash scripts/setup.sh --test
 if [ -z "${up_pid-}" ]; then start_testbed; fi
 export PATH="$PWD/.venv/bin:$PATH"
+# Bytecode caches on, whatever the caller's shell says: the suite starts thousands of
+# Python processes (pytest workers that rewrite every test module's asserts, `hpclaunch`,
+# the ranks' bootstrap), and each would otherwise compile its modules again.
+unset PYTHONDONTWRITEBYTECODE
 
+# Each pytest worker imports every test module, and the first import of one rewrites its
+# asserts (~10 s of CPU for the suite; pytest caches it in __pycache__): one collection
+# now, beside ruff and the testbed's start, and the workers below find it done.
+python -m pytest --collect-only -q >/dev/null 2>&1 &
+collect_pid=$!
 echo "test: ruff" >&2
 ruff check src tests bench examples
 ruff format --check src tests bench examples
+wait "$collect_pid" || true   # a collection error is reported by the phases themselves
 mypy_log=$(mktemp)
 up_status=0
 wait "$up_pid" || up_status=$?

@@ -7,10 +7,13 @@ sys.path, as for ``testbed``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from hpclaunch.config.jobspec import JobSpec
 from hpclaunch.config.options import RunOptions
@@ -71,3 +74,11 @@ KEEPS_ON = (
     "print('up', flush=True)\n"
     "time.sleep(300)\n"
 )  # a rank that takes its time to exit: SIGTERM only makes it say so
+
+
+def skip_without(module: str) -> None:
+    """Skip the test where MODULE is not installed, without importing it: the ranks import
+    it, and pytest.importorskip would import it in the pytest worker too (lightning ~8 s
+    of CPU, torch ~3 s, each worker that runs such a test)."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"could not import {module!r}")

@@ -7,7 +7,6 @@ synthetic Slurm / torchrun environments, exactly as a task would run it; its pur
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
@@ -27,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpclaunch import node
+from pythons import python_of
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "hpclaunch" / "node" / "bootstrap.py"
 PY = sys.executable
@@ -624,23 +624,8 @@ def test_program_not_executable(tmp_path: Path) -> None:
 # --- interpreters and speed -----------------------------------------------------------
 
 
-def _python38() -> str | None:
-    candidates = [
-        "python3.8",
-        *glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")),
-    ]
-    for candidate in candidates:
-        try:
-            done = subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30)
-        except OSError:
-            continue
-        if done.returncode == 0:
-            return candidate
-    return None
-
-
 def test_runs_on_python38(tmp_path: Path) -> None:
-    python = _python38()
+    python = python_of("3.8")
     if python is None:
         pytest.skip("no python3.8 here")
     log = tmp_path / "logs"

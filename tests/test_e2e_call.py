@@ -5,6 +5,7 @@ allocation the call is a step of it (no new job)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -66,9 +67,9 @@ def test_call_inside_salloc_is_a_step(hpc: Hpc) -> None:
 def test_gloo_all_reduce_inside_the_charliecloud_image(hpc: Hpc, user_image: Path) -> None:
     """The image has Python but no cloudpickle (the caller's copy is shipped) and no torch
     (the host venv's, bound at its own path)."""
-    import torch
-
-    site = str(Path(torch.__file__).parents[1])
+    torch = importlib.util.find_spec("torch")  # not imported here: ~3 s of this worker's CPU
+    assert torch is not None and torch.origin, "no torch in the test venv"
+    site = str(Path(torch.origin).parents[1])
     argv = ["python3", CALL_USER, "slurm", "image", str(user_image), site]
     seen = _seen(hpc.cmd(argv, timeout=400))
     results = seen["results"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from builders import skip_without
 from conftest import PROGRAMS, Hpc
 
 pytestmark = pytest.mark.testbed
@@ -28,7 +29,7 @@ def _records(out: Path, pattern: str) -> list[dict[str, Any]]:
     ],
 )
 def test_lightning_ddp(hpc: Hpc, cluster: str, launcher: str, environment: str) -> None:
-    pytest.importorskip("lightning")
+    skip_without("lightning")
     out = hpc.folder("lt")
     proc = hpc.run(
         "run",
@@ -60,7 +61,7 @@ def test_lightning_ddp(hpc: Hpc, cluster: str, launcher: str, environment: str) 
 
 @pytest.mark.parametrize("cluster", ["slurm", "local"])
 def test_jax_distributed_initialize(hpc: Hpc, cluster: str) -> None:
-    pytest.importorskip("jax")
+    skip_without("jax")
     out = hpc.folder("jx")
     proc = hpc.run(
         "run",

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from builders import skip_without
 from conftest import PROGRAMS, Hpc, load_json_lines
 
 pytestmark = pytest.mark.testbed
@@ -337,7 +338,7 @@ def test_lightning_requeues_itself_on_usr1_exactly_once(hpc: Hpc) -> None:
     of steps end, and the fast second attempt (~17 s alone, over 30 s once in a CI with
     the testbed's cores shared: `-t 2 --signal-before 60` signalled it too) ends before
     its own."""
-    pytest.importorskip("lightning")
+    skip_without("lightning")
     _copy(hpc, "lightning_requeue.py")
     started = time.monotonic()
     one, ddp = _together(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import testbed
+from builders import skip_without
 from conftest import PROGRAMS, VENV_BIN, Hpc
 from sweeptools import most_at_once
 
@@ -124,7 +125,7 @@ def test_configs_txt_words_reach_every_rank_unexecuted(hpc: Hpc) -> None:
 
 
 def test_a_two_by_two_point_wires_up(hpc: Hpc) -> None:
-    pytest.importorskip("torch")
+    skip_without("torch")
     out = hpc.folder("out")
     _sweep(hpc, "-N", "2", "--tasks-per-node", "2", "--grid", "width=7", "--wait", "--",
            "python3", POINT, str(out), "--gloo", "--width", "{width}")  # fmt: skip

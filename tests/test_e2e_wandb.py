@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import skip_without
 from conftest import PROGRAMS, VENV_BIN, Hpc
 
 pytestmark = pytest.mark.testbed
@@ -34,7 +35,7 @@ def _files_holding(root: Path, text: str) -> list[str]:
 
 
 def test_real_wandb_offline_through_run_keeps_the_key_secret(hpc: Hpc) -> None:
-    pytest.importorskip("wandb")
+    skip_without("wandb")
     out = hpc.folder("out")
     proc = hpc.run(
         "run", "--wait", "--env", "WANDB_MODE=offline", "--",
@@ -50,7 +51,7 @@ def test_real_wandb_offline_through_run_keeps_the_key_secret(hpc: Hpc) -> None:
 
 
 def test_wandb_sweep_points_run_one_agent_each_on_two_nodes(hpc: Hpc) -> None:
-    pytest.importorskip("wandb")
+    skip_without("wandb")
     out = hpc.folder("out")
     data = hpc.folder("data")
     (data / "shard-0.bin").write_bytes(b"\0" * 1024)
@@ -143,7 +144,7 @@ def test_wandb_from_a_setup_line_runs_the_agent_where_the_job_runs(hpc: Hpc) -> 
     or a venv activated there does), not the submitting one; the agent sees the run's
     --env values (the double's sweep folder comes only through --env). Before, the
     submission was refused: no `wandb` on PATH."""
-    pytest.importorskip("wandb")
+    skip_without("wandb")
     out = hpc.folder("out")
     server = _server(hpc, out, [0.1, 0.2])
     proc = hpc.run(

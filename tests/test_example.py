@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import pytest
 
 from ddp_check import assert_params_equal_reference
 
-pytest.importorskip("torch")
+# find_spec, not importorskip: importing torch (~3 s) in every pytest worker that collects
+# this module would cost more than the test.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
 ARGS = ["--steps", "20", "--global-batch", "16", "--seed", "3"]

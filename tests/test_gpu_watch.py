@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +32,7 @@ import pytest
 
 from hpclaunch.node import gpu_watch
 from hpclaunch.node.gpu_watch import ALL_IDLE, SOME_IDLE, Row, analyze, warning
+from pythons import python_of
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_DOUBLES = REPO / "tests" / "doubles" / "gpu"
@@ -58,21 +57,10 @@ MI250 = [
 ]
 
 
-def _python(version: str) -> Optional[str]:
-    """An interpreter of exactly this version that runs here, or None."""
-    found = [shutil.which(f"python{version}") or ""]
-    found += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python3")))
-    for candidate in found:
-        ok = candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True)
-        if ok and ok.returncode == 0:
-            return candidate
-    return None
-
-
 # The watch runs with the nodes' own python3: 3.6 on LUMI (SLES), as the stage guard does.
 PYTHONS = [pytest.param(sys.executable, id="current")] + [
-    pytest.param(_python(v) or "", id=f"python{v}", marks=pytest.mark.skipif(
-        _python(v) is None, reason=f"no python{v} here"))
+    pytest.param(python_of(v) or "", id=f"python{v}", marks=pytest.mark.skipif(
+        python_of(v) is None, reason=f"no python{v} here"))
     for v in ("3.6", "3.8")
 ]  # fmt: skip
 

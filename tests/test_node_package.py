@@ -6,7 +6,6 @@ write the run's events."""
 from __future__ import annotations
 
 import ast
-import glob
 import importlib.util
 import json
 import os
@@ -24,6 +23,7 @@ import pytest
 
 from hpclaunch import node
 from hpclaunch.payload import venvs
+from pythons import python_of
 
 NODE_DIR = Path(node.__file__).parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -90,21 +90,9 @@ HOST_ONLY = {
 BUILTIN_GENERICS = {"list", "dict", "set", "frozenset", "tuple", "type"}
 
 
-def _python(version: tuple[int, int]) -> Optional[str]:
-    """An interpreter of exactly this version that runs here, or None."""
-    name = f"python{version[0]}.{version[1]}"
-    found = [shutil.which(name) or ""]
-    pyenv = os.path.expanduser(f"~/.pyenv/versions/{version[0]}.{version[1]}.*/bin/{name}")
-    for candidate in [*found, *sorted(glob.glob(pyenv))]:
-        ok = candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True)
-        if ok and ok.returncode == 0:
-            return candidate
-    return None
-
-
 def _pythons(version: tuple[int, int]) -> list[Any]:
     """This interpreter, and the promised oldest one (skipped where this machine lacks it)."""
-    old = _python(version)
+    old = python_of(f"{version[0]}.{version[1]}")
     label = f"python{version[0]}.{version[1]}"
     mark = pytest.mark.skipif(old is None, reason=f"no {label} here")
     return [

@@ -4,27 +4,17 @@ where no 3.9 interpreter is on this machine)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-
-
-def _python39() -> str | None:
-    for candidate in ("python3.9", "/root/.pyenv/versions/3.9.18/bin/python3.9"):
-        found = shutil.which(candidate)
-        if found:
-            probe = subprocess.run([found, "-c", "import venv, ensurepip"], capture_output=True)
-            if probe.returncode == 0:
-                return found
-    return None
+from pythons import python_of
 
 
 def test_cli_on_python39(tmp_path: Path) -> None:
-    python = _python39()
+    python = python_of("3.9", needs="venv, ensurepip")
     if python is None:
         pytest.skip("no Python 3.9 interpreter with venv here")
     venv = tmp_path / "v39"
