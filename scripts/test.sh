@@ -12,15 +12,30 @@ started=$SECONDS
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 cleanup() { as_root bash testbed/down.sh >&2 || true; }
 
-# The testbed starts (a minute or more: packages, daemons, nodes, the test image) while
-# setup.sh builds .venv and ruff runs; its log is printed when it is up. Both may need
-# apt: when setup.sh must install python3-venv, the testbed starts after it (one apt at
-# a time).
+# The testbed starts (a minute or more on a fresh machine: packages, daemons, nodes)
+# while setup.sh builds .venv and ruff runs; its log is printed when it is up. Then, in
+# the same background job (one apt at a time), testbed/image.sh builds the test image
+# (debootstrap, ~2 minutes on a fresh machine): the tests that need it (tests/conftest.py
+# runs image.sh, which waits on the build's lock) find it built or nearly, instead of
+# starting the build themselves in the middle of the suite. Both may need apt: when
+# setup.sh must install python3-venv, the testbed starts after it.
 up_log=$(mktemp)
 up_out=$(mktemp)
+image_log=$(mktemp)
+# up.sh's exit status comes through a pipe (fd 7, opened both ways, so that the write
+# never blocks, even when this script has ended early).
+up_done=$(mktemp -u)
+mkfifo -m 0600 "$up_done"
+exec 7<>"$up_done"
+rm -f "$up_done"
 start_testbed() {
     trap cleanup EXIT
-    as_root bash testbed/up.sh >"$up_out" 2>"$up_log" &
+    {
+        status=0
+        as_root bash testbed/up.sh >"$up_out" 2>"$up_log" || status=$?
+        echo "$status" >&7
+        if [ "$status" = 0 ]; then as_root bash testbed/image.sh >"$image_log" 2>&1 || true; fi
+    } </dev/null >/dev/null 2>&1 &
     up_pid=$!
 }
 system_python=python3
@@ -44,8 +59,7 @@ ruff check src tests bench examples
 ruff format --check src tests bench examples
 wait "$collect_pid" || true   # a collection error is reported by the phases themselves
 mypy_log=$(mktemp)
-up_status=0
-wait "$up_pid" || up_status=$?
+read -r up_status <&7   # up.sh's exit status, once it ends (image.sh goes on)
 cat "$up_log" >&2
 if [ "$up_status" != 0 ]; then echo "test: testbed/up.sh failed ($up_status)" >&2; exit "$up_status"; fi
 conf_line=$(tail -n 1 "$up_out")
@@ -124,6 +138,9 @@ if [ "$selected" = 0 ]; then status=5; fi
 python scripts/slowest.py -n 10 "$reports"/*.xml
 # ... and every test of a minute or more, for the note on where the time goes.
 python scripts/slowest.py --at-least 60 "$reports"/*.xml
+wait "$up_pid" || true   # the image build, long ended
+grep '^testbed/image.sh: ' "$image_log" | tail -n 2 >&2 || true
+rm -f "$image_log"
 # HPCLAUNCH_TEST_REPORTS=DIR keeps the JUnit reports (tests/durations.json is refreshed
 # from them: python scripts/slowest.py --durations-out tests/durations.json DIR/*.xml).
 if [[ -n "${HPCLAUNCH_TEST_REPORTS:-}" ]]; then

@@ -76,8 +76,7 @@ def test_the_demo_environment_has_what_torch_needs() -> None:
     """torch prints "Failed to initialize NumPy" in every rank without numpy: the README's
     first command must install it beside torch."""
     setup = (REPO / "scripts" / "setup.sh").read_text()
-    install = [line for line in setup.splitlines() if "pip install" in line and "torch" in line]
-    assert install and all("numpy" in line for line in install)
+    assert "numpy" in _installed_packages(setup)
     probe = subprocess.run(
         [str(VENV_BIN / "python"), "-c", "import torch; torch.zeros(2).numpy()"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -94,8 +93,17 @@ def test_the_demo_environment_installs_the_plot_extra() -> None:
     extras = [line for line in setup.splitlines() if line.strip().startswith(("extras=", "if "))]
     given = [line.split("extras=", 1)[1] for line in extras if "extras=" in line]
     assert given and all("plot" in value for value in given), given
-    install = [line for line in setup.splitlines() if "pip install" in line and "-e" in line]
-    assert install and all('".${extras}"' in line for line in install)
+    assert '".${extras}"' in _installed_packages(setup)
+
+
+def _installed_packages(setup: str) -> str:
+    """setup.sh's one list of what it installs (`packages=(...)`), after checking that
+    both installers (uv, pip where uv cannot be used) install exactly that list."""
+    [packages] = [line for line in setup.splitlines() if line.startswith("packages=(")]
+    installs = [line for line in setup.splitlines() if "install" in line and ".venv/bin/" in line]
+    uv_and_pip = [line for line in installs if "uv_install.py" in line or "pip install" in line]
+    assert len(uv_and_pip) == 2 and all('"${packages[@]}"' in line for line in uv_and_pip)
+    return packages
 
 
 def test_no_stray_slurm_output_in_the_repository() -> None:

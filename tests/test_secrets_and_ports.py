@@ -1,5 +1,5 @@
 """Secrets reach the program only through the environment; two jobs sharing nodes whose
-job ids are equal modulo 10,000 still both initialise gloo (MASTER_PORT from the id)."""
+job ids are equal modulo the port span still both initialise gloo (MASTER_PORT from the id)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 import testbed
 from conftest import PROGRAMS, Hpc
+from hpclaunch import node
 
 pytestmark = pytest.mark.testbed
 
@@ -111,14 +112,21 @@ def test_dry_run_masks_secret(hpc: Hpc) -> None:
 
 
 @pytest.mark.serial  # reconfigures slurmctld (FirstJobId)
-def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
+def test_jobs_with_ids_equal_mod_the_port_span_share_nodes(hpc: Hpc) -> None:
     """Two jobs at once on the same two nodes (one core each per node), whose job ids are
-    equal modulo 10,000, both initialise gloo on the same master node."""
+    equal modulo the port span (node.PORT_SPAN: both get the same MASTER_PORT from their
+    id), both initialise gloo on the same master node: the second steps past the port.
+
+    The second is submitted once the first's rank 0 holds its port: the batch script skips
+    a port in use on the node, and cannot see one that a job starting at the same moment
+    has not bound yet (docs/internals.md, MASTER_PORT)."""
     base = random.randint(200_000, 800_000)
-    job_ids = [base, base + 10_000]
+    job_ids = [base, base + node.PORT_SPAN]
     out = hpc.folder("gloo")
     runs = []
     for job_id in job_ids:
+        if runs:
+            _wait_for_file(out / str(job_ids[0]) / "ready-0")
         sub = hpc.folder(f"gloo/{job_id}")
         with testbed.first_job_id(job_id):
             proc = hpc.run(
@@ -148,10 +156,18 @@ def test_jobs_with_ids_equal_mod_10000_share_nodes(hpc: Hpc) -> None:
         assert len(recs) == 2 and all(r["sum"] == 3.0 for r in recs)
         assert {r["job"] for r in recs} == {str(job_id)}
     first, second = records[job_ids[0]], records[job_ids[1]]
-    assert first[0]["port"] != second[0]["port"]
+    # The same port from the id, and the second stepped past the first's, in use.
+    assert int(first[0]["port"]) < int(second[0]["port"]) <= int(first[0]["port"]) + 100
     assert first[0]["addr"] == second[0]["addr"]  # same master node
     # They really overlapped: each was initialised before the other finished.
     assert first[0]["ready"] < second[0]["end"] and second[0]["ready"] < first[0]["end"]
+
+
+def _wait_for_file(path: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path} after {timeout:g} s"
+        time.sleep(0.2)
 
 
 def _wait_done(hpc: Hpc, run_id: str, timeout: float = 240) -> str:

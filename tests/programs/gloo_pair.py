@@ -14,6 +14,8 @@ dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
 ready = time.time()
+# Rank 0's store holds MASTER_PORT from here on: a test may start the second job now.
+open(os.path.join(sys.argv[1], f"ready-{os.environ['RANK']}"), "w").close()
 time.sleep(float(sys.argv[2]))
 dist.barrier()
 dist.destroy_process_group()
