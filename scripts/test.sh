@@ -106,9 +106,10 @@ side_s=$((SECONDS - pytest_started))
 side_busy=$(busy_since "$ticks")
 ticks=$(cpu_ticks)
 # mypy (about a minute of one CPU) runs beside the serial tests, which mostly wait (the
-# side-by-side phase keeps the CPUs busy); its verdict is printed and counted at the end.
+# side-by-side phase keeps the CPUs busy), niced so that it never slows them; its verdict
+# is printed and counted at the end.
 echo "test: mypy --strict (beside the serial tests; its result comes at the end)" >&2
-mypy >"$mypy_log" 2>&1 &
+nice -n 10 mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 python -m pytest -q -n "$unit_workers" -m "not testbed and not serial" \
     --junitxml="$reports/unit.xml" "$@" >"$reports/unit.log" 2>&1 &

@@ -73,6 +73,26 @@ def test_pack_is_reused_until_a_file_changes(tmp_path: Path) -> None:
     assert touched.archive != item.archive
 
 
+def test_a_ctrl_c_as_the_pack_folder_appears_leaves_no_partial_pack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interrupt comes at the first moment the temporary folder is there (a user's
+    Ctrl-C or SIGTERM while hpclaunch starts its progress bar): it is removed all the
+    same (test_local_hardening's interrupted start met this once, on a fast start)."""
+    _tree(tmp_path / "data")
+    [item] = stage.plan_stage(["data"], tmp_path, tmp_path / "runs")
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stage, "_progress", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        stage.pack_all((item,), io.StringIO())
+    cache = Path(item.archive).parent
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+    assert not Path(item.archive).exists()
+
+
 def test_big_folders_are_packed_in_balanced_parts_with_the_folders_last() -> None:
     items = [("d", 0, 0, True)] + [(f"d/f{i:05d}", 100 + i % 7, 0, False) for i in range(9000)]
     parts = stage.split(items)

@@ -59,6 +59,21 @@ def test_env_pack_writes_one_private_squashfs_file_that_names_the_venv(
     assert (out / "x.sqsh").stat().st_size == image.stat().st_size
 
 
+def test_an_interrupted_env_pack_leaves_no_half_written_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (or SIGTERM, which hpclaunch turns into one) while mksquashfs writes."""
+    venv = _venv(tmp_path / "v", {"image": None, "image_id": None})
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(venvpack.subprocess, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        venvpack.pack(venv, tmp_path / "v.sqsh")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v"]
+
+
 def test_env_pack_refusals_are_one_line_and_leave_nothing(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

@@ -264,13 +264,16 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
         stagecache.reuse(folder)  # unchanged since it was packed: the same files
         return
     stagecache.ensure(folder.parent)
-    import tempfile  # not on a held sweep's path (bench/sweep_submit.py)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    total = sum(size for _, size, _, _ in items)
-    stop, thread = _progress(total + 512 * len(items), tmp, os.path.basename(src), err)
-    started = time.monotonic()
+    # Named before it is made, and made inside the try: a Ctrl-C (or SIGTERM/SIGHUP, which
+    # hpclaunch turns into one) right after the folder appears still removes it (with
+    # tempfile.mkdtemp before the try, one that came between the two left a partial pack).
+    tmp = folder.parent / f".{folder.name}.{os.urandom(6).hex()}"
+    progress: Optional[tuple[threading.Event, threading.Thread]] = None
     try:
+        tmp.mkdir(mode=0o700)  # never an existing one (a random name, as mkdtemp's)
+        total = sum(size for _, size, _, _ in items)
+        progress = _progress(total + 512 * len(items), tmp, os.path.basename(src), err)
+        started = time.monotonic()
         links = frozenset(
             r for r, _, _, d in items if not d and os.path.islink(os.path.join(src, r))
         )
@@ -292,8 +295,9 @@ def pack(src: str, folder: Path, items: list[tuple[str, int, int, bool]], err: T
             stagecache.reuse(folder)
             return
     finally:
-        stop.set()
-        thread.join()
+        if progress is not None:
+            progress[0].set()
+            progress[1].join()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     err.write(

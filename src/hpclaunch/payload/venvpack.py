@@ -12,6 +12,7 @@ ranks' `sys.prefix` is that path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -79,21 +80,24 @@ def pack(venv: Path, output: Optional[Path]) -> Path:
     import tempfile  # not on a held sweep's path (bench/sweep_submit.py)
 
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as record:
-        json.dump(info, record)
-        record.flush()
-        # A pseudo file: the record lands at the image's root without touching the venv.
-        # mksquashfs runs its command with /bin/sh; the only value in it is quoted.
-        pseudo = f"{PACKED_RECORD} f 444 0 0 cat {shlex.quote(record.name)}"
-        argv = [mksquashfs, str(venv), tmp, "-noappend", "-no-progress", "-quiet"]
-        argv += [*compressor(mksquashfs), "-p", pseudo]
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
-        raise HpclaunchError(f"mksquashfs failed (exit {done.returncode}): {tail[0]}")
-    os.replace(tmp, target)  # mode 600 (mkstemp's): the user's jobs read it as the user
+    try:  # no half-written image left beside the target, on a failure or a Ctrl-C
+        os.close(fd)
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as record:
+            json.dump(info, record)
+            record.flush()
+            # A pseudo file: the record lands at the image's root without touching the
+            # venv. mksquashfs runs its command with /bin/sh; the only value in it is quoted.
+            pseudo = f"{PACKED_RECORD} f 444 0 0 cat {shlex.quote(record.name)}"
+            argv = [mksquashfs, str(venv), tmp, "-noappend", "-no-progress", "-quiet"]
+            argv += [*compressor(mksquashfs), "-p", pseudo]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+            raise HpclaunchError(f"mksquashfs failed (exit {done.returncode}): {tail[0]}")
+        os.replace(tmp, target)  # mode 600 (mkstemp's): the user's jobs read it as the user
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # gone after the rename
     return target
 
 
