@@ -148,7 +148,9 @@ fi
 # ---------------------------------------------------------------------------------
 squash_supported() {
     USER="${USER:-root}" ch-run --feature=squash >/dev/null 2>&1 && return 0
-    ldd "$(command -v ch-run)" 2>/dev/null | grep -q libsquashfuse
+    # grep reads all of ldd's lines (not -q): under pipefail, grep -q leaving at the first
+    # match could end ldd by SIGPIPE, and the check then failed at random.
+    ldd "$(command -v ch-run)" 2>/dev/null | grep libsquashfuse >/dev/null
 }
 if ! squash_supported; then
     log "this ch-run cannot run SquashFS images; no $SQFS"
