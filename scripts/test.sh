@@ -60,6 +60,7 @@ ruff format --check src tests bench examples
 wait "$collect_pid" || true   # a collection error is reported by the phases themselves
 mypy_log=$(mktemp)
 read -r up_status <&7   # up.sh's exit status, once it ends (image.sh goes on)
+exec 7<&-   # not inherited by the tests' processes from here on
 cat "$up_log" >&2
 if [ "$up_status" != 0 ]; then echo "test: testbed/up.sh failed ($up_status)" >&2; exit "$up_status"; fi
 conf_line=$(tail -n 1 "$up_out")

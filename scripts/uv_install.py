@@ -74,6 +74,8 @@ def uv_environment(settings: dict[str, str]) -> dict[str, str]:
         "UV_INDEX_STRATEGY": "unsafe-best-match",
         # uv links files from its cache; across filesystems it copies and warns.
         "UV_LINK_MODE": "copy",
+        # Only the sources translated here: not a uv.toml of the machine or the user's.
+        "UV_NO_CONFIG": "1",
     }
     for name, value in settings.items():
         if name in IGNORED:

@@ -45,6 +45,7 @@ def test_pips_sources_become_uvs_and_later_scopes_win(monkeypatch: pytest.Monkey
     assert env == {
         "UV_INDEX_STRATEGY": "unsafe-best-match",  # pip's: the best version of every index
         "UV_LINK_MODE": "copy",
+        "UV_NO_CONFIG": "1",  # no uv.toml of its own: the same sources as pip
         "UV_FIND_LINKS": "/opt/wheels",
         "UV_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple",
         "UV_INDEX_URL": "https://nearer/simple",
