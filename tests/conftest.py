@@ -71,6 +71,23 @@ class Hpc:
             return []
         return [json.loads(line) for line in index.read_text().splitlines()]
 
+    def evidence(self, proc: subprocess.CompletedProcess[str], limit: int = 3000) -> str:
+        """What a failed check shows: the command's output, and of each run folder its
+        events, its logs' names and sizes, and what each log holds (so that a failure
+        seen once in CI can be explained from its report alone)."""
+        parts = [f"stdout: {proc.stdout[-limit:]!r}", f"stderr: {proc.stderr[-limit:]!r}"]
+        for run_dir in self.run_dirs():
+            parts.append(f"== {run_dir.name}")
+            events = run_dir / "events.jsonl"
+            if events.exists():
+                parts.append(events.read_text(errors="replace")[-limit:])
+            for log in sorted((run_dir / "logs").glob("**/*")):
+                if log.is_file():
+                    text = log.read_text(errors="replace")
+                    parts.append(f"-- {log.relative_to(run_dir)} ({len(text)} chars): "
+                                 f"{text[-500:]!r}")  # fmt: skip
+        return "\n".join(parts)
+
     def run_dirs(self) -> list[Path]:
         root = self.cwd / "runs"
         if not root.exists():

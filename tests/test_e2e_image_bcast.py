@@ -134,8 +134,10 @@ def test_with_stage_the_guards_remove_the_image_copy(root: Hpc) -> None:
     proc = root.run("run", "-N", "2", "--wait", "--container", str(image),
                     "--container-runtime", "charliecloud", "--stage", str(root.cwd / "blob"),
                     "--", "python3", "-c", program, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("DATA data") == 2, proc.stdout[-2000:]
+    assert proc.returncode == 0, root.evidence(proc)
+    # CI once saw rank 1's line alone (a COMPLETED job, exit code 0): the evidence says
+    # which rank files and events there were, should it happen again.
+    assert proc.stdout.count("DATA data") == 2, root.evidence(proc)
     [run_dir] = root.run_dirs()
     assert len(json.loads((run_dir / "broadcast.json").read_text())) == 2  # blob and image
     _no_copies_left(root)
