@@ -6,6 +6,7 @@ prune after a ship, and the SSH control folder another user made (item 6).
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -184,6 +185,27 @@ def test_prune_removes_only_what_an_earlier_ship_sent(tmp_path: Path) -> None:
     (mirror / "pkg").symlink_to(elsewhere)
     assert ship.prune(mirror, ["keep.py"]) == 0
     assert (elsewhere / "b.py").read_text() == "not the mirror's"
+
+
+def test_a_ctrl_c_while_the_shipped_list_is_written_leaves_nothing_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mirror = tmp_path / "projects" / "demo-0123456789"
+    (mirror / "pkg").mkdir(parents=True)
+    (mirror / "pkg" / "a.py").write_text("a")
+    names = ["pkg/a.py", os.fsdecode(b"caf\xe9.py")]  # a name that is not UTF-8 too
+
+    def interrupted(src: object, dst: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            ship.prune(mirror, names)
+    assert sorted(p.name for p in mirror.parent.iterdir()) == ["demo-0123456789"]
+    ship.prune(mirror, names)
+    listing = mirror.parent / "demo-0123456789.shipped"
+    assert json.loads(listing.read_text(encoding="ascii")) == sorted(names)
 
 
 def test_a_control_folder_another_user_made_is_one_line() -> None:

@@ -19,6 +19,7 @@ written into the mirror on the cluster (git-ignored or not) survive every re-shi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -333,9 +334,14 @@ def prune(mirror: Path, files: Sequence[str]) -> int:
             except OSError:
                 break
     fd, tmp = tempfile.mkstemp(dir=mirror.parent, prefix=f".{mirror.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
-        json.dump(sorted(files), out)
-    os.replace(tmp, listing)
+    try:  # private (mkstemp's 0600); nothing aside is left when a write or a Ctrl-C fails it
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
+            json.dump(sorted(files), out)
+        os.replace(tmp, listing)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return removed
 
 
