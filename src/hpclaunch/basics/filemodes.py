@@ -96,11 +96,13 @@ def open_new(path: Path, flags: int, share: str) -> int:
     return fd
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` atomically (write aside, fsync, rename), with the folder's
-    share (0600, or 0640 in a group-shared folder); nothing aside is left on failure."""
+def write_atomic(path: Path, text: str, share: Share | None = None) -> None:
+    """`text` into `path` atomically (write aside, fsync, rename), with `share`'s mode, by
+    default the folder's (0600, or 0640 in a group-shared folder); nothing aside is left
+    on failure or a Ctrl-C."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    share = share_of(path.parent)
+    if share is None:
+        share = share_of(path.parent)
     try:
         fd = open_new(tmp, os.O_WRONLY | os.O_TRUNC, share)
         with open(fd, "w", encoding="utf-8") as fh:

@@ -19,7 +19,6 @@ written into the mirror on the cluster (git-ignored or not) survive every re-shi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from hpclaunch.basics.filemodes import write_atomic
 from hpclaunch.basics.units import format_size
 from hpclaunch.errors import UserError
 from hpclaunch.payload.project import git, git_root
@@ -333,15 +333,9 @@ def prune(mirror: Path, files: Sequence[str]) -> int:
                 os.rmdir(os.path.join(real, *parts[:depth]))
             except OSError:
                 break
-    fd, tmp = tempfile.mkstemp(dir=mirror.parent, prefix=f".{mirror.name}.", suffix=".tmp")
-    try:  # private (mkstemp's 0600); nothing aside is left when a write or a Ctrl-C fails it
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
-            json.dump(sorted(files), out)
-        os.replace(tmp, listing)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # Private whatever the projects folder's mode; ASCII (json escapes a name's undecodable
+    # bytes, which json.loads gives back).
+    write_atomic(listing, json.dumps(sorted(files)), share="private")
     return removed
 
 
