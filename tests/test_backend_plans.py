@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import testbed
 from hpclaunch import api, backends, launching
 from hpclaunch.backends.base import Launch
 from hpclaunch.backends.localplan import JOB_ID, LOCAL_DIR, PORT
@@ -123,9 +124,9 @@ def test_a_staging_local_dry_run_names_the_folder_made_at_the_start(tmp_path: Pa
 def test_inside_an_allocation_the_dry_run_shows_the_srun_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slurm_conf = Path("/var/tmp/hpclaunch-testbed/slurm.conf")
-    if not slurm_conf.exists():
-        pytest.skip("the testbed's slurm.conf is not here (the profile asks sinfo)")
+    slurm_conf = testbed.slurm_conf()  # the file alone stays after testbed/down.sh
+    if slurm_conf is None:
+        pytest.skip("the testbed is not up (the profile asks scontrol and sinfo)")
     monkeypatch.setenv("SLURM_CONF", str(slurm_conf))  # asked by discover (scontrol, sinfo)
     fake = tmp_path / "bin"
     fake.mkdir()
