@@ -395,3 +395,46 @@ def test_two_processes_never_share_a_trial(sweep: Path) -> None:
     assert len(rows) == 8
     assert {r["number"]: r["point"] for r in rows} == {n: p for p, n in got}
     assert all(r["state"] == "COMPLETE" for r in rows)
+
+
+# --- a point's end comes after its tell --------------------------------------------------
+# `sweep status` fails the RUNNING trial of a point whose record has ended (fail_stale): a
+# status between a point's end event and its tell failed a trial the tell would have
+# completed (CI35: 2 of 8 trials FAIL where 1 point failed).
+
+
+def test_the_array_script_tells_the_trial_before_the_points_end_event(tmp_path: Path) -> None:
+    from builders import cli_spec
+    from hpclaunch.records.runpaths import RunPaths
+    from hpclaunch.sweeps import script
+
+    sweep = RunPaths("S", tmp_path / "S", tmp_path / "S" / "checkpoints")
+    text = script.array_script(cli_spec({}), sweep, tmp_path, 4, trial_cmd=["trial-cmd"])
+    lines = text.splitlines()
+    [tell] = [i for i, line in enumerate(lines) if line.startswith("trial-cmd tell ")]
+    ends = [i for i, line in enumerate(lines) if line.startswith("printf ") and "exit_code" in line]
+    [end] = ends
+    assert tell < end < len(lines) - 1 and lines[-1] == 'exit "$HPCLAUNCH_RC"', lines[tell:]
+
+
+def test_a_packed_point_is_told_before_its_end_event(tmp_path: Path) -> None:
+    from hpclaunch.node import pack_agent
+
+    point_dir = tmp_path / "points" / "3"
+    point_dir.mkdir(parents=True)
+    seen = tmp_path / "seen"
+    # The tell records whether the point's end event was already there when it ran.
+    check = (
+        "import os, sys; events = os.path.join(sys.argv[1], 'events.jsonl'); "
+        "ended = os.path.exists(events) and 'point_end' in open(events).read(); "
+        f"open({str(seen)!r}, 'w').write(' '.join(sys.argv[2:]) + (' ended' if ended else ''))"
+    )
+    pack = {"token": "@P@", "point_dir": str(tmp_path / "points" / "@P@"),
+            "ask": [sys.executable, "-c", check, str(point_dir)],
+            "sweep_dir": str(tmp_path), "pack_dir": str(tmp_path)}  # fmt: skip
+    (tmp_path / pack_agent.DONE).mkdir()
+    point = pack_agent.Point(pack, {"slot": 0, "gpus": [], "cpus": []}, 3, "77_0")
+    pack_agent.finish(pack, point, 0, "")
+    assert seen.read_text() == f"tell {tmp_path} 3 0"
+    assert '"event": "point_end"' in (point_dir / "events.jsonl").read_text()
+    assert (tmp_path / pack_agent.DONE / "3").exists()

@@ -329,16 +329,17 @@ def start_event(point: Point) -> Dict[str, Any]:
 
 
 def finish(pack: Pack, point: Point, code: int, why: str) -> None:
-    """The point's end: its event, Optuna told, then its done/ marker (an Optuna ask
-    elsewhere counts a point without it alive: its trial is not failed before it is told)."""
+    """The point's end: Optuna told, then its event and its done/ marker (an Optuna ask
+    elsewhere counts a point without the marker alive, and `sweep status` one without
+    the event: its trial is not failed before it is told)."""
+    if pack.get("ask"):
+        tell = [*pack["ask"], "tell", pack["sweep_dir"], str(point.index), str(code)]
+        subprocess.run(tell, stdin=subprocess.DEVNULL, check=False)
     end = {"event": POINT_END, "job": point.job, "job_id": os.environ.get("SLURM_JOB_ID", ""),
            "node": node_name(), "exit_code": code, "slot": point.slot["slot"]}  # fmt: skip
     if why:
         end["reason"] = why
     append_event(point.folder, end)
-    if pack.get("ask"):
-        tell = [*pack["ask"], "tell", pack["sweep_dir"], str(point.index), str(code)]
-        subprocess.run(tell, stdin=subprocess.DEVNULL, check=False)
     with contextlib.suppress(OSError):
         os.close(os.open(os.path.join(pack["pack_dir"], DONE, str(point.index)), os.O_CREAT, 0o600))
 

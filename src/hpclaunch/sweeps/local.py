@@ -226,12 +226,15 @@ def _start_and_tell(
         code, state = states.exit_code_for(cancelled) or 1, cancelled.value
     reason = ls.backend.end_reason(job_id)  # a Ctrl-C: the user's
     more = {"reason": reason} if reason else {}
-    runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=time.time(), **more)
-    if ls.space:
-        from hpclaunch.sweeps import trials
+    ended = time.time()
+    try:  # told before the record ends: `sweep status` fails an ended point's RUNNING trial
+        if ls.space:
+            from hpclaunch.sweeps import trials
 
-        result = sweeprecord.result(paths.run_dir)
-        trials.tell(ls.sweep_dir, ls.sweep_id, point.index, code, result, str(ls.metric))
+            result = sweeprecord.result(paths.run_dir)
+            trials.tell(ls.sweep_dir, ls.sweep_id, point.index, code, result, str(ls.metric))
+    finally:
+        runrecord.update(paths.run_dir, state=state, exit_code=code, ended_at=ended, **more)
     return code
 
 

@@ -170,11 +170,13 @@ def array_script(
             '    . /dev/stdin <<<"${HPCLAUNCH_PARAMS_LINE[0]-}"',
         ]
     body += _run_lines(spec, agent, take_over)
-    body += ["fi", _event_line(POINT_END, events, with_rc=True)]
+    body.append("fi")
     if trial_cmd:
+        # Told before the end event: once the point's record has ended, `sweep status`
+        # fails its trial if still RUNNING (trials.fail_stale).
         tell = shell.command([*trial_cmd, "tell", str(sweep.run_dir)])
         body.append(f'{tell} "${HPCLAUNCH_POINT}" "$HPCLAUNCH_RC"')
-    body.append('exit "$HPCLAUNCH_RC"')
+    body += [_event_line(POINT_END, events, with_rc=True), 'exit "$HPCLAUNCH_RC"']
     return shell.lines(body)
 
 
