@@ -45,6 +45,16 @@ running() {
         grep -qzxF -- "$MARK" "/proc/$pid/environ" 2>/dev/null
 }
 
+# Whether PID still lives, once running() has said it is ours: a slurmd this script has
+# just started may not carry MARK yet (until the fork has exec'd `env`, its environ is
+# this script's: CI36 took one for dead), and one that died stays a zombie (state Z)
+# until this script ends.
+lives() {
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    [[ "${stat##*) }" != Z* ]]
+}
+
 if running; then
     log "slurmd of $node already runs (pid $(cat "$pid_file"))"
 else
@@ -60,6 +70,7 @@ else
     start_slurmd "$node" "$layout"
     log "started slurmd of $node (pid $(cat "$pid_file"))"
 fi
+pid="$(cat "$pid_file")"
 
 # Up: responding (no `*`), neither down nor drained. A job that waited for the node may
 # take it at once, so allocated/mixed count as up too.
@@ -69,7 +80,7 @@ while :; do
     case "$state" in
         idle | mixed | allocated | completing) break ;;
     esac
-    if ! running; then
+    if ! lives "$pid"; then
         log "slurmd of $node died; end of its log:"
         tail -n 25 "$STATE/log/slurmd-$node.log" >&2 || true
         exit 1
